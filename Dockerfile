@@ -1,0 +1,59 @@
+# The stack's image: Open MPI, sshd, Python 3.11 with torch 2.14.1 / torchvision 0.29.1 and their CUDA,
+# cuDNN and NCCL libraries (NVIDIA's wheels), and Horovod built with NCCL, MPI and Gloo ops; the trainer and
+# the entrypoint roles (worker: sshd; launcher: mpirun). The same image serves GPU hosts (through the NVIDIA
+# Container Toolkit) and CPU hosts (Gloo and MPI ops).
+#
+# Build it with scripts/build-images.sh, which makes the local base image and wheel folder this machine
+# needs (no registry). By hand:
+#   docker buildx build --build-context wheels=DIR --secret id=ca,src=CA_BUNDLE -t horovod-stack:latest .
+# BASE_IMAGE may be any Debian 12 image (its Python 3.11 matches the wheels); an nvidia/cuda base works too
+# where pip can reach its index for that Python.
+ARG BASE_IMAGE=horovod-stack-base:bookworm
+
+# Local wheels and the Horovod sdist, for builds without an index: --build-context wheels=DIR.
+# Left empty, pip uses its index (give the proxy's CA, if any, as the build secret "ca").
+FROM scratch AS wheels
+
+FROM ${BASE_IMAGE} AS runtime
+ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv openmpi-bin openssh-server \
+      openssh-client ca-certificates iproute2 procps \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv
+# The CA is mounted for this step only (never a layer) and only used by pip when given.
+RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    pip install torch==2.14.1 torchvision==0.29.1 scikit-learn cloudpickle psutil pyyaml packaging "cffi>=1.4.0"
+
+FROM runtime AS horovod-build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ make libopenmpi-dev python3-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY docker/install-horovod.sh docker/patch-horovod-source.sh /build/
+# The wheel cache survives across builds on this machine, so changing anything else never rebuilds Horovod.
+RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=cache,target=/var/cache/horovod-stack/wheels \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    pip install setuptools wheel 'cmake<4' \
+ && PYTHON=/opt/venv/bin/python HOROVOD_WHEEL_EXPORT=/dist /build/install-horovod.sh gpu
+
+FROM runtime AS image
+RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
+    pip install --no-deps /dist/horovod-*.whl \
+ && horovodrun --check-build
+# Runs as a non-root user, sshd and mpirun included. /cluster holds the per-cluster SSH trust (a volume
+# filled at run time); /shared the datasets, checkpoints and metrics.
+RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
+ && mkdir -p /cluster/ssh /cluster/hostkeys /shared \
+ && chown -R mpiuser:mpiuser /cluster /shared
+COPY app /opt/horovod-stack/app
+COPY docker/entrypoint.sh docker/sshd_config /opt/horovod-stack/docker/
+ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    SSH_PORT=12345 PIP_FIND_LINKS=
+USER mpiuser
+WORKDIR /home/mpiuser
+ENTRYPOINT ["/opt/horovod-stack/docker/entrypoint.sh"]
+CMD ["worker"]

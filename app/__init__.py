@@ -1,0 +1,1 @@
+"""Horovod data-parallel trainer (MNIST and offline stand-ins) and its benchmarks."""

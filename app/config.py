@@ -1,0 +1,137 @@
+"""The trainer's settings: one dataclass, parsed from the command line and validated at construction.
+
+Every check here runs before Horovod starts, so a bad value costs one line and a non-zero exit instead of
+a half-started job. Each error names the flag and what to pass instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+DATASETS = ("mnist", "digits", "synthetic")
+
+
+class ConfigError(ValueError):
+    """A setting the trainer refuses; the message is one line that names the fix."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    dataset: str = "digits"
+    """mnist (torchvision's layout under data_dir), digits (scikit-learn's 8x8 handwritten digits scaled
+    to 28x28; real data, works offline) or synthetic (generated class prototypes plus noise)."""
+    data_dir: Path = Path("data")
+    """Where mnist lives or is downloaded to (by local rank 0 only)."""
+    epochs: int = 5
+    batch_size: int = 32
+    """Per-rank batch size; the global batch is batch_size * world size."""
+    base_lr: float = 0.01
+    """Learning rate for one rank; scaled by the world size (linear scaling rule) after warm-up."""
+    momentum: float = 0.9
+    warmup_epochs: float = 1.0
+    """Epochs over which the learning rate rises linearly from base_lr to base_lr * world size."""
+    seed: int = 42
+    threads: int = 1
+    """torch intra-op threads per rank; 1 keeps N ranks from oversubscribing a CPU host."""
+    fp16_allreduce: bool = False
+    use_adasum: bool = False
+    metrics_file: Path | None = None
+    """One JSON object per epoch is appended here by rank 0."""
+    summary_file: Path | None = None
+    """At the end rank 0 writes one JSON object: final metrics and, per rank, host and parameter digest."""
+    checkpoint_dir: Path | None = None
+    resume: bool = False
+    log_interval: int = 0
+    """Batches between progress lines within an epoch; 0 means about four lines per epoch."""
+    no_cuda: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ConfigError(
+                f"unknown dataset {self.dataset!r}: pass --dataset with one of {', '.join(DATASETS)}")
+        _require(self.epochs >= 1, f"--epochs must be at least 1 (got {self.epochs})")
+        _require(self.batch_size >= 1, f"--batch-size must be a positive integer (got {self.batch_size})")
+        _require(self.base_lr > 0, f"--lr must be positive (got {self.base_lr})")
+        _require(0 <= self.momentum < 1, f"--momentum must be in [0, 1) (got {self.momentum})")
+        _require(self.warmup_epochs >= 0, f"--warmup-epochs must be 0 or more (got {self.warmup_epochs})")
+        _require(self.threads >= 1, f"--threads must be at least 1 (got {self.threads})")
+        _require(self.log_interval >= 0, f"--log-interval must be 0 or more (got {self.log_interval})")
+        _require(not (self.resume and self.checkpoint_dir is None),
+                 "--resume needs --checkpoint-dir: pass the folder the interrupted run wrote to")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def check_writable_dir(path: Path, flag: str) -> None:
+    """Creates `path` if needed and proves a file can be written there; raises ConfigError if not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-probe-"):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"{flag} {path} is not writable ({error.strerror}): pass a folder this user can write to") from None
+
+
+def check_writable_file(path: Path, flag: str) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    check_writable_dir(parent, flag)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{flag} {path} is not writable: pass a file this user can write to")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m app.train",
+        description="Data-parallel MNIST-style training with Horovod. Start it under horovodrun or mpirun, "
+                    "e.g. 'horovodrun -np 2 -H localhost:2 --gloo python -m app.train --dataset digits'.")
+    parser.add_argument("--dataset", default=defaults.dataset,
+                        help="mnist, digits (offline, real handwritten digits) or synthetic "
+                             f"(default: {defaults.dataset})")
+    parser.add_argument("--data-dir", type=Path, default=defaults.data_dir,
+                        help="folder holding torchvision's MNIST layout (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=defaults.epochs, help="default: %(default)s")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size,
+                        help="per-rank batch size (default: %(default)s)")
+    parser.add_argument("--lr", dest="base_lr", type=float, default=defaults.base_lr,
+                        help="single-rank learning rate, scaled by world size (default: %(default)s)")
+    parser.add_argument("--momentum", type=float, default=defaults.momentum, help="default: %(default)s")
+    parser.add_argument("--warmup-epochs", type=float, default=defaults.warmup_epochs,
+                        help="linear learning-rate warm-up length (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
+    parser.add_argument("--threads", type=int, default=defaults.threads,
+                        help="torch threads per rank (default: %(default)s)")
+    parser.add_argument("--fp16-allreduce", action="store_true",
+                        help="compress gradients to fp16 for the allreduce")
+    parser.add_argument("--use-adasum", action="store_true",
+                        help="combine gradients with Adasum instead of averaging")
+    parser.add_argument("--metrics-file", type=Path, help="append one JSON line per epoch here")
+    parser.add_argument("--summary-file", type=Path,
+                        help="write the run's final summary (per-rank hosts and parameter digests) here")
+    parser.add_argument("--checkpoint-dir", type=Path, help="rank 0 saves a checkpoint here every epoch")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in --checkpoint-dir")
+    parser.add_argument("--log-interval", type=int, default=defaults.log_interval,
+                        help="batches between progress lines (default: about four per epoch)")
+    parser.add_argument("--no-cuda", action="store_true", help="train on the CPU even where CUDA is available")
+    return parser
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Parses and validates; raises ConfigError (argparse's own errors still exit with status 2)."""
+    args = build_parser().parse_args(argv)
+    config = TrainConfig(**vars(args))
+    if config.checkpoint_dir is not None:
+        check_writable_dir(config.checkpoint_dir, "--checkpoint-dir")
+    for flag, path in (("--metrics-file", config.metrics_file), ("--summary-file", config.summary_file)):
+        if path is not None:
+            check_writable_file(path, flag)
+    return config

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The image's roles:
+#   worker              run sshd (key-only) on $SSH_PORT so the launcher's mpirun can start ranks here
+#   launcher [ARGS...]  make the cluster's SSH key pair, wait for every worker, write the hostfile and run
+#                       mpirun with the trainer (python -m app.train ARGS... $TRAIN_ARGS); exits with its status
+#   ANY OTHER COMMAND   run it (e.g. `horovodrun --check-build`)
+#
+# Settings (environment):
+#   SSH_PORT            sshd port on workers (default 12345)
+#   WORKER_HOSTS        launcher: comma-separated worker addresses; or else
+#   WORKER_SERVICE, WORKERS   launcher: a DNS name that resolves to every worker (compose's service name)
+#                       and how many addresses to wait for (default: worker, 2)
+#   SLOTS_PER_WORKER    ranks per worker (default 1)
+#   NETWORK_INTERFACE   NIC for Open MPI, NCCL and Gloo traffic (default: let each choose)
+#   READY_TIMEOUT       seconds to wait for the workers (default 180)
+#   TRAIN_ARGS          extra trainer flags, split on spaces
+set -euo pipefail
+
+SSH_PORT="${SSH_PORT:-12345}"
+CLUSTER_SSH=/cluster/ssh
+HOSTKEYS=/cluster/hostkeys
+log() { echo "[$(date +%H:%M:%S) ${ROLE}] $*"; }
+
+run_worker() {
+  local keydir="$HOME/.sshd"
+  mkdir -p "$keydir"
+  [ -f "$keydir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$keydir/host_ed25519"
+  # The launcher pins this key: it reads it from the shared cluster volume, never trusts it over the network.
+  local address
+  address="${WORKER_ADDRESS:-$(hostname -i | awk '{print $1}')}"
+  cp "$keydir/host_ed25519.pub" "$HOSTKEYS/.$address.pub.tmp"
+  mv "$HOSTKEYS/.$address.pub.tmp" "$HOSTKEYS/$address.pub"
+  log "sshd on $address:$SSH_PORT"
+  exec /usr/sbin/sshd -D -e -f /opt/horovod-stack/docker/sshd_config -p "$SSH_PORT" \
+    -h "$keydir/host_ed25519" -o PidFile="$keydir/sshd.pid"
+}
+
+make_cluster_key() {
+  # A fresh key pair for this cluster run; workers read authorized_keys on every login.
+  local tmp
+  tmp=$(mktemp -d "$CLUSTER_SSH/.new.XXXXXX")
+  ssh-keygen -q -t ed25519 -N '' -C "horovod-stack cluster" -f "$tmp/id_ed25519"
+  mv "$tmp/id_ed25519" "$CLUSTER_SSH/id_ed25519"
+  mv "$tmp/id_ed25519.pub" "$CLUSTER_SSH/id_ed25519.pub"
+  cp "$CLUSTER_SSH/id_ed25519.pub" "$CLUSTER_SSH/authorized_keys"
+  rmdir "$tmp"
+  mkdir -p "$HOME/.ssh"
+  chmod 700 "$HOME/.ssh"
+  cat > "$HOME/.ssh/config" <<CONFIG
+Host *
+  Port $SSH_PORT
+  IdentityFile $CLUSTER_SSH/id_ed25519
+  IdentitiesOnly yes
+  UserKnownHostsFile $HOME/.ssh/known_hosts
+  StrictHostKeyChecking yes
+  BatchMode yes
+  ConnectTimeout 5
+  LogLevel ERROR
+CONFIG
+  : > "$HOME/.ssh/known_hosts"
+}
+
+worker_addresses() {
+  if [ -n "${WORKER_HOSTS:-}" ]; then
+    tr ',' '\n' <<< "$WORKER_HOSTS"
+  else
+    getent ahostsv4 "${WORKER_SERVICE:-worker}" | awk '{print $1}' | sort -u
+  fi
+}
+
+wait_for_workers() {
+  local expected="$1" deadline=$((SECONDS + ${READY_TIMEOUT:-180})) addresses ready last=""
+  while true; do
+    mapfile -t addresses < <(worker_addresses)
+    ready=()
+    for address in "${addresses[@]}"; do
+      [ -f "$HOSTKEYS/$address.pub" ] || continue
+      grep -q "^\[$address\]:$SSH_PORT " "$HOME/.ssh/known_hosts" ||
+        echo "[$address]:$SSH_PORT $(cut -d' ' -f1,2 "$HOSTKEYS/$address.pub")" >> "$HOME/.ssh/known_hosts"
+      ssh "$address" true 2>/dev/null && ready+=("$address")
+    done
+    local status="${#ready[@]}/$expected workers answer over ssh (${ready[*]:-none yet})"
+    [ "$status" != "$last" ] && log "$status" && last="$status"
+    if [ "${#ready[@]}" -ge "$expected" ]; then
+      READY_WORKERS=("${ready[@]:0:$expected}")
+      return 0
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      log "error: only ${#ready[@]} of $expected workers answered ssh on port $SSH_PORT within ${READY_TIMEOUT:-180} s;" \
+          "check that the workers run (docker compose ps) and that WORKERS matches them"
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+run_launcher() {
+  local expected slots hostfile="$HOME/hostfile"
+  if [ -n "${WORKER_HOSTS:-}" ]; then expected=$(tr ',' '\n' <<< "$WORKER_HOSTS" | grep -c .); else expected="${WORKERS:-2}"; fi
+  slots="${SLOTS_PER_WORKER:-1}"
+  make_cluster_key
+  wait_for_workers "$expected"
+  : > "$hostfile"
+  for address in "${READY_WORKERS[@]}"; do echo "$address slots=$slots" >> "$hostfile"; done
+
+  local nic_flags=()
+  if [ -n "${NETWORK_INTERFACE:-}" ]; then
+    nic_flags=(--mca btl_tcp_if_include "$NETWORK_INTERFACE" --mca oob_tcp_if_include "$NETWORK_INTERFACE"
+               -x "NCCL_SOCKET_IFNAME=$NETWORK_INTERFACE" -x "GLOO_SOCKET_IFNAME=$NETWORK_INTERFACE"
+               -x "HOROVOD_GLOO_IFACE=$NETWORK_INTERFACE")
+  fi
+  # shellcheck disable=SC2206  # TRAIN_ARGS is split on spaces on purpose
+  local extra=(${TRAIN_ARGS:-})
+  local command=(mpirun -np $((expected * slots)) --hostfile "$hostfile" -bind-to none -map-by slot
+                 --mca plm_rsh_no_tree_spawn 1 -x NCCL_DEBUG=INFO -x PATH -x PYTHONPATH "${nic_flags[@]}"
+                 python -m app.train "$@" "${extra[@]}")
+  log "hostfile: $(paste -sd' ' "$hostfile" | sed 's/ slots=/:/g')"
+  log "running: ${command[*]}"
+  local status=0
+  "${command[@]}" || status=$?
+  log "mpirun exited with status $status"
+  exit "$status"
+}
+
+ROLE="${1:-worker}"
+case "$ROLE" in
+  worker) run_worker ;;
+  launcher) shift; [ "${1:-}" = "--" ] && shift; run_launcher "$@" ;;
+  *) exec "$@" ;;
+esac

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Builds (once) and installs the Horovod wheel this stack runs on; the host's .venv and the image use
+# this same recipe.
+#
+#   docker/install-horovod.sh cpu|gpu
+#
+# Horovod 0.28.1 (the newest release) does not build as published against today's PyTorch and CMake:
+#   - it compiles its C++ (and the torch extension) as C++14, but torch 2.14's headers need C++20
+#     (std::strong_ordering in c10/util/intrusive_ptr.h);
+#   - its bundled gloo asks for cmake_minimum_required < 3.5, which CMake >= 4 refuses unless
+#     CMAKE_POLICY_VERSION_MINIMUM is set.
+# patch-horovod-source.sh applies the first fix to the unpacked sdist and this script exports the second,
+# then builds a wheel for the ops asked for: cpu = MPI + Gloo, gpu = NCCL + MPI + Gloo (a NCCL build also
+# runs MPI and Gloo on CPUs). Against a CUDA build of torch (the one PyPI serves) Horovod compiles its
+# CUDA glue even for cpu ops, so a CUDA toolkit is found, or installed from NVIDIA's wheels, either way.
+#
+# The wheel is cached outside the checkout under $HOROVOD_WHEEL_CACHE, keyed by everything that changes
+# it: Horovod version, the patch (patch-horovod-source.sh), torch, Python and ops. A run with the same
+# key installs in seconds.
+#
+# Environment:
+#   PYTHON                 interpreter whose environment gets Horovod (default: python3); torch must
+#                          already be installed there, since the build compiles against it.
+#   HOROVOD_VERSION        default 0.28.1
+#   HOROVOD_WHEEL_CACHE    default /var/cache/horovod-stack/wheels
+#   HOROVOD_WHEEL_EXPORT   also copy the wheel into this folder
+#   HOROVOD_CUDA_HOME      a CUDA toolkit; default /usr/local/cuda, else the toolkit from
+#                          NVIDIA's PyPI wheels (installed next to torch if missing).
+set -euo pipefail
+
+ops="${1:-}"
+case "$ops" in
+  cpu|gpu) ;;
+  *) echo "usage: $0 cpu|gpu   (cpu = MPI + Gloo ops; gpu = NCCL + MPI + Gloo ops)" >&2; exit 2 ;;
+esac
+
+PYTHON="${PYTHON:-python3}"
+HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
+cache_root="${HOROVOD_WHEEL_CACHE:-/var/cache/horovod-stack/wheels}"
+log() { echo "[install-horovod] $*" >&2; }
+
+if ! torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+  echo "install-horovod: torch is not importable by $PYTHON; install torch first (the build compiles against it)." >&2
+  exit 1
+fi
+py_tag=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+patch_hash=$(sha256sum "$here/patch-horovod-source.sh" | cut -c1-16)
+key=$(printf '%s\n' "horovod=$HOROVOD_VERSION" "torch=$torch_version" "python=$py_tag" "ops=$ops" \
+      "patch=$patch_hash" | sha256sum | cut -c1-16)
+cache_dir="$cache_root/horovod-$HOROVOD_VERSION-$ops-$key"
+
+site_packages=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+torch_cuda=$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')
+
+prepare_cuda_toolkit() {
+  # A CUDA build of torch makes Horovod compile its CUDA glue whatever ops are asked for, so it needs a
+  # toolkit's headers and cudart even for cpu ops.
+  local cuda_home="${HOROVOD_CUDA_HOME:-}"
+  if [ -z "$cuda_home" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+    cuda_home=/usr/local/cuda
+  fi
+  if [ -z "$cuda_home" ]; then
+    cuda_home="$site_packages/nvidia/cu13"
+    if [ ! -x "$cuda_home/bin/nvcc" ]; then
+      log "no CUDA toolkit found; installing nvcc from NVIDIA's wheels"
+      # nvvm pinned to nvcc's version: a newer cicc emits PTX that this ptxas rejects.
+      "$PYTHON" -m pip install -q nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 \
+        'nvidia-cuda-cccl<13.1' 'nvidia-cuda-crt<13.1'
+    fi
+    ln -sf libcudart.so.13 "$cuda_home/lib/libcudart.so"
+    [ -e "$cuda_home/lib64" ] || ln -s lib "$cuda_home/lib64"
+  fi
+  export HOROVOD_CUDA_HOME="$cuda_home" CUDAToolkit_ROOT="$cuda_home" CUDA_HOME="$cuda_home"
+  export PATH="$cuda_home/bin:$PATH"
+}
+
+prepare_nccl() {
+  # One NCCL in the process: build against the NCCL wheel that torch itself loads.
+  local nccl_home="$site_packages/nvidia/nccl"
+  if [ ! -f "$nccl_home/include/nccl.h" ]; then
+    echo "install-horovod: no NCCL next to torch ($nccl_home); gpu ops need torch's CUDA build with nvidia-nccl-cu13." >&2
+    exit 1
+  fi
+  # The wheel carries only libnccl.so.2; the linker looks for libnccl.so.
+  ln -sf libnccl.so.2 "$nccl_home/lib/libnccl.so"
+  export HOROVOD_NCCL_HOME="$nccl_home" HOROVOD_GPU_OPERATIONS=NCCL
+}
+
+build_wheel() {
+  local work
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' RETURN
+  log "building horovod $HOROVOD_VERSION ($ops ops) against torch $torch_version; this takes minutes"
+  "$PYTHON" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
+  tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+  local src="$work/horovod-$HOROVOD_VERSION"
+
+  "$here/patch-horovod-source.sh" "$src"
+  export CMAKE_POLICY_VERSION_MINIMUM=3.5
+
+  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
+  export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+  if [ -n "$torch_cuda" ] || [ "$ops" = gpu ]; then prepare_cuda_toolkit; fi
+  if [ "$ops" = gpu ]; then prepare_nccl; fi
+  export MAKEFLAGS="-j$(nproc)"
+
+  local start=$SECONDS
+  "$PYTHON" -m pip wheel -q --no-build-isolation --no-deps "$src" -w "$work/out"
+  log "built in $((SECONDS - start)) s"
+
+  # Publish atomically: a build cut short never leaves a half-written wheel in the cache.
+  mkdir -p "$cache_root"
+  local staging
+  staging=$(mktemp -d "$cache_root/.staging.XXXXXX")
+  cp "$work"/out/horovod-*.whl "$staging/"
+  rm -rf "$cache_dir"
+  mv "$staging" "$cache_dir"
+}
+
+installed_marker="$site_packages/.horovod-stack-build-key"
+export_wheel() {
+  # HOROVOD_WHEEL_EXPORT=DIR also copies the wheel there (the image's build stage hands it on this way).
+  if [ -n "${HOROVOD_WHEEL_EXPORT:-}" ]; then
+    mkdir -p "$HOROVOD_WHEEL_EXPORT"
+    cp "$cache_dir"/horovod-*.whl "$HOROVOD_WHEEL_EXPORT/"
+  fi
+}
+
+if [ "$(cat "$installed_marker" 2>/dev/null)" = "$key" ] && "$PYTHON" -c 'import horovod.torch' 2>/dev/null; then
+  log "horovod $HOROVOD_VERSION ($ops ops) already installed from this recipe"
+  export_wheel
+  exit 0
+fi
+if ! ls "$cache_dir"/horovod-*.whl >/dev/null 2>&1; then
+  build_wheel
+else
+  log "using cached wheel $cache_dir"
+fi
+"$PYTHON" -m pip install -q --force-reinstall --no-deps "$cache_dir"/horovod-*.whl
+# Horovod's runtime dependencies (not torch: it is already there and must stay as built against).
+"$PYTHON" -m pip install -q cloudpickle psutil pyyaml packaging "cffi>=1.4.0"
+echo "$key" > "$installed_marker"
+export_wheel
+log "installed: $(ls "$cache_dir"/horovod-*.whl)"

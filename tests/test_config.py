@@ -1,0 +1,50 @@
+"""Settings are refused before training starts, each with one line that names the flag."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.config import ConfigError, TrainConfig, parse_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--epochs", "0"], "--epochs"),
+    (["--batch-size", "-8"], "--batch-size"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--dataset", "cifar"], "--dataset"),
+    (["--lr", "0"], "--lr"),
+    (["--momentum", "1.5"], "--momentum"),
+    (["--threads", "0"], "--threads"),
+    (["--warmup-epochs", "-1"], "--warmup-epochs"),
+    (["--resume"], "--checkpoint-dir"),
+])
+def test_bad_values_are_refused_naming_the_flag(argv, flag):
+    with pytest.raises(ConfigError, match=flag):
+        parse_config(argv)
+
+
+def test_unwritable_checkpoint_dir_is_refused(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match="--checkpoint-dir .* is not writable"):
+        parse_config(["--checkpoint-dir", str(blocker / "ckpt")])
+
+
+def test_good_values_parse(tmp_path):
+    config = parse_config(["--dataset", "synthetic", "--epochs", "3", "--checkpoint-dir", str(tmp_path / "c"),
+                           "--resume", "--fp16-allreduce", "--use-adasum", "--lr", "0.05"])
+    assert config == TrainConfig(dataset="synthetic", epochs=3, checkpoint_dir=tmp_path / "c", resume=True,
+                                 fp16_allreduce=True, use_adasum=True, base_lr=0.05)
+    assert (tmp_path / "c").is_dir()
+
+
+def test_cli_prints_one_line_and_exits_nonzero_before_training():
+    result = subprocess.run([sys.executable, "-m", "app.train", "--epochs", "0"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: --epochs must be at least 1 (got 0)"]
+    assert "epoch" not in result.stdout

@@ -1,0 +1,44 @@
+import torch
+
+from app import consistency, data
+from app.model import SimpleNet
+
+
+def test_simplenet_gives_log_probabilities_for_28x28_batches():
+    output = SimpleNet()(torch.randn(5, 1, 28, 28))
+    assert output.shape == (5, 10)
+    assert torch.allclose(output.exp().sum(dim=1), torch.ones(5), atol=1e-5)
+
+
+def test_digits_are_real_28x28_images_in_an_80_20_split():
+    train, val = data.load_digits(seed=0)
+    assert (len(train), len(val)) == (1438, 359)
+    image, label = train[0]
+    assert image.shape == (1, 28, 28) and 0 <= int(label) <= 9
+    assert set(val.tensors[1].tolist()) == set(range(10))
+
+
+def test_splits_are_identical_for_the_same_seed():
+    a, _ = data.make_synthetic(seed=3, size=64)
+    b, _ = data.make_synthetic(seed=3, size=64)
+    assert torch.equal(a.tensors[0], b.tensors[0])
+
+
+def test_mnist_missing_message_names_both_flags(tmp_path):
+    message = data.mnist_unavailable_message(tmp_path, "URLError: no route")
+    assert "--data-dir" in message and "--dataset" in message and "\n" not in message
+
+
+def test_parameter_digest_tells_models_apart():
+    torch.manual_seed(0)
+    a, b = SimpleNet(), SimpleNet()
+    b.load_state_dict(a.state_dict())
+    assert consistency.parameter_digest(a) == consistency.parameter_digest(b)
+    with torch.no_grad():
+        b.fc1.bias[0] += 1e-7
+    assert consistency.parameter_digest(a) != consistency.parameter_digest(b)
+
+
+def test_ranks_differing_from_root():
+    assert consistency.ranks_differing_from_root(["x", "x", "x"]) == []
+    assert consistency.ranks_differing_from_root(["x", "y", "x", "z"]) == [1, 3]

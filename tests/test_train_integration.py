@@ -1,0 +1,123 @@
+"""The trainer run for real: two Horovod ranks under horovodrun (Gloo) and under Open MPI's mpirun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+TRAINER = ["python", "-m", "app.train"]
+LAUNCHERS = {
+    "gloo": ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"],
+    "mpi": ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-map-by", "slot",
+            "-x", "PATH", "-x", "PYTHONPATH"],
+}
+
+
+def trainer_env() -> dict[str, str]:
+    return {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+
+
+def start_training(launcher: str, run_dir: Path, *args: str) -> subprocess.Popen:
+    command = LAUNCHERS[launcher] + TRAINER + [
+        "--metrics-file", str(run_dir / "metrics.jsonl"), "--summary-file", str(run_dir / "summary.json"), *args]
+    log = open(run_dir / "output.log", "a")
+    return subprocess.Popen(command, cwd=REPO, env=trainer_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def train(launcher: str, run_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    process = start_training(launcher, run_dir, *args)
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(process.args, process.returncode, (run_dir / "output.log").read_text())
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpi"])
+def test_two_ranks_learn_digits_and_agree(launcher, tmp_path):
+    result = train(launcher, tmp_path, "--dataset", "digits", "--epochs", "5")
+    assert result.returncode == 0, result.stdout
+
+    metrics = read_metrics(tmp_path)
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4, 5]
+    for record in metrics:
+        assert set(record) == {"epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_sec",
+                               "world_size", "seconds"}
+        assert record["world_size"] == 2 and record["samples_per_sec"] > 0 and record["seconds"] > 0
+    assert metrics[-1]["val_accuracy"] >= 0.90, metrics
+    assert metrics[-1]["val_loss"] < metrics[0]["val_loss"]
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert len({r["digest"] for r in summary["ranks"]}) == 1, "ranks ended with different parameters"
+    print(f"{launcher}: final val accuracy {metrics[-1]['val_accuracy']:.4f}")
+
+
+def test_resume_after_interrupted_run_continues_from_next_epoch(tmp_path):
+    checkpoints = tmp_path / "ckpt"
+    process = start_training("mpi", tmp_path, "--dataset", "digits", "--epochs", "40",
+                             "--checkpoint-dir", str(checkpoints))
+    deadline = time.monotonic() + 240
+    while not (checkpoints / "latest.pt").exists():
+        assert process.poll() is None, (tmp_path / "output.log").read_text()
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.2)
+    ranks = [child for child in psutil.Process(process.pid).children(recursive=True) if "app.train" in child.cmdline()]
+    assert len(ranks) == 2
+    for rank in ranks:  # every rank dies mid-run at once, as when the power goes
+        rank.kill()
+    assert process.wait(timeout=60) != 0
+
+    saved_epoch = torch.load(checkpoints / "latest.pt", weights_only=False)["epoch"]
+    assert 1 <= saved_epoch < 40
+
+    result = train("mpi", tmp_path, "--dataset", "digits", "--epochs", str(saved_epoch + 3),
+                   "--checkpoint-dir", str(checkpoints), "--resume")
+    assert result.returncode == 0, result.stdout
+    assert f"resuming from {checkpoints / 'latest.pt'} after epoch {saved_epoch}" in result.stdout
+    records = read_metrics(tmp_path)
+    assert [m["epoch"] for m in records] == list(range(1, saved_epoch + 4))
+    assert records[-1]["val_accuracy"] >= 0.90
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len({r["digest"] for r in summary["ranks"]}) == 1
+
+
+def test_fp16_allreduce_and_adasum_train(tmp_path):
+    result = train("mpi", tmp_path, "--dataset", "digits", "--epochs", "4", "--fp16-allreduce", "--use-adasum")
+    assert result.returncode == 0, result.stdout
+    assert "adasum, fp16 allreduce" in result.stdout
+    assert read_metrics(tmp_path)[-1]["val_accuracy"] >= 0.85
+
+
+def test_missing_mnist_stops_at_once_naming_the_flags(tmp_path):
+    result = train("gloo", tmp_path, "--dataset", "mnist", "--data-dir", str(tmp_path / "empty"), timeout=240)
+    assert result.returncode != 0
+    errors = [line for line in result.stdout.splitlines() if "error: MNIST is not under --data-dir" in line]
+    assert errors and "--dataset digits" in errors[0], result.stdout
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_bad_value_under_mpirun_fails_before_training(tmp_path):
+    result = train("mpi", tmp_path, "--batch-size", "-4", timeout=120)
+    assert result.returncode != 0
+    assert "error: --batch-size must be a positive integer (got -4)" in result.stdout
+    assert "epoch" not in result.stdout
