@@ -15,17 +15,22 @@ ARG BASE_IMAGE=horovod-stack-base:bookworm
 FROM scratch AS wheels
 
 FROM ${BASE_IMAGE} AS runtime
+# PIP_OFFLINE=1: install from the wheels context alone, never the index (scripts/build-images.sh sets it).
+ARG PIP_OFFLINE=0
 ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# openssh-server's package makes host keys: they are deleted, since each container makes its own at start.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv openmpi-bin openssh-server \
       openssh-client ca-certificates iproute2 procps \
  && rm -rf /var/lib/apt/lists/* \
+ && rm -f /etc/ssh/ssh_host_* \
  && python3 -m venv /opt/venv
 # The CA is mounted for this step only (never a layer) and only used by pip when given.
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
     pip install torch==2.14.1 torchvision==0.29.1 scikit-learn cloudpickle psutil pyyaml packaging "cffi>=1.4.0"
 
 FROM runtime AS horovod-build
@@ -37,6 +42,7 @@ COPY docker/install-horovod.sh docker/patch-horovod-source.sh /build/
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=cache,target=/var/cache/horovod-stack/wheels \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
     pip install setuptools wheel 'cmake<4' \
  && PYTHON=/opt/venv/bin/python HOROVOD_WHEEL_EXPORT=/dist /build/install-horovod.sh gpu
 

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 import horovod.torch as hvd
+import psutil
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
@@ -147,9 +148,16 @@ def restore(config: TrainConfig, model, optimizer) -> int:
     return start_epoch
 
 
+def ipv4_addresses() -> list[str]:
+    """This host's non-loopback IPv4 addresses: containers on host networking share a hostname, not these."""
+    return sorted(address.address for addresses in psutil.net_if_addrs().values() for address in addresses
+                  if address.family == socket.AF_INET and not address.address.startswith("127."))
+
+
 def verify_identical_parameters(model) -> list[dict]:
     """Every rank's host and parameter digest, gathered on all ranks; raises if any rank differs from rank 0."""
-    mine = {"rank": hvd.rank(), "host": socket.gethostname(), "digest": consistency.parameter_digest(model)}
+    mine = {"rank": hvd.rank(), "host": socket.gethostname(), "addresses": ipv4_addresses(),
+            "digest": consistency.parameter_digest(model)}
     ranks = hvd.allgather_object(mine, name="parameter_digests")
     differing = consistency.ranks_differing_from_root([entry["digest"] for entry in ranks])
     if differing:

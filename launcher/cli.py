@@ -1,0 +1,188 @@
+"""The `launcher` command line: parses flags and .env, calls session/driver, prints. No logic of its own."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from launcher import session
+from launcher.driver import NodeDriver, NodeError
+from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Run Horovod training across Docker hosts: one worker container per node, mpirun from rank 0.")
+
+NODES_HELP = "Comma-separated hosts, rank 0 first (default: NODES in .env)."
+ENV_FILE_HELP = "Settings file (default: ./.env if present)."
+
+
+def say(message: str) -> None:
+    for line in message.splitlines():
+        typer.echo(f"[launcher {time.strftime('%H:%M:%S')}] {line}", err=True)
+
+
+def fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def settings_from(nodes: Optional[str], env_file: Optional[Path], **flags) -> LaunchSettings:
+    try:
+        return resolve_settings(load_env_file(env_file), nodes=nodes, **flags)
+    except SettingsError as error:
+        fail(str(error), 2)
+
+
+def connect(settings: LaunchSettings) -> list[NodeDriver]:
+    try:
+        return session.connect_all(settings.plan(cluster_id="-"), lambda _: None)
+    except session.LaunchError as error:
+        fail(str(error))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def start(
+    ctx: typer.Context,
+    nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
+    slots: Optional[int] = typer.Option(None, help="Ranks per node on CPUs (default 1)."),
+    gpus_per_node: Optional[int] = typer.Option(None, help="Ranks per node, one GPU each (NVIDIA Container Toolkit)."),
+    image: Optional[str] = typer.Option(None, help="Image to run (default horovod-stack:latest)."),
+    ssh_port: Optional[int] = typer.Option(None, help="Port of the workers' sshd (default 12345)."),
+    network_interface: Optional[str] = typer.Option(None, help="NIC for Open MPI, NCCL and Gloo traffic."),
+    env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP),
+    push_image: bool = typer.Option(False, help="Copy the image from this machine's engine to nodes that lack it."),
+    detach: bool = typer.Option(False, help="Return once training runs; follow with `launcher logs --follow`."),
+) -> None:
+    """Start a worker on every node and train; rank 0's output streams here and the exit status is the job's.
+
+    Example: launcher start --nodes node_1,node_2 --slots 2 -- --dataset digits --epochs 5
+    (arguments after -- go to the trainer, python -m app.train).
+    """
+    args = [arg for arg in ctx.args if arg != "--"]
+    settings = settings_from(nodes, env_file, slots=slots, gpus_per_node=gpus_per_node, image=image,
+                             ssh_port=ssh_port, network_interface=network_interface, trainer_args=tuple(args))
+    try:
+        status = session.launch(settings, push_image=push_image, detach=detach, say=say)
+    except (session.LaunchError, NodeError) as error:
+        fail(str(error))
+    except KeyboardInterrupt:
+        fail("interrupted; the cluster's containers were removed", 130)
+    raise typer.Exit(status)
+
+
+@app.command()
+def stop(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
+         cluster: Optional[str] = typer.Option(None, help="Cluster ID (default: every cluster of this stack)."),
+         env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
+    """Remove the stack's containers on the nodes.
+
+    Example: launcher stop --nodes node_1,node_2 --cluster 3f9a1c2e
+    """
+    settings = settings_from(nodes, env_file)
+    for driver in connect(settings):
+        removed = driver.remove_cluster(cluster)
+        typer.echo(f"{driver.node.name}: removed {removed} container(s)")
+
+
+@app.command()
+def status(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
+           env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
+    """List the stack's containers on each node.
+
+    Example: launcher status --nodes node_1,node_2
+    """
+    settings = settings_from(nodes, env_file)
+    for driver in connect(settings):
+        containers = driver.cluster_containers()
+        if not containers:
+            typer.echo(f"{driver.node.name}: no cluster")
+        for container in containers:
+            typer.echo(f"{driver.node.name}: {container.name} cluster={container.labels.get('horovod-stack.cluster')} "
+                       f"role={container.labels.get('horovod-stack.role')} {container.status}")
+
+
+@app.command()
+def logs(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
+         node: Optional[str] = typer.Option(None, help="Whose worker to show (default: rank 0's node)."),
+         follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming."),
+         env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
+    """Show a worker's output; on rank 0's node, the training job's output too.
+
+    Example: launcher logs --nodes node_1,node_2 --follow
+    """
+    settings = settings_from(nodes, env_file)
+    name = node or settings.nodes[0]
+    if name not in settings.nodes:
+        fail(f"--node {name} is not one of --nodes {','.join(settings.nodes)}", 2)
+    driver = next(d for d in connect(settings) if d.node.name == name)
+    containers = driver.cluster_containers()
+    if not containers:
+        fail(f"{name}: no container of the stack there; start one with `launcher start`")
+    container = containers[0]
+    for chunk in container.logs(stream=True, follow=False):
+        sys.stdout.write(chunk.decode(errors="replace"))
+    if driver.read_file(container, session.JOB_LOG) is not None:
+        _, stream = driver.exec_stream(container, ["tail", "-n", "+1", *(["-f"] if follow else []), session.JOB_LOG])
+        for chunk in stream:
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+
+
+@app.command()
+def doctor(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
+           image: Optional[str] = typer.Option(None, help="Image to check (default horovod-stack:latest)."),
+           ssh_port: Optional[int] = typer.Option(None, help="Port the workers' sshd will use."),
+           gpus_per_node: Optional[int] = typer.Option(None, help="Check for GPUs too."),
+           env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
+    """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, clock skew.
+
+    Example: launcher doctor --nodes node_1,node_2
+    """
+    settings = settings_from(nodes, env_file, image=image, ssh_port=ssh_port, gpus_per_node=gpus_per_node)
+    problems, image_ids = [], {}
+    for node in settings.plan(cluster_id="-").nodes:
+        try:
+            driver = NodeDriver.connect(node)
+        except NodeError as error:
+            problems.append(str(error))
+            typer.echo(f"{node.name}: engine        FAIL {error}")
+            continue
+        typer.echo(f"{node.name}: engine        ok ({driver.client.version()['Version']} at {node.engine_url})")
+        image_ids[node.name] = driver.image_id(settings.image)
+        if image_ids[node.name] is None:
+            problems.append(f"{node.name}: image {settings.image} missing")
+            typer.echo(f"{node.name}: image         FAIL {settings.image} missing (launcher start --push-image copies it)")
+        else:
+            typer.echo(f"{node.name}: image         ok ({image_ids[node.name][7:19]})")
+            taken = driver.port_in_use(settings.image, settings.ssh_port)
+            if taken:
+                problems.append(f"{node.name}: port {settings.ssh_port} in use")
+            typer.echo(f"{node.name}: ssh port      {'FAIL in use' if taken else 'ok free'} ({settings.ssh_port})")
+        if settings.gpus_per_node:
+            gpus = driver.has_nvidia_runtime()
+            if not gpus:
+                problems.append(f"{node.name}: no NVIDIA runtime")
+            typer.echo(f"{node.name}: GPUs          {'ok (nvidia runtime)' if gpus else 'FAIL no nvidia runtime'}")
+        skew = driver.clock_skew_seconds()
+        if abs(skew) > 5:
+            problems.append(f"{node.name}: clock skew {skew:.1f} s")
+        typer.echo(f"{node.name}: clock skew    {'ok' if abs(skew) <= 5 else 'FAIL'} ({skew:+.1f} s)")
+    present = {i for i in image_ids.values() if i}
+    if len(present) > 1:
+        problems.append("image IDs differ between nodes")
+        typer.echo("all: image         FAIL the image ID differs between nodes")
+    if problems:
+        fail(f"{len(problems)} problem(s): {'; '.join(problems)}")
+    typer.echo("all nodes ready")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

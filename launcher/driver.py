@@ -1,0 +1,153 @@
+"""A thin driver over one node's Docker engine (Docker SDK): connect, inspect, copy the image, start, exec, remove.
+
+Each method does one Docker thing and turns the SDK's exceptions into NodeError, one line naming the node and
+the fix. The order of a launch lives in session.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import DeviceRequest
+
+from launcher.plan import LABEL_CLUSTER, LABEL_NODE, SHARED_MOUNT, ClusterPlan, Node
+
+
+class NodeError(RuntimeError):
+    """Something on one node stops the launch; the message names the node and the fix."""
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:300]
+
+
+class NodeDriver:
+    def __init__(self, node: Node, client: docker.DockerClient) -> None:
+        self.node = node
+        self.client = client
+
+    @classmethod
+    def connect(cls, node: Node, timeout: float = 30) -> NodeDriver:
+        try:
+            # The system ssh client honours the user's ssh config (keys, known_hosts, jump hosts).
+            client = docker.DockerClient(base_url=node.engine_url, use_ssh_client=node.engine_url.startswith("ssh://"),
+                                         timeout=int(timeout))
+            client.ping()
+        except (DockerException, OSError) as error:
+            raise NodeError(
+                f"{node.name}: cannot reach its Docker engine at {node.engine_url} ({_first_line(error)}); check the "
+                f"host is up and runs Docker, or point DOCKER_HOST_{node.name.upper().replace('-', '_').replace('.', '_')} "
+                "in .env at its engine") from None
+        return cls(node, client)
+
+    # --- inspection -------------------------------------------------------------------------------------------
+    def image_id(self, image: str) -> str | None:
+        try:
+            return self.client.images.get(image).id
+        except ImageNotFound:
+            return None
+
+    def cluster_containers(self, cluster_id: str | None = None, running_only: bool = False) -> list:
+        label = f"{LABEL_CLUSTER}={cluster_id}" if cluster_id else LABEL_CLUSTER
+        return self.client.containers.list(all=not running_only, filters={"label": label})
+
+    def clock_skew_seconds(self) -> float:
+        engine_time = self.client.info()["SystemTime"]
+        # Docker reports RFC 3339 with nanoseconds; keep microseconds for fromisoformat.
+        stamp = engine_time[:26].rstrip("Z") if "." in engine_time else engine_time.rstrip("Z")
+        engine = datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc)
+        return (engine - datetime.now(timezone.utc)).total_seconds()
+
+    def has_nvidia_runtime(self) -> bool:
+        return "nvidia" in (self.client.info().get("Runtimes") or {})
+
+    def port_in_use(self, image: str, port: int) -> bool:
+        """Whether something on the node already listens on `port` (probed from a host-network container)."""
+        output = self.client.containers.run(
+            image, ["bash", "-c", f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo taken || echo free"],
+            network_mode="host", remove=True, user="mpiuser")
+        return output.decode().strip() == "taken"
+
+    # --- the image --------------------------------------------------------------------------------------------
+    def push_image_from(self, source: NodeDriver, image: str, progress: Callable[[str], None]) -> None:
+        """Copies `image` from the source engine to this one through the API (docker save | docker load)."""
+        total = source.client.images.get(image).attrs.get("Size") or 0
+        sent, last_shown, started = 0, -1, time.monotonic()
+
+        def chunks() -> Iterator[bytes]:
+            nonlocal sent, last_shown
+            for chunk in source.client.images.get(image).save(chunk_size=8 * 1024 * 1024):
+                sent += len(chunk)
+                shown = int(100 * sent / total) // 10 * 10 if total else -1
+                if shown > last_shown:
+                    last_shown = shown
+                    progress(f"{self.node.name}: pushing {image}: {sent / 1e9:.2f} GB sent"
+                             + (f" (~{min(shown, 100)}%)" if total else ""))
+                yield chunk
+
+        try:
+            self.client.images.load(chunks())
+        except (APIError, DockerException) as error:
+            raise NodeError(f"{self.node.name}: copying {image} failed ({_first_line(error)}); free disk space "
+                            "on the node or load the image there by hand") from None
+        progress(f"{self.node.name}: image loaded, {sent / 1e9:.2f} GB in {time.monotonic() - started:.0f} s")
+
+    # --- the worker container ---------------------------------------------------------------------------------
+    def start_worker(self, plan: ClusterPlan) -> object:
+        device_requests = ([DeviceRequest(count=plan.gpus_per_node, capabilities=[["gpu"]])]
+                           if plan.gpus_per_node else None)
+        try:
+            return self.client.containers.run(
+                plan.image, ["worker"], name=plan.container_name(self.node), labels=plan.labels(self.node),
+                environment=plan.worker_environment(self.node), network_mode="host", shm_size=plan.shm_size,
+                volumes={plan.shared_dir: {"bind": SHARED_MOUNT, "mode": "rw"}},
+                device_requests=device_requests, detach=True)
+        except APIError as error:
+            raise NodeError(f"{self.node.name}: the worker container did not start ({_first_line(error)})") from None
+
+    def put_files(self, container, path: str, archive: bytes) -> None:
+        if not container.put_archive(path, archive):
+            raise NodeError(f"{self.node.name}: could not write files into {container.name}:{path}")
+
+    def read_file(self, container, path: str) -> str | None:
+        result = container.exec_run(["cat", path], user="mpiuser")
+        return result.output.decode() if result.exit_code == 0 else None
+
+    def worker_problem(self, container) -> str | None:
+        """Why the worker container is not running, or None while it runs."""
+        try:
+            container.reload()
+        except NotFound:
+            return "its worker container is gone (removed)"
+        if container.status == "running":
+            return None
+        state = container.attrs["State"]
+        last_line = (container.logs(tail=1).decode().strip() or "no output")
+        reason = "killed" if state.get("ExitCode") == 137 else f"exit status {state.get('ExitCode')}"
+        return f"its worker container stopped ({reason}; last output: {last_line})"
+
+    def exec_stream(self, container, argv: list[str]) -> tuple[str, Iterator[bytes]]:
+        exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir="/home/mpiuser")["Id"]
+        return exec_id, self.client.api.exec_start(exec_id, stream=True)
+
+    def exec_exit_code(self, exec_id: str) -> int | None:
+        return self.client.api.exec_inspect(exec_id).get("ExitCode")
+
+    def remove_cluster(self, cluster_id: str | None = None) -> int:
+        """Force-removes the cluster's containers on this node; returns how many there were."""
+        removed = 0
+        for container in self.cluster_containers(cluster_id):
+            try:
+                container.remove(force=True)
+                removed += 1
+            except NotFound:
+                pass
+        return removed
+
+    def node_label(self, container) -> str:
+        return container.labels.get(LABEL_NODE, "?")

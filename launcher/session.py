@@ -1,0 +1,208 @@
+"""One launch, start to finish: connect to every node, check them, start the workers with the cluster's SSH
+trust, wait until every sshd answers, run mpirun in the rank-0 container, and clean up on every exit path.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import docker
+
+from launcher import sshtrust
+from launcher.driver import NodeDriver, NodeError
+from launcher.plan import ClusterPlan
+from launcher.settings import LaunchSettings
+
+Say = Callable[[str], None]
+JOB_LOG = "/home/mpiuser/job.log"
+
+
+class LaunchError(RuntimeError):
+    """The launch stopped; the message is the one root cause, naming the fix."""
+
+
+def connect_all(plan: ClusterPlan, say: Say) -> list[NodeDriver]:
+    def connect(node):
+        driver = NodeDriver.connect(node)
+        say(f"{node.name}: engine reachable at {node.engine_url}")
+        return driver
+
+    with ThreadPoolExecutor(max_workers=len(plan.nodes)) as pool:
+        futures = [pool.submit(connect, node) for node in plan.nodes]
+    errors = [future.exception() for future in futures if future.exception()]
+    if errors:
+        raise LaunchError(str(errors[0]))
+    return [future.result() for future in futures]
+
+
+def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say) -> None:
+    for driver in drivers:
+        running = driver.cluster_containers()
+        if running:
+            cluster = running[0].labels.get("horovod-stack.cluster")
+            raise LaunchError(f"{driver.node.name}: cluster {cluster} is already there; stop it first with "
+                              f"`launcher stop --nodes {','.join(n.name for n in plan.nodes)} --cluster {cluster}`")
+    ensure_image_everywhere(plan, drivers, push_image, say)
+    for driver in drivers:
+        if driver.port_in_use(plan.image, plan.ssh_port):
+            raise LaunchError(f"{driver.node.name}: port {plan.ssh_port} is already in use there; free it or pass "
+                              "--ssh-port with a free port")
+        say(f"{driver.node.name}: port {plan.ssh_port} free")
+
+
+def ensure_image_everywhere(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say) -> None:
+    missing = [driver for driver in drivers if driver.image_id(plan.image) is None]
+    if missing and not push_image:
+        raise LaunchError(f"{missing[0].node.name}: image {plan.image} is not there; pass --push-image to copy it "
+                          "from this machine's engine, or load it on that node")
+    if missing:
+        try:
+            source = NodeDriver(missing[0].node, docker.from_env())
+            if source.image_id(plan.image) is None:
+                raise LaunchError(f"--push-image: this machine's engine has no image {plan.image} either; build it "
+                                  "with scripts/build-images.sh")
+        except docker.errors.DockerException as error:
+            raise LaunchError(f"--push-image: this machine's Docker engine is not reachable ({error})") from None
+        for driver in missing:
+            driver.push_image_from(source, plan.image, say)
+    ids = {driver.node.name: driver.image_id(plan.image) for driver in drivers}
+    if len(set(ids.values())) > 1:
+        listing = ", ".join(f"{name} {image_id[7:19]}" for name, image_id in ids.items())
+        raise LaunchError(f"image {plan.image} differs between nodes ({listing}); mismatched Horovod/MPI builds "
+                          "hang, so load the same image everywhere (--push-image copies this machine's)")
+    say(f"image {plan.image} ({next(iter(ids.values()))[7:19]}) is the same on all {len(drivers)} nodes")
+
+
+def hand_over_trust(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, keys: sshtrust.KeyPair,
+                    deadline: float, say: Say) -> None:
+    authorized = sshtrust.tar_files({"authorized_keys": (keys.public.encode() + b"\n", 0o600)})
+    host_keys = {}
+    for driver, container in zip(drivers, containers):
+        driver.put_files(container, "/cluster/ssh", authorized)
+        host_keys[driver.node.name] = wait_for_host_key(driver, container, deadline)
+    rank0_files = {
+        ".ssh/id_ed25519": (keys.private, 0o600),
+        ".ssh/config": (plan.ssh_config().encode(), 0o600),
+        ".ssh/known_hosts": (plan.known_hosts(host_keys).encode(), 0o600),
+        "hostfile": (plan.hostfile().encode(), 0o644),
+    }
+    drivers[0].put_files(containers[0], "/home/mpiuser", sshtrust.tar_files(rank0_files))
+    say("SSH trust handed over: cluster key in every worker, host keys pinned in rank 0's known_hosts")
+
+
+def wait_for_host_key(driver: NodeDriver, container, deadline: float) -> str:
+    while True:
+        content = driver.read_file(container, f"/cluster/hostkeys/{driver.node.name}.pub")
+        if content:
+            return " ".join(content.split()[:2])
+        problem = driver.worker_problem(container)
+        if problem:
+            raise LaunchError(f"{driver.node.name}: {problem}")
+        if time.monotonic() > deadline:
+            raise LaunchError(f"{driver.node.name}: the worker made no SSH host key in time; see `launcher logs "
+                              f"--node {driver.node.name}`")
+        time.sleep(0.5)
+
+
+def wait_until_ready(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, deadline: float,
+                     say: Say) -> None:
+    """Readiness as mpirun will need it: rank 0's container logs into every node's worker over ssh."""
+    pending = list(zip(drivers, containers))
+    ready = 0
+    while pending:
+        still = []
+        for driver, container in pending:
+            problem = driver.worker_problem(container)
+            if problem:
+                hint = (f"; is port {plan.ssh_port} taken there? pass --ssh-port" if "Address already in use"
+                        in problem else "")
+                raise LaunchError(f"{driver.node.name}: {problem}{hint}")
+            check = containers[0].exec_run(["ssh", driver.node.name, "true"], user="mpiuser")
+            if check.exit_code == 0:
+                ready += 1
+                say(f"{driver.node.name}: sshd answers on port {plan.ssh_port} ({ready}/{len(plan.nodes)} ready)")
+            else:
+                still.append((driver, container))
+        pending = still
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(driver.node.name for driver, _ in pending)
+            raise LaunchError(f"{names}: sshd did not answer rank 0 on port {plan.ssh_port} in time; check that "
+                              f"rank 0 reaches those hosts by name and that the port is open between nodes")
+        if pending:
+            time.sleep(1)
+
+
+def run_mpirun(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, out) -> int:
+    exec_id, stream = drivers[0].exec_stream(containers[0], plan.mpirun_argv())
+    for chunk in stream:
+        out.write(chunk.decode(errors="replace"))
+        out.flush()
+    code = drivers[0].exec_exit_code(exec_id)
+    return 1 if code is None else code
+
+
+def dead_worker(drivers: list[NodeDriver], containers: list) -> str | None:
+    for driver, container in zip(drivers, containers):
+        problem = driver.worker_problem(container)
+        if problem:
+            return f"{driver.node.name}: {problem} during the run"
+    return None
+
+
+def cleanup(drivers: list[NodeDriver], cluster_id: str, say: Say) -> None:
+    removed = 0
+    for driver in drivers:
+        try:
+            removed += driver.remove_cluster(cluster_id)
+        except Exception as error:  # keep cleaning the other nodes
+            say(f"{driver.node.name}: cleanup failed ({error}); run `launcher stop` for it")
+    say(f"cleanup: removed {removed} container(s) of cluster {cluster_id}")
+
+
+def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool = False, say: Say,
+           out=sys.stdout) -> int:
+    """Runs one training job across the nodes; returns the job's exit status (raises LaunchError on failure)."""
+    plan = settings.plan()
+    say(plan.describe())
+    started = time.monotonic()
+    drivers = connect_all(plan, say)
+    check_nodes(plan, drivers, push_image, say)
+
+    keys = sshtrust.make_key_pair(f"horovod-stack cluster {plan.cluster_id}")
+    containers: list = []
+    keep_running = False
+    try:
+        for driver in drivers:
+            containers.append(driver.start_worker(plan))
+            say(f"{driver.node.name}: worker {plan.container_name(driver.node)} started")
+        deadline = time.monotonic() + settings.ready_timeout
+        hand_over_trust(plan, drivers, containers, keys, deadline, say)
+        wait_until_ready(plan, drivers, containers, deadline, say)
+        say(f"all {len(drivers)} nodes ready in {time.monotonic() - started:.1f} s; running mpirun in "
+            f"{containers[0].name}")
+        if detach:
+            exec_id = drivers[0].client.api.exec_create(
+                containers[0].id, ["bash", "-c", f"{shlex.join(plan.mpirun_argv())} > {JOB_LOG} 2>&1"],
+                user="mpiuser", workdir="/home/mpiuser")["Id"]
+            drivers[0].client.api.exec_start(exec_id, detach=True)
+            keep_running = True
+            say(f"detached: cluster {plan.cluster_id}; follow with `launcher logs --follow`, end with `launcher stop`")
+            return 0
+        status = run_mpirun(plan, drivers, containers, out)
+        if status != 0:
+            cause = dead_worker(drivers, containers)
+            if cause:
+                raise LaunchError(cause)
+        say(f"job finished with exit status {status}")
+        return status
+    except KeyboardInterrupt:
+        say("interrupted: stopping the cluster")
+        raise
+    finally:
+        if not keep_running:
+            cleanup(drivers, plan.cluster_id, say)
+

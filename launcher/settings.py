@@ -1,0 +1,126 @@
+"""Launcher settings: read from a .env file (python-dotenv), overridden by flags, validated at construction.
+
+Every error names the setting and the fix, so a bad value stops the launcher before it touches any node.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dotenv import dotenv_values
+
+from launcher.plan import NODE_NAME, ClusterPlan, Node
+
+
+class SettingsError(ValueError):
+    """A setting the launcher refuses; one line that names the fix."""
+
+
+def engine_override_key(node: str) -> str:
+    """The .env key that overrides how NODE's engine is reached, e.g. DOCKER_HOST_NODE_2 for node_2."""
+    return "DOCKER_HOST_" + re.sub(r"[^A-Za-z0-9]", "_", node).upper()
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    nodes: tuple[str, ...]
+    """Hosts to run on, rank 0 first. Each must resolve to its host on every node."""
+    slots: int = 1
+    """Ranks per node (CPU)."""
+    gpus_per_node: int = 0
+    """Ranks per node, one GPU each through the NVIDIA Container Toolkit; replaces slots when set."""
+    image: str = "horovod-stack:latest"
+    ssh_port: int = 12345
+    network_interface: str | None = None
+    shared_dir: str = "horovod-stack-shared"
+    """Mounted at /shared in every worker: a volume name (default; one per node) or a host folder, such as the
+    same NFS mount on every node, writable by uid 1000."""
+    shm_size: str = "1g"
+    ready_timeout: float = 120.0
+    engines: dict[str, str] = field(default_factory=dict)
+    """Per-node engine address overrides (tcp://, unix://, ssh://USER@HOST); default ssh://NODE."""
+    trainer_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise SettingsError("no nodes given: pass --nodes node_1,node_2")
+        for node in self.nodes:
+            if not NODE_NAME.match(node):
+                raise SettingsError(f"node name {node!r} is not a host name: pass --nodes with names like node_1")
+        duplicates = sorted({node for node in self.nodes if self.nodes.count(node) > 1})
+        if duplicates:
+            raise SettingsError(f"node {duplicates[0]} is listed twice in --nodes: list each host once "
+                                "and use --slots for more ranks per host")
+        if self.slots < 1:
+            raise SettingsError(f"--slots must be at least 1 (got {self.slots})")
+        if self.gpus_per_node < 0:
+            raise SettingsError(f"--gpus-per-node must be 0 or more (got {self.gpus_per_node})")
+        if not 1 <= self.ssh_port <= 65535:
+            raise SettingsError(f"--ssh-port must be a TCP port, 1-65535 (got {self.ssh_port})")
+        if self.ready_timeout <= 0:
+            raise SettingsError(f"READY_TIMEOUT must be positive seconds (got {self.ready_timeout})")
+        unknown = sorted(set(self.engines) - set(self.nodes))
+        if unknown:
+            raise SettingsError(f"an engine override names {unknown[0]!r}, which is not in --nodes")
+
+    def engine_url(self, node: str) -> str:
+        return self.engines.get(node) or f"ssh://{node}"
+
+    def plan(self, cluster_id: str | None = None) -> ClusterPlan:
+        return ClusterPlan(
+            cluster_id=cluster_id or secrets.token_hex(4),
+            nodes=tuple(Node(name, self.engine_url(name)) for name in self.nodes),
+            image=self.image,
+            slots_per_node=self.gpus_per_node or self.slots,
+            gpus_per_node=self.gpus_per_node,
+            ssh_port=self.ssh_port,
+            network_interface=self.network_interface,
+            shared_dir=self.shared_dir,
+            shm_size=self.shm_size,
+            trainer_args=self.trainer_args,
+        )
+
+
+def _as_int(values: dict, key: str, flag: str) -> int | None:
+    raw = values.get(key)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r} in the .env file is not a whole number: fix it or pass {flag}") from None
+
+
+def load_env_file(path: Path | None) -> dict[str, str]:
+    """The .env file's values; a missing default file is empty, a missing named file is an error."""
+    if path is None:
+        path = Path(".env")
+        if not path.exists():
+            return {}
+    if not path.is_file():
+        raise SettingsError(f"env file {path} does not exist: pass --env-file with an existing file")
+    return {key: value for key, value in dotenv_values(path).items() if value is not None}
+
+
+def resolve_settings(env: dict[str, str], *, nodes: str | None, slots: int | None = None,
+                     gpus_per_node: int | None = None, image: str | None = None, ssh_port: int | None = None,
+                     network_interface: str | None = None, trainer_args: tuple[str, ...] = ()) -> LaunchSettings:
+    """Flags win over the .env file, which wins over the defaults."""
+    node_list = tuple(n.strip() for n in (nodes or env.get("NODES", "")).split(",") if n.strip())
+    chosen = {
+        "slots": slots if slots is not None else _as_int(env, "SLOTS_PER_WORKER", "--slots"),
+        "gpus_per_node": gpus_per_node if gpus_per_node is not None else _as_int(env, "GPUS_PER_NODE",
+                                                                                  "--gpus-per-node"),
+        "image": image or env.get("IMAGE"),
+        "ssh_port": ssh_port if ssh_port is not None else _as_int(env, "SSH_PORT", "--ssh-port"),
+        "network_interface": network_interface or env.get("NETWORK_INTERFACE") or None,
+        "shared_dir": env.get("SHARED_DIR"),
+        "shm_size": env.get("SHM_SIZE"),
+        "ready_timeout": _as_int(env, "READY_TIMEOUT", "READY_TIMEOUT in .env"),
+    }
+    engines = {node: env[engine_override_key(node)] for node in node_list if env.get(engine_override_key(node))}
+    return LaunchSettings(nodes=node_list, engines=engines, trainer_args=tuple(trainer_args),
+                          **{key: value for key, value in chosen.items() if value is not None})

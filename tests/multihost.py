@@ -1,0 +1,211 @@
+"""Several Docker hosts on this one machine, for the launcher's tests.
+
+Each node is a network namespace with its own address on a private bridge and its own dockerd. node_1's engine
+is reached the default way, over ssh:// (an sshd in its namespace fronts its engine's socket); the others through
+a unix:// override, as .env allows. Names resolve through /etc/hosts, which host-network containers copy.
+Everything is created here and removed again on every exit path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+
+BRIDGE = "hstbr0"
+SUBNET = "10.213.7"
+NIC = "hst0"
+HOSTS_MARK = "# horovod-stack test node"
+
+
+def sh(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=check, capture_output=True, text=True, **kwargs)
+
+
+@dataclass
+class TestNode:
+    name: str
+    index: int
+    root: Path
+
+    @property
+    def namespace(self) -> str:
+        return f"hst-{self.name.replace('_', '')}"
+
+    @property
+    def address(self) -> str:
+        return f"{SUBNET}.{10 + self.index}"
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "docker.sock"
+
+    @property
+    def engine_url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def client(self) -> docker.DockerClient:
+        return docker.DockerClient(base_url=self.engine_url, timeout=600)
+
+    def in_namespace(self, *argv: str) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.namespace}", *argv]
+
+
+@dataclass
+class Cluster:
+    root: Path
+    nodes: list[TestNode] = field(default_factory=list)
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    ssh_dir: Path | None = None
+
+    # --- the network ----------------------------------------------------------------------------------------
+    def start(self, count: int = 2) -> None:
+        self.teardown_leftovers()
+        sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
+        sh("ip", "link", "set", BRIDGE, "up")
+        # dockerd sets FORWARD to DROP and bridged frames pass iptables: let the nodes talk to each other.
+        sh("iptables", "-I", "FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT")
+        hosts = []
+        for index in range(1, count + 1):
+            node = TestNode(f"node_{index}", index, self.root / f"node_{index}")
+            node.root.mkdir(parents=True)
+            sh("ip", "netns", "add", node.namespace)
+            sh("ip", "link", "add", f"hstv{index}", "type", "veth", "peer", "name", NIC, "netns", node.namespace)
+            sh("ip", "link", "set", f"hstv{index}", "master", BRIDGE, "up")
+            sh("ip", "-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", NIC)
+            sh("ip", "-n", node.namespace, "link", "set", NIC, "up")
+            sh("ip", "-n", node.namespace, "link", "set", "lo", "up")
+            hosts.append(f"{node.address} {node.name} {HOSTS_MARK}\n")
+            self.nodes.append(node)
+        with open("/etc/hosts", "a") as etc_hosts:
+            etc_hosts.writelines(hosts)
+        for node in self.nodes:
+            self.start_dockerd(node)
+        self.start_ssh_front(self.nodes[0])
+
+    def start_dockerd(self, node: TestNode) -> None:
+        log = open(node.root / "dockerd.log", "w")
+        self.processes.append(subprocess.Popen(
+            node.in_namespace("dockerd", "--data-root", str(node.root / "data"), "--exec-root",
+                              str(node.root / "exec"), "--pidfile", str(node.root / "dockerd.pid"), "-H",
+                              node.engine_url, "--bridge=none", "--iptables=false", "--ip6tables=false"),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                node.client().ping()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"dockerd for {node.name} did not start: {(node.root / 'dockerd.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+
+    def start_ssh_front(self, node: TestNode) -> None:
+        """An sshd in the node's namespace whose /var/run/docker.sock is that node's engine, so that
+        ssh://node_1 reaches node_1's dockerd; and an ssh client config that pins its host key."""
+        self.ssh_dir = self.root / "ssh"
+        self.ssh_dir.mkdir()
+        for key in ("host_key", "client_key"):
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.ssh_dir / key))
+        shutil.copy(self.ssh_dir / "client_key.pub", self.ssh_dir / "authorized_keys")
+        (self.ssh_dir / "known_hosts").write_text(
+            f"{node.name} {' '.join((self.ssh_dir / 'host_key.pub').read_text().split()[:2])}\n")
+        (self.ssh_dir / "config").write_text(
+            f"Host {node.name}\n  User root\n  IdentityFile {self.ssh_dir / 'client_key'}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {self.ssh_dir / 'known_hosts'}\n  StrictHostKeyChecking yes\n  BatchMode yes\n")
+        bin_dir = self.ssh_dir / "bin"
+        bin_dir.mkdir()
+        wrapper = bin_dir / "ssh"
+        wrapper.write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {self.ssh_dir / 'config'} \"$@\"\n")
+        wrapper.chmod(0o755)
+        Path("/run/sshd").mkdir(exist_ok=True)
+        sshd = (f"mount --bind {node.socket} /var/run/docker.sock && exec /usr/sbin/sshd -D -e "
+                f"-p 22 -o ListenAddress={node.address} -h {self.ssh_dir / 'host_key'} "
+                f"-o AuthorizedKeysFile={self.ssh_dir / 'authorized_keys'} -o StrictModes=no "
+                f"-o PidFile={self.ssh_dir / 'sshd.pid'} -o PasswordAuthentication=no")
+        log = open(self.ssh_dir / "sshd.log", "w")
+        self.processes.append(subprocess.Popen(
+            node.in_namespace("unshare", "--mount", "--propagation", "private", "sh", "-c", sshd),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 30
+        while sh("ssh", "-F", str(self.ssh_dir / "config"), node.name, "docker", "version", check=False).returncode:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ssh front for {node.name} did not answer: {(self.ssh_dir / 'sshd.log').read_text()}")
+            time.sleep(0.5)
+
+    # --- what tests use -------------------------------------------------------------------------------------
+    def launcher_env(self) -> dict[str, str]:
+        """Environment for running `launcher` against these nodes: node_1 over ssh://, the rest by override."""
+        env = {**os.environ, "PATH": f"{self.ssh_dir / 'bin'}:{os.environ['PATH']}"}
+        for node in self.nodes[1:]:
+            env[f"DOCKER_HOST_{node.name.upper()}"] = node.engine_url
+        return env
+
+    def env_file(self) -> Path:
+        path = self.root / "launcher.env"
+        lines = [f"NODES={','.join(n.name for n in self.nodes)}", f"NETWORK_INTERFACE={NIC}", "READY_TIMEOUT=120"]
+        lines += [f"DOCKER_HOST_{node.name.upper()}={node.engine_url}" for node in self.nodes[1:]]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def load_image(self, image: str, node: TestNode) -> float:
+        started = time.monotonic()
+        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+        sh("docker", "-H", node.engine_url, "load", stdin=save.stdout)
+        save.wait()
+        return time.monotonic() - started
+
+    def project_containers(self) -> dict[str, list[str]]:
+        return {node.name: [c.name for c in node.client().containers.list(
+            all=True, filters={"label": "horovod-stack.cluster"})] for node in self.nodes}
+
+    def listen_on(self, node: TestNode, port: int) -> subprocess.Popen:
+        process = subprocess.Popen(node.in_namespace("python3", "-m", "http.server", str(port)),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.processes.append(process)
+        time.sleep(1)
+        return process
+
+    # --- teardown ---------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        for node in self.nodes:
+            try:
+                for container in node.client().containers.list(all=True):
+                    container.remove(force=True)
+            except Exception:
+                pass
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+        self.processes.clear()
+        self.teardown_leftovers()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def teardown_leftovers(self) -> None:
+        """Removes what this harness makes, also after a run that was killed before its own teardown."""
+        for mount in reversed(Path("/proc/mounts").read_text().splitlines()):
+            target = mount.split()[1]
+            if target.startswith(str(self.root.parent)) and "horovod-stack-test" in target:
+                sh("umount", "-l", target, check=False)
+        for namespace in sh("ip", "netns", "list", check=False).stdout.split("\n"):
+            name = namespace.split(" ")[0]
+            if name.startswith("hst-node"):
+                sh("ip", "netns", "delete", name, check=False)
+        sh("ip", "link", "delete", BRIDGE, check=False)
+        while sh("iptables", "-D", "FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT", check=False).returncode == 0:
+            pass
+        lines = Path("/etc/hosts").read_text().splitlines(keepends=True)
+        kept = [line for line in lines if HOSTS_MARK not in line]
+        if kept != lines:
+            Path("/etc/hosts").write_text("".join(kept))

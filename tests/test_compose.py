@@ -1,0 +1,200 @@
+"""`docker compose up` runs a real multi-container Horovod cluster on this host, and the image keeps no secret.
+
+Needs the Docker engine and the image (scripts/test.sh prepares both through scripts/build-images.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
+PRIVATE_KEY_MARK = b"PRIVATE KEY-----"
+
+
+@pytest.fixture(scope="module")
+def engine() -> docker.DockerClient:
+    client = docker.from_env()
+    client.images.get(IMAGE)  # fails with ImageNotFound naming the image if scripts/build-images.sh was not run
+    return client
+
+
+def project_containers(engine, project: str, **filters):
+    return engine.containers.list(all=True, filters={"label": f"com.docker.compose.project={project}", **filters})
+
+
+class ComposeRun:
+    """One `docker compose up` of the stack under its own project name; `down -v` removes it all."""
+
+    def __init__(self, **settings: str) -> None:
+        self.project = f"hst-test-{uuid.uuid4().hex[:8]}"
+        self.env = {**os.environ, "COMPOSE_PROJECT_NAME": self.project, "IMAGE": IMAGE, **settings}
+        self.env.pop("COMPOSE_PROFILES", None)
+
+    def compose(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", "compose", "--profile", "cpu", *args], cwd=REPO, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def up(self) -> subprocess.CompletedProcess:
+        return self.compose("up", "--exit-code-from", "launcher")
+
+    def read_shared(self, path: str) -> str:
+        return subprocess.run(["docker", "run", "--rm", "-v", f"{self.project}_shared:/shared", "--entrypoint",
+                               "cat", IMAGE, f"/shared/{path}"], capture_output=True, text=True,
+                              check=True).stdout
+
+    def down(self) -> None:
+        self.compose("down", "--volumes", "--remove-orphans", timeout=300)
+
+
+@pytest.fixture
+def compose_run():
+    runs = []
+
+    def make(**settings):
+        runs.append(ComposeRun(**settings))
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        run.down()
+
+
+def test_compose_up_trains_across_containers_and_stops(engine, compose_run):
+    run = compose_run(DATASET="digits", EPOCHS="5", WORKERS="2")
+    result = run.up()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert "2/2 workers answer over ssh" in output
+
+    summary = json.loads(run.read_shared("runs/summary.json"))
+    assert summary["world_size"] == 2
+    assert summary["final"]["val_accuracy"] >= 0.90, summary
+    hosts = [rank["host"] for rank in summary["ranks"]]
+    assert len(set(hosts)) == 2, f"both ranks ran in one container: {hosts}"
+    assert len({rank["digest"] for rank in summary["ranks"]}) == 1, "ranks ended with different parameters"
+    worker_ids = {c.id[:12] for c in project_containers(engine, run.project)
+                  if c.labels["com.docker.compose.service"] == "worker"}
+    assert set(hosts) == worker_ids, "ranks did not run in the worker containers"
+
+    assert project_containers(engine, run.project, status="running") == []
+    launcher = project_containers(engine, run.project, label="com.docker.compose.service=launcher")[0]
+    assert not any(PRIVATE_KEY_MARK.decode() in variable for variable in launcher.attrs["Config"]["Env"])
+    run.down()
+    assert project_containers(engine, run.project) == []
+
+
+def test_failing_job_fails_compose_up_with_its_error(engine, compose_run):
+    run = compose_run(TRAIN_ARGS="--epochs 0", WORKERS="2")
+    result = run.up()
+    assert result.returncode != 0
+    assert "error: --epochs must be at least 1 (got 0)" in result.stdout + result.stderr
+    assert project_containers(engine, run.project, status="running") == []
+
+
+def test_image_carries_no_private_key(engine):
+    image = engine.images.get(IMAGE)
+    assert not any(PRIVATE_KEY_MARK.decode() in variable for variable in image.attrs["Config"]["Env"] or [])
+    history = subprocess.run(["docker", "history", "--no-trunc", IMAGE], capture_output=True, text=True,
+                             check=True).stdout
+    assert PRIVATE_KEY_MARK.decode() not in history
+
+    # Every layer, not only the final file system: a key deleted in a later layer still ships in an earlier one.
+    with subprocess.Popen(["docker", "save", IMAGE], stdout=subprocess.PIPE) as save:
+        offenders = list(private_keys_in_image_archive(save.stdout))
+    assert save.returncode == 0
+    assert offenders == []
+
+
+def test_layer_scan_finds_a_key_deleted_in_a_later_layer(engine, tmp_path):
+    """The control for the scan above: it must see into every layer."""
+    (tmp_path / "Dockerfile").write_text(
+        "FROM horovod-stack-base:bookworm\n"
+        "RUN printf -- '-----BEGIN OPENSSH PRIVATE KEY-----\\nnot-a-real-key\\n' > /root/id_test\n"
+        "RUN rm /root/id_test\n")
+    tag = f"hst-keyscan-control:{uuid.uuid4().hex[:8]}"
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], check=True, capture_output=True)
+    try:
+        with subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE) as save:
+            offenders = list(private_keys_in_image_archive(save.stdout))
+        assert len(offenders) == 1 and offenders[0].endswith("root/id_test")
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+def private_keys_in_image_archive(stream):
+    with tarfile.open(fileobj=stream, mode="r|") as archive:
+        for member in archive:
+            if not member.isfile():
+                continue
+            layer = archive.extractfile(member)
+            if member.name.endswith("layer.tar") or member.name.startswith("blobs/"):
+                try:
+                    with tarfile.open(fileobj=layer, mode="r|*") as files:
+                        for entry in files:
+                            if entry.isfile() and entry.size < 64 * 1024:
+                                content = files.extractfile(entry).read()
+                                if PRIVATE_KEY_MARK in content:
+                                    yield f"{member.name}:{entry.name}"
+                except tarfile.ReadError:
+                    continue  # a JSON blob (config, manifest), not a layer
+
+
+def test_gpu_image_has_nccl_mpi_and_gloo_ops(engine):
+    output = engine.containers.run(IMAGE, ["horovodrun", "--check-build"], remove=True).decode()
+    for line in ("[X] PyTorch", "[X] MPI", "[X] Gloo", "[X] NCCL"):
+        assert line in output, output
+
+
+def test_worker_refuses_passwords_and_other_clusters_keys(engine, tmp_path):
+    """A worker accepts its own cluster's key only: not a password, not another cluster's key."""
+    name = f"hst-sec-{uuid.uuid4().hex[:8]}"
+    for cluster in ("ours", "theirs"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / cluster)], check=True)
+    network = engine.networks.create(name)
+    volumes = [engine.volumes.create(f"{name}-ssh"), engine.volumes.create(f"{name}-hostkeys")]
+    try:
+        engine.containers.run(IMAGE, ["sh", "-c", f"echo '{(tmp_path / 'ours.pub').read_text().strip()}' > "
+                                      "/cluster/ssh/authorized_keys"],
+                              volumes={volumes[0].name: {"bind": "/cluster/ssh", "mode": "rw"}}, remove=True)
+        worker = f"{name}-worker"
+        engine.containers.run(IMAGE, ["worker"], name=worker, network=name, detach=True,
+                                       volumes={volumes[0].name: {"bind": "/cluster/ssh", "mode": "ro"},
+                                                volumes[1].name: {"bind": "/cluster/hostkeys", "mode": "rw"}})
+        probe = (
+            # pin the worker's published host key, as the launcher does
+            f"address=$(getent hosts {worker} | cut -d' ' -f1); "
+            "until [ -f /cluster/hostkeys/$address.pub ] && (exec 3<>/dev/tcp/$address/12345) 2>/dev/null; "
+            "do sleep 0.5; done; "
+            f"echo \"[{worker}]:12345 $(cut -d' ' -f1,2 /cluster/hostkeys/$address.pub)\" > /tmp/known_hosts; "
+            "try() { ssh -p 12345 -o UserKnownHostsFile=/tmp/known_hosts -o StrictHostKeyChecking=yes "
+            f"-o ConnectTimeout=5 \"$@\" mpiuser@{worker} echo logged-in 2>&1; echo \"exit=$?\"; }}; "
+            "echo '--- ours'; try -o BatchMode=yes -i /keys/ours; "
+            "echo '--- theirs'; try -o BatchMode=yes -i /keys/theirs; "
+            "echo '--- password'; try -o PubkeyAuthentication=no -o PreferredAuthentications=password,keyboard-interactive "
+            "-o NumberOfPasswordPrompts=1 < /dev/null"
+        )
+        output = engine.containers.run(
+            IMAGE, ["bash", "-c", probe], user="root", network=name, remove=True,
+            volumes={str(tmp_path): {"bind": "/keys", "mode": "ro"},
+                     volumes[1].name: {"bind": "/cluster/hostkeys", "mode": "ro"}}).decode()
+        ours, theirs, password = [part.strip() for part in output.split("--- ")[1:]]
+        assert "logged-in" in ours and ours.endswith("exit=0"), output  # the control: our key works
+        assert "Permission denied (publickey)" in theirs and "logged-in" not in theirs, output
+        assert "Permission denied (publickey)" in password and "logged-in" not in password, output
+    finally:
+        for container in engine.containers.list(all=True, filters={"name": name}):
+            container.remove(force=True)
+        network.remove()
+        for volume in volumes:
+            volume.remove(force=True)

@@ -1,0 +1,173 @@
+"""`launcher` across two real Docker hosts (network namespaces, each with its own dockerd and address).
+
+Runs in file order: node_2 starts without the image, so the first launch is refused and `--push-image` then
+copies it. Each failure case asserts a one-line error, a non-zero exit and no container left on either node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.multihost import Cluster
+
+pytestmark = pytest.mark.integration
+
+IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
+LAUNCHER = str(Path(sys.executable).parent / "launcher")
+TRAIN = ["--", "--dataset", "digits", "--epochs", "5", "--summary-file", "/shared/runs/summary.json"]
+LONG_TRAIN = ["--", "--dataset", "synthetic", "--epochs", "200"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    harness = Cluster(Path("/var/lib/horovod-stack-test") / uuid.uuid4().hex[:8])
+    try:
+        harness.start(count=2)
+        seconds = harness.load_image(IMAGE, harness.nodes[0])
+        print(f"\nimage loaded on node_1 in {seconds:.0f} s")
+        yield harness
+    finally:
+        harness.stop()
+
+
+def launcher(cluster: Cluster, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([LAUNCHER, *args], env=cluster.launcher_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_args(cluster: Cluster, *extra: str) -> list[str]:
+    return ["start", "--env-file", str(cluster.env_file()), *extra]
+
+
+def error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+
+
+def assert_nothing_left(cluster: Cluster) -> None:
+    assert cluster.project_containers() == {"node_1": [], "node_2": []}
+
+
+def test_node_without_image_is_refused(cluster):
+    result = launcher(cluster, *start_args(cluster), *TRAIN)
+    assert result.returncode == 1
+    assert error_lines(result) == ["error: node_2: image horovod-stack:latest is not there; pass --push-image to "
+                                   "copy it from this machine's engine, or load it on that node"]
+    assert_nothing_left(cluster)
+
+
+def test_push_image_then_train_across_both_hosts(cluster):
+    started = time.monotonic()
+    result = launcher(cluster, *start_args(cluster, "--push-image"), *TRAIN)
+    print(f"\nlaunch with push took {time.monotonic() - started:.0f} s")
+    assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
+    assert "node_1: engine reachable at ssh://node_1" in result.stderr
+    assert "node_2: image loaded" in result.stderr
+    assert "parameters identical on all 2 ranks" in result.stdout
+    summary = json.loads(node_file(cluster, "node_1", "/shared/runs/summary.json"))
+    assert summary["final"]["val_accuracy"] >= 0.90
+    rank_addresses = [rank["addresses"] for rank in summary["ranks"]]
+    assert [cluster.nodes[0].address] == rank_addresses[0] and [cluster.nodes[1].address] == rank_addresses[1]
+    assert_nothing_left(cluster)
+
+
+def test_warm_start_reports_readiness_per_node(cluster):
+    started = time.monotonic()
+    result = launcher(cluster, *start_args(cluster), *TRAIN)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for line in ("node_1: sshd answers on port 12345", "node_2: sshd answers on port 12345",
+                 "image horovod-stack:latest", "is the same on all 2 nodes"):
+        assert line in result.stderr
+    print(f"\nwarm launch, start to exit: {time.monotonic() - started:.0f} s")
+    assert_nothing_left(cluster)
+
+
+def test_unreachable_node_fails_before_starting_anything(cluster):
+    env_file = cluster.env_file()
+    env_file.write_text(env_file.read_text() + "DOCKER_HOST_NODE_3=tcp://10.213.7.99:2375\n")
+    result = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_1,node_2,node_3", *TRAIN)
+    assert result.returncode == 1
+    [line] = error_lines(result)
+    assert line.startswith("error: node_3: cannot reach its Docker engine at tcp://10.213.7.99:2375") and \
+        "DOCKER_HOST_NODE_3" in line
+    assert_nothing_left(cluster)
+
+
+def test_ssh_port_taken_on_a_node(cluster):
+    listener = cluster.listen_on(cluster.nodes[1], 12345)
+    try:
+        result = launcher(cluster, *start_args(cluster), *TRAIN)
+    finally:
+        listener.terminate()
+    assert result.returncode == 1
+    assert error_lines(result) == ["error: node_2: port 12345 is already in use there; free it or pass --ssh-port "
+                                   "with a free port"]
+    assert_nothing_left(cluster)
+
+
+def test_second_start_is_refused_while_one_runs_then_stop_removes_it(cluster):
+    detached = launcher(cluster, *start_args(cluster, "--detach"), *LONG_TRAIN)
+    assert detached.returncode == 0, detached.stderr[-3000:]
+    second = launcher(cluster, *start_args(cluster), *TRAIN)
+    assert second.returncode == 1
+    [line] = error_lines(second)
+    assert "is already there; stop it first with `launcher stop" in line
+    status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
+    assert status.stdout.count("running") == 2
+    stop = launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
+    assert stop.returncode == 0 and "node_1: removed 1 container(s)" in stop.stdout
+    assert_nothing_left(cluster)
+
+
+def start_in_background(cluster: Cluster) -> subprocess.Popen:
+    process = subprocess.Popen([LAUNCHER, *start_args(cluster), *LONG_TRAIN], env=cluster.launcher_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    for line in process.stdout:  # rank 0's output: wait for training to be under way
+        if "epoch 1/200" in line:
+            return process
+        assert time.monotonic() < deadline
+    raise AssertionError(f"training never started: {process.stderr.read()[-3000:]}")
+
+
+def test_worker_killed_mid_run(cluster):
+    process = start_in_background(cluster)
+    victim = cluster.nodes[1].client().containers.list(filters={"label": "horovod-stack.node=node_2"})[0]
+    victim.kill()
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1
+    [line] = [l for l in stderr.splitlines() if l.startswith("error: ")]
+    assert line.startswith("error: node_2: its worker container ") and "during the run" in line
+    assert_nothing_left(cluster)
+
+
+def test_ctrl_c_during_training_removes_everything(cluster):
+    process = start_in_background(cluster)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert [l for l in stderr.splitlines() if l.startswith("error: ")] == [
+        "error: interrupted; the cluster's containers were removed"]
+    assert_nothing_left(cluster)
+
+
+def test_doctor_checks_every_node(cluster):
+    result = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for node in ("node_1", "node_2"):
+        assert f"{node}: engine        ok" in result.stdout and f"{node}: ssh port      ok free" in result.stdout
+    assert "all nodes ready" in result.stdout
+
+
+def node_file(cluster: Cluster, node_name: str, path: str) -> str:
+    node = next(n for n in cluster.nodes if n.name == node_name)
+    return node.client().containers.run(IMAGE, ["cat", path], volumes={"horovod-stack-shared": {
+        "bind": "/shared", "mode": "ro"}}, remove=True).decode()
