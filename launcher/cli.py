@@ -71,6 +71,9 @@ def start(
         fail(str(error))
     except KeyboardInterrupt:
         fail("interrupted; the cluster's containers were removed", 130)
+    except Exception as error:  # anything unforeseen still ends as one line; cleanup already ran
+        fail(f"unexpected {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}; "
+             "the cluster's containers were removed")
     raise typer.Exit(status)
 
 

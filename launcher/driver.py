@@ -17,6 +17,32 @@ from docker.types import DeviceRequest
 from launcher.plan import LABEL_CLUSTER, LABEL_NODE, SHARED_MOUNT, ClusterPlan, Node
 
 
+PUSH_TIMEOUT_S = 3600
+
+
+def _tolerate_closed_ssh_pipe() -> None:
+    """docker-py's ssh-client transport raises BrokenPipeError when it closes a connection whose ssh process
+    has already gone, e.g. after an exec's output was read in full (docker/docker-py#3218, open). Closing an
+    already-closed pipe loses nothing, so finish the close instead of failing the call."""
+    from docker.transport import sshconn
+
+    if getattr(sshconn.SSHSocket.close, "tolerates_closed_pipe", False):
+        return
+    original_close = sshconn.SSHSocket.close
+
+    def close(self) -> None:
+        try:
+            original_close(self)
+        except BrokenPipeError:
+            self.proc.terminate()
+
+    close.tolerates_closed_pipe = True
+    sshconn.SSHSocket.close = close
+
+
+_tolerate_closed_ssh_pipe()
+
+
 class NodeError(RuntimeError):
     """Something on one node stops the launch; the message names the node and the fix."""
 
@@ -81,7 +107,8 @@ class NodeDriver:
 
         def chunks() -> Iterator[bytes]:
             nonlocal sent, last_shown
-            for chunk in source.client.images.get(image).save(chunk_size=8 * 1024 * 1024):
+            # named=True keeps the tag, so the node finds the image by the name the plan uses.
+            for chunk in source.client.images.get(image).save(chunk_size=8 * 1024 * 1024, named=True):
                 sent += len(chunk)
                 shown = int(100 * sent / total) // 10 * 10 if total else -1
                 if shown > last_shown:
@@ -90,11 +117,16 @@ class NodeDriver:
                              + (f" (~{min(shown, 100)}%)" if total else ""))
                 yield chunk
 
+        # Saving and loading several GB takes minutes: no read timeout while it streams.
+        saved_timeouts = source.client.api.timeout, self.client.api.timeout
+        source.client.api.timeout = self.client.api.timeout = PUSH_TIMEOUT_S
         try:
             self.client.images.load(chunks())
-        except (APIError, DockerException) as error:
+        except Exception as error:  # the SDK, requests or the socket: all mean the copy failed
             raise NodeError(f"{self.node.name}: copying {image} failed ({_first_line(error)}); free disk space "
                             "on the node or load the image there by hand") from None
+        finally:
+            source.client.api.timeout, self.client.api.timeout = saved_timeouts
         progress(f"{self.node.name}: image loaded, {sent / 1e9:.2f} GB in {time.monotonic() - started:.0f} s")
 
     # --- the worker container ---------------------------------------------------------------------------------

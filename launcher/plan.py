@@ -15,6 +15,17 @@ CONTAINER_SSH_DIR = "/home/mpiuser/.ssh"
 HOSTFILE_PATH = "/home/mpiuser/hostfile"
 SHARED_MOUNT = "/shared"
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
+OPEN_MPI_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
+
+
+def mpi_host(name: str, address: str | None) -> str:
+    """The name mpirun and ssh use for a node: its own name where Open MPI accepts it, else its address."""
+    if OPEN_MPI_HOST_NAME.match(name):
+        return name
+    if not address:
+        raise ValueError(f"{name} needs an address: Open MPI does not accept it as a host name")
+    return address
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,8 @@ class ClusterPlan:
     """Volume name or host folder mounted at /shared on every node (datasets, checkpoints, metrics)."""
     shm_size: str
     trainer_args: tuple[str, ...]
+    addresses: tuple[tuple[str, str], ...] = ()
+    """(node name, IPv4 address) as rank 0 resolves them; used for names Open MPI refuses."""
 
     @property
     def rank0(self) -> Node:
@@ -58,12 +71,18 @@ class ClusterPlan:
         # No secret here: keys reach the container as files through the API after it starts.
         return {"SSH_PORT": str(self.ssh_port), "WORKER_ADDRESS": node.name}
 
+    def mpi_host(self, node: Node) -> str:
+        return mpi_host(node.name, dict(self.addresses).get(node.name))
+
+    def needs_addresses(self) -> list[Node]:
+        return [node for node in self.nodes if not OPEN_MPI_HOST_NAME.match(node.name)]
+
     def hostfile(self) -> str:
-        return "".join(f"{node.name} slots={self.slots_per_node}\n" for node in self.nodes)
+        return "".join(f"{self.mpi_host(node)} slots={self.slots_per_node}\n" for node in self.nodes)
 
     def known_hosts(self, host_keys: dict[str, str]) -> str:
         """known_hosts lines pinning each node's worker host key ('TYPE BASE64') on the SSH port."""
-        return "".join(f"[{node.name}]:{self.ssh_port} {host_keys[node.name]}\n" for node in self.nodes)
+        return "".join(f"[{self.mpi_host(node)}]:{self.ssh_port} {host_keys[node.name]}\n" for node in self.nodes)
 
     def ssh_config(self) -> str:
         return (f"Host *\n  Port {self.ssh_port}\n  IdentityFile {CONTAINER_SSH_DIR}/id_ed25519\n"

@@ -4,6 +4,7 @@ trust, wait until every sshd answers, run mpirun in the rank-0 container, and cl
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 import time
@@ -70,11 +71,26 @@ def ensure_image_everywhere(plan: ClusterPlan, drivers: list[NodeDriver], push_i
         for driver in missing:
             driver.push_image_from(source, plan.image, say)
     ids = {driver.node.name: driver.image_id(plan.image) for driver in drivers}
+    still_missing = [name for name, image_id in ids.items() if image_id is None]
+    if still_missing:
+        raise LaunchError(f"{still_missing[0]}: image {plan.image} is still missing after the copy; load it there by hand")
     if len(set(ids.values())) > 1:
         listing = ", ".join(f"{name} {image_id[7:19]}" for name, image_id in ids.items())
         raise LaunchError(f"image {plan.image} differs between nodes ({listing}); mismatched Horovod/MPI builds "
                           "hang, so load the same image everywhere (--push-image copies this machine's)")
     say(f"image {plan.image} ({next(iter(ids.values()))[7:19]}) is the same on all {len(drivers)} nodes")
+
+
+def resolve_for_open_mpi(plan: ClusterPlan, drivers: list[NodeDriver], containers: list) -> ClusterPlan:
+    """Adds the addresses of nodes whose names Open MPI refuses, as rank 0's container resolves them."""
+    addresses = []
+    for node in plan.needs_addresses():
+        found = containers[0].exec_run(["getent", "ahostsv4", node.name], user="mpiuser")
+        if found.exit_code != 0 or not found.output.split():
+            raise LaunchError(f"{node.name} does not resolve on {plan.rank0.name}; add it to DNS or /etc/hosts on "
+                              "every node")
+        addresses.append((node.name, found.output.split()[0].decode()))
+    return dataclasses.replace(plan, addresses=tuple(addresses))
 
 
 def hand_over_trust(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, keys: sshtrust.KeyPair,
@@ -121,7 +137,7 @@ def wait_until_ready(plan: ClusterPlan, drivers: list[NodeDriver], containers: l
                 hint = (f"; is port {plan.ssh_port} taken there? pass --ssh-port" if "Address already in use"
                         in problem else "")
                 raise LaunchError(f"{driver.node.name}: {problem}{hint}")
-            check = containers[0].exec_run(["ssh", driver.node.name, "true"], user="mpiuser")
+            check = containers[0].exec_run(["ssh", plan.mpi_host(driver.node), "true"], user="mpiuser")
             if check.exit_code == 0:
                 ready += 1
                 say(f"{driver.node.name}: sshd answers on port {plan.ssh_port} ({ready}/{len(plan.nodes)} ready)")
@@ -180,6 +196,7 @@ def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool =
             containers.append(driver.start_worker(plan))
             say(f"{driver.node.name}: worker {plan.container_name(driver.node)} started")
         deadline = time.monotonic() + settings.ready_timeout
+        plan = resolve_for_open_mpi(plan, drivers, containers)
         hand_over_trust(plan, drivers, containers, keys, deadline, say)
         wait_until_ready(plan, drivers, containers, deadline, say)
         say(f"all {len(drivers)} nodes ready in {time.monotonic() - started:.1f} s; running mpirun in "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
+import psutil
 
 BRIDGE = "hstbr0"
 SUBNET = "10.213.7"
@@ -194,6 +195,13 @@ class Cluster:
 
     def teardown_leftovers(self) -> None:
         """Removes what this harness makes, also after a run that was killed before its own teardown."""
+        base = str(self.root.parent)
+        strays = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and p.pid != os.getpid()
+                  and any(base in arg for arg in p.info["cmdline"]) and p.info["cmdline"][0].split("/")[-1] in
+                  ("dockerd", "sshd", "nsenter", "unshare", "containerd")]
+        for process in strays:
+            process.terminate()
+        psutil.wait_procs(strays, timeout=20)
         for mount in reversed(Path("/proc/mounts").read_text().splitlines()):
             target = mount.split()[1]
             if target.startswith(str(self.root.parent)) and "horovod-stack-test" in target:

@@ -1,23 +1,45 @@
 """The launch plan and settings: pure, table-driven."""
 
+import dataclasses
+
 import pytest
 
-from launcher.plan import ClusterPlan, Node
+from launcher.plan import ClusterPlan, Node, mpi_host
 from launcher.settings import LaunchSettings, SettingsError, engine_override_key, resolve_settings
 
 
 def make_plan(**overrides) -> ClusterPlan:
-    return LaunchSettings(**{"nodes": ("node_1", "node_2"), **overrides}).plan(cluster_id="c0ffee00")
+    return LaunchSettings(**{"nodes": ("gpu-a", "gpu-b"), **overrides}).plan(cluster_id="c0ffee00")
 
 
 @pytest.mark.parametrize("settings, hostfile", [
-    ({}, "node_1 slots=1\nnode_2 slots=1\n"),
-    ({"slots": 3}, "node_1 slots=3\nnode_2 slots=3\n"),
-    ({"gpus_per_node": 4, "slots": 2}, "node_1 slots=4\nnode_2 slots=4\n"),  # one rank per GPU
-    ({"nodes": ("a",)}, "a slots=1\n"),
+    ({}, "gpu-a slots=1\ngpu-b slots=1\n"),
+    ({"slots": 3}, "gpu-a slots=3\ngpu-b slots=3\n"),
+    ({"gpus_per_node": 4, "slots": 2}, "gpu-a slots=4\ngpu-b slots=4\n"),  # one rank per GPU
+    ({"nodes": ("a.lan",)}, "a.lan slots=1\n"),
 ])
 def test_hostfile(settings, hostfile):
     assert make_plan(**settings).hostfile() == hostfile
+
+
+@pytest.mark.parametrize("name, address, expected", [
+    ("gpu-a", None, "gpu-a"),
+    ("gpu-a.lan", "10.0.0.1", "gpu-a.lan"),
+    ("node_1", "10.0.0.1", "10.0.0.1"),   # Open MPI refuses underscores in host names
+])
+def test_mpi_host(name, address, expected):
+    assert mpi_host(name, address) == expected
+
+
+def test_underscored_nodes_go_to_mpirun_by_address():
+    plan = LaunchSettings(nodes=("node_1", "node_2")).plan(cluster_id="c0ffee00")
+    assert [node.name for node in plan.needs_addresses()] == ["node_1", "node_2"]
+    with pytest.raises(ValueError, match="node_1 needs an address"):
+        plan.hostfile()
+    plan = dataclasses.replace(plan, addresses=(("node_1", "10.0.0.1"), ("node_2", "10.0.0.2")))
+    assert plan.hostfile() == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
+    assert plan.known_hosts({"node_1": "ssh-ed25519 K1", "node_2": "ssh-ed25519 K2"}) == (
+        "[10.0.0.1]:12345 ssh-ed25519 K1\n[10.0.0.2]:12345 ssh-ed25519 K2\n")
 
 
 def test_mpirun_argv_carries_the_seed_flags_and_trainer_args():
@@ -40,8 +62,8 @@ def test_one_nic_setting_reaches_open_mpi_nccl_and_gloo():
 def test_containers_are_named_and_labelled_per_cluster_and_node():
     plan = make_plan()
     first, second = plan.nodes
-    assert plan.container_name(second) == "horovod-stack-c0ffee00-node_2"
-    assert plan.labels(first) == {"horovod-stack.cluster": "c0ffee00", "horovod-stack.node": "node_1",
+    assert plan.container_name(second) == "horovod-stack-c0ffee00-gpu-b"
+    assert plan.labels(first) == {"horovod-stack.cluster": "c0ffee00", "horovod-stack.node": "gpu-a",
                                   "horovod-stack.role": "rank0"}
     assert plan.labels(second)["horovod-stack.role"] == "worker"
 
@@ -53,8 +75,8 @@ def test_worker_environment_holds_no_secret():
 
 def test_known_hosts_pins_each_node_on_the_ssh_port():
     plan = make_plan(ssh_port=2222)
-    lines = plan.known_hosts({"node_1": "ssh-ed25519 AAA1", "node_2": "ssh-ed25519 AAA2"})
-    assert lines == "[node_1]:2222 ssh-ed25519 AAA1\n[node_2]:2222 ssh-ed25519 AAA2\n"
+    lines = plan.known_hosts({"gpu-a": "ssh-ed25519 AAA1", "gpu-b": "ssh-ed25519 AAA2"})
+    assert lines == "[gpu-a]:2222 ssh-ed25519 AAA1\n[gpu-b]:2222 ssh-ed25519 AAA2\n"
     assert "StrictHostKeyChecking yes" in plan.ssh_config() and "Port 2222" in plan.ssh_config()
 
 
