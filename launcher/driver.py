@@ -14,7 +14,8 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
-from launcher.plan import LABEL_CLUSTER, LABEL_NODE, SHARED_MOUNT, ClusterPlan, Node
+from launcher.plan import LABEL_CLUSTER, SHARED_MOUNT, ClusterPlan, Node
+from launcher.settings import engine_override_key
 
 
 PUSH_TIMEOUT_S = 3600
@@ -67,8 +68,7 @@ class NodeDriver:
         except (DockerException, OSError) as error:
             raise NodeError(
                 f"{node.name}: cannot reach its Docker engine at {node.engine_url} ({_first_line(error)}); check the "
-                f"host is up and runs Docker, or point DOCKER_HOST_{node.name.upper().replace('-', '_').replace('.', '_')} "
-                "in .env at its engine") from None
+                f"host is up and runs Docker, or point {engine_override_key(node.name)} in .env at its engine") from None
         return cls(node, client)
 
     # --- inspection -------------------------------------------------------------------------------------------
@@ -158,14 +158,19 @@ class NodeDriver:
             return "its worker container is gone (removed)"
         if container.status == "running":
             return None
-        state = container.attrs["State"]
-        last_line = (container.logs(tail=1).decode().strip() or "no output")
-        reason = "killed" if state.get("ExitCode") == 137 else f"exit status {state.get('ExitCode')}"
-        return f"its worker container stopped ({reason}; last output: {last_line})"
+        exit_code = container.attrs["State"].get("ExitCode")
+        if exit_code == 137:
+            return "its worker container stopped (killed)"
+        last_line = container.logs(tail=1).decode().strip() or "no output"
+        return f"its worker container stopped (exit status {exit_code}; last output: {last_line})"
 
     def exec_stream(self, container, argv: list[str]) -> tuple[str, Iterator[bytes]]:
         exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir="/home/mpiuser")["Id"]
         return exec_id, self.client.api.exec_start(exec_id, stream=True)
+
+    def exec_detached(self, container, argv: list[str]) -> None:
+        exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir="/home/mpiuser")["Id"]
+        self.client.api.exec_start(exec_id, detach=True)
 
     def exec_exit_code(self, exec_id: str) -> int | None:
         return self.client.api.exec_inspect(exec_id).get("ExitCode")
@@ -180,6 +185,3 @@ class NodeDriver:
             except NotFound:
                 pass
         return removed
-
-    def node_label(self, container) -> str:
-        return container.labels.get(LABEL_NODE, "?")

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import docker
 
 from launcher import sshtrust
-from launcher.driver import NodeDriver, NodeError
-from launcher.plan import ClusterPlan
+from launcher.driver import NodeDriver
+from launcher.plan import LABEL_CLUSTER, ClusterPlan, Node
 from launcher.settings import LaunchSettings
 
 Say = Callable[[str], None]
@@ -44,7 +44,7 @@ def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, 
     for driver in drivers:
         running = driver.cluster_containers()
         if running:
-            cluster = running[0].labels.get("horovod-stack.cluster")
+            cluster = running[0].labels.get(LABEL_CLUSTER)
             raise LaunchError(f"{driver.node.name}: cluster {cluster} is already there; stop it first with "
                               f"`launcher stop --nodes {','.join(n.name for n in plan.nodes)} --cluster {cluster}`")
     ensure_image_everywhere(plan, drivers, push_image, say)
@@ -62,7 +62,7 @@ def ensure_image_everywhere(plan: ClusterPlan, drivers: list[NodeDriver], push_i
                           "from this machine's engine, or load it on that node")
     if missing:
         try:
-            source = NodeDriver(missing[0].node, docker.from_env())
+            source = NodeDriver(Node("this machine", "local"), docker.from_env())
             if source.image_id(plan.image) is None:
                 raise LaunchError(f"--push-image: this machine's engine has no image {plan.image} either; build it "
                                   "with scripts/build-images.sh")
@@ -77,11 +77,11 @@ def ensure_image_everywhere(plan: ClusterPlan, drivers: list[NodeDriver], push_i
     if len(set(ids.values())) > 1:
         listing = ", ".join(f"{name} {image_id[7:19]}" for name, image_id in ids.items())
         raise LaunchError(f"image {plan.image} differs between nodes ({listing}); mismatched Horovod/MPI builds "
-                          "hang, so load the same image everywhere (--push-image copies this machine's)")
+                          "hang, so load one image on every node (docker save | docker load)")
     say(f"image {plan.image} ({next(iter(ids.values()))[7:19]}) is the same on all {len(drivers)} nodes")
 
 
-def resolve_for_open_mpi(plan: ClusterPlan, drivers: list[NodeDriver], containers: list) -> ClusterPlan:
+def resolve_for_open_mpi(plan: ClusterPlan, containers: list) -> ClusterPlan:
     """Adds the addresses of nodes whose names Open MPI refuses, as rank 0's container resolves them."""
     addresses = []
     for node in plan.needs_addresses():
@@ -196,16 +196,13 @@ def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool =
             containers.append(driver.start_worker(plan))
             say(f"{driver.node.name}: worker {plan.container_name(driver.node)} started")
         deadline = time.monotonic() + settings.ready_timeout
-        plan = resolve_for_open_mpi(plan, drivers, containers)
+        plan = resolve_for_open_mpi(plan, containers)
         hand_over_trust(plan, drivers, containers, keys, deadline, say)
         wait_until_ready(plan, drivers, containers, deadline, say)
         say(f"all {len(drivers)} nodes ready in {time.monotonic() - started:.1f} s; running mpirun in "
             f"{containers[0].name}")
         if detach:
-            exec_id = drivers[0].client.api.exec_create(
-                containers[0].id, ["bash", "-c", f"{shlex.join(plan.mpirun_argv())} > {JOB_LOG} 2>&1"],
-                user="mpiuser", workdir="/home/mpiuser")["Id"]
-            drivers[0].client.api.exec_start(exec_id, detach=True)
+            drivers[0].exec_detached(containers[0], ["bash", "-c", f"{shlex.join(plan.mpirun_argv())} > {JOB_LOG} 2>&1"])
             keep_running = True
             say(f"detached: cluster {plan.cluster_id}; follow with `launcher logs --follow`, end with `launcher stop`")
             return 0
