@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pair in mpirun:openmpi-bin mpicc:libopenmpi-dev ssh:openssh-client g++:g++; do
+# Open MPI and a compiler for the Horovod build; ssh/sshd, iproute2, iptables and nsenter for the tests' hosts.
+for pair in mpirun:openmpi-bin mpicc:libopenmpi-dev ssh:openssh-client sshd:openssh-server g++:g++ \
+            ip:iproute2 iptables:iptables nsenter:util-linux; do
   command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
