@@ -122,6 +122,10 @@ def test_second_start_is_refused_while_one_runs_then_stop_removes_it(cluster):
     assert "is already there; stop it first with `launcher stop" in line
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
     assert status.stdout.count("running") == 2
+    deadline = time.monotonic() + 120
+    while "[rank 0] epoch 1 [" not in (logs := launcher(cluster, "logs", "--env-file", str(cluster.env_file()))).stdout:
+        assert time.monotonic() < deadline, logs.stdout[-2000:] + logs.stderr[-2000:]
+        time.sleep(2)
     stop = launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
     assert stop.returncode == 0 and "node_1: removed 1 container(s)" in stop.stdout
     assert_nothing_left(cluster)

@@ -1,11 +1,12 @@
 """The launch plan and settings: pure, table-driven."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from launcher.plan import ClusterPlan, Node, mpi_host
-from launcher.settings import LaunchSettings, SettingsError, engine_override_key, resolve_settings
+from launcher.settings import LaunchSettings, SettingsError, engine_override_key, load_env_file, resolve_settings
 
 
 def make_plan(**overrides) -> ClusterPlan:
@@ -107,3 +108,8 @@ def test_env_file_values_and_flag_overrides():
 def test_bad_env_value_names_the_key():
     with pytest.raises(SettingsError, match="SSH_PORT='twelve' in the .env file"):
         resolve_settings({"SSH_PORT": "twelve"}, nodes="node_1")
+
+
+def test_env_example_is_a_valid_settings_file():
+    settings = resolve_settings(load_env_file(Path(__file__).parents[1] / ".env.example"), nodes=None)
+    assert settings.nodes == ("node_1", "node_2") and settings.ssh_port == 12345
