@@ -17,9 +17,24 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
 fi
 
+# A Python 3.11 that can make virtualenvs (the torch wheels on disk are for 3.11).
+pick_python() {
+  for candidate in python3 python3.11; do
+    if "$candidate" -c 'import sys, ensurepip; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
 if [ ! -x .venv/bin/python ]; then
-  echo "[setup] creating .venv"
-  python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
+  if ! python=$(pick_python); then
+    echo "[setup] installing python3.11-venv"
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3.11-venv
+    python=$(pick_python) || { echo "setup: no Python 3.11 with venv support; install Python 3.11" >&2; exit 1; }
+  fi
+  echo "[setup] creating .venv with $python"
+  "$python" -m venv .venv
 fi
 if ! .venv/bin/python -c 'import torch, torchvision' 2>/dev/null; then
   echo "[setup] installing torch 2.14.1 and torchvision 0.29.1 (about a minute from local wheels)"
