@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,9 +28,19 @@ TRAIN = ["--", "--dataset", "digits", "--epochs", "5", "--summary-file", "/share
 LONG_TRAIN = ["--", "--dataset", "synthetic", "--epochs", "200"]
 
 
+# Two node engines each hold a copy of the image (about 6.5 GB apiece).
+NEEDED_FREE_BYTES = 16 * 1024**3
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    harness = Cluster(Path("/var/lib/horovod-stack-test") / uuid.uuid4().hex[:8])
+    base = Path("/var/lib/horovod-stack-test")
+    base.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(base).free
+    if free < NEEDED_FREE_BYTES:
+        pytest.fail(f"the two test hosts need {NEEDED_FREE_BYTES / 1024**3:.0f} GiB free under {base}, "
+                    f"only {free / 1024**3:.1f} GiB is: free disk space (docker image prune, old checkouts)")
+    harness = Cluster(base / uuid.uuid4().hex[:8])
     try:
         harness.start(count=2)
         seconds = harness.load_image(IMAGE, harness.nodes[0])
