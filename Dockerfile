@@ -29,21 +29,23 @@ RUN apt-get update \
  && python3 -m venv /opt/venv
 # The CA is mounted for this step only (never a layer) and only used by pip when given.
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,source=docker/requirements-runtime.txt,target=/tmp/requirements.txt \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
     if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
-    pip install torch==2.14.1 torchvision==0.29.1 scikit-learn cloudpickle psutil pyyaml packaging "cffi>=1.4.0"
+    pip install -r /tmp/requirements.txt
 
 FROM runtime AS horovod-build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends g++ make libopenmpi-dev python3-dev \
  && rm -rf /var/lib/apt/lists/*
-COPY docker/install-horovod.sh docker/patch-horovod-source.sh /build/
+COPY docker/install-horovod.sh docker/patch-horovod-source.sh docker/requirements-build.txt \
+     docker/requirements-cuda-toolkit.txt /build/
 # The wheel cache survives across builds on this machine, so changing anything else never rebuilds Horovod.
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=cache,target=/var/cache/horovod-stack/wheels \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
     if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
-    pip install setuptools wheel 'cmake<4' \
+    pip install -r /build/requirements-build.txt \
  && PYTHON=/opt/venv/bin/python HOROVOD_WHEEL_EXPORT=/dist /build/install-horovod.sh gpu
 
 FROM runtime AS image

@@ -65,9 +65,7 @@ prepare_cuda_toolkit() {
     cuda_home="$site_packages/nvidia/cu13"
     if [ ! -x "$cuda_home/bin/nvcc" ]; then
       log "no CUDA toolkit found; installing nvcc from NVIDIA's wheels"
-      # nvvm pinned to nvcc's version: a newer cicc emits PTX that this ptxas rejects.
-      "$PYTHON" -m pip install -q nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 \
-        'nvidia-cuda-cccl<13.1' 'nvidia-cuda-crt<13.1'
+      "$PYTHON" -m pip install -q -r "$here/requirements-cuda-toolkit.txt"
     fi
     ln -sf libcudart.so.13 "$cuda_home/lib/libcudart.so"
     [ -e "$cuda_home/lib64" ] || ln -s lib "$cuda_home/lib64"
@@ -139,8 +137,8 @@ else
   log "using cached wheel $cache_dir"
 fi
 "$PYTHON" -m pip install -q --force-reinstall --no-deps "$cache_dir"/horovod-*.whl
-# Horovod's runtime dependencies (not torch: it is already there and must stay as built against).
-"$PYTHON" -m pip install -q cloudpickle psutil pyyaml packaging "cffi>=1.4.0"
+# Then the wheel's own dependencies (--force-reinstall with them would reinstall them all).
+"$PYTHON" -m pip install -q "$cache_dir"/horovod-*.whl
 echo "$key" > "$installed_marker"
 export_wheel
 log "installed: $(ls "$cache_dir"/horovod-*.whl)"

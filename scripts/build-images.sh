@@ -20,10 +20,8 @@ if [ "$BASE_IMAGE" = horovod-stack-base:bookworm ]; then
   scripts/build-base-image.sh "$BASE_IMAGE"
 fi
 
-requirements=(torch==2.14.1 torchvision==0.29.1 scikit-learn cloudpickle psutil pyyaml packaging 'cffi>=1.4.0'
-              setuptools wheel 'cmake<4'
-              nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 'nvidia-cuda-cccl<13.1' 'nvidia-cuda-crt<13.1')
-wanted=$(printf '%s\n' "${requirements[@]}" horovod==0.28.1 | sha256sum | cut -c1-16)
+requirements=(-r docker/requirements-runtime.txt -r docker/requirements-build.txt -r docker/requirements-cuda-toolkit.txt)
+wanted=$({ cat docker/requirements-*.txt; echo horovod==0.28.1; } | sha256sum | cut -c1-16)
 if [ "$(cat "$WHEELHOUSE/.complete" 2>/dev/null)" != "$wanted" ]; then
   echo "[build-images] filling $WHEELHOUSE (once; several GB of wheels)"
   mkdir -p "$WHEELHOUSE"

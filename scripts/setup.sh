@@ -40,7 +40,7 @@ if ! .venv/bin/python -c 'import torch, torchvision' 2>/dev/null; then
   echo "[setup] installing torch 2.14.1 and torchvision 0.29.1 (about a minute from local wheels)"
   .venv/bin/pip install -q torch==2.14.1 torchvision==0.29.1
 fi
-.venv/bin/pip install -q setuptools wheel 'cmake<4'
+.venv/bin/pip install -q -r docker/requirements-build.txt
 PYTHON=.venv/bin/python docker/install-horovod.sh cpu
 .venv/bin/pip install -q -e '.[test]'
 echo "[setup] ready: $(.venv/bin/python -c 'import horovod, torch; print("horovod", horovod.__version__, "torch", torch.__version__)')"

@@ -30,20 +30,21 @@ def ring_allreduce(tensor: torch.Tensor, rank: int, world: int) -> None:
     chunks = list(tensor.chunk(world))
     right, left = (rank + 1) % world, (rank - 1) % world
     incoming = torch.empty_like(chunks[0])
+
+    def pass_right(send_index: int, recv_index: int) -> torch.Tensor:
+        """Sends one chunk to the right-hand neighbour while receiving one from the left."""
+        request = dist.isend(chunks[send_index].contiguous(), right)
+        received = incoming[: chunks[recv_index].numel()]
+        dist.recv(received, left)
+        request.wait()
+        return received
+
     for step in range(world - 1):  # reduce-scatter: after it, rank r holds the full sum of chunk r+1
-        send_index, recv_index = (rank - step) % world, (rank - step - 1) % world
-        request = dist.isend(chunks[send_index].contiguous(), right)
-        received = incoming[: chunks[recv_index].numel()]
-        dist.recv(received, left)
-        request.wait()
-        chunks[recv_index] += received
+        recv_index = (rank - step - 1) % world
+        chunks[recv_index] += pass_right((rank - step) % world, recv_index)
     for step in range(world - 1):  # allgather: pass the finished chunks around
-        send_index, recv_index = (rank - step + 1) % world, (rank - step) % world
-        request = dist.isend(chunks[send_index].contiguous(), right)
-        received = incoming[: chunks[recv_index].numel()]
-        dist.recv(received, left)
-        request.wait()
-        chunks[recv_index].copy_(received)
+        recv_index = (rank - step) % world
+        chunks[recv_index].copy_(pass_right((rank - step + 1) % world, recv_index))
 
 
 def parameter_server_exchange(tensor: torch.Tensor, rank: int, world: int) -> None:
