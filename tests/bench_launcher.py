@@ -1,0 +1,77 @@
+"""Launcher figures on the two-host harness (tests/multihost.py), printed, not asserted:
+
+    .venv/bin/python -m tests.bench_launcher
+
+- time from `launcher start` to the first training step: cold (the image pushed to node_2) and warm;
+- how a worker killed mid-run, Ctrl-C and a taken SSH port end: exit status, seconds after the event,
+  the error line, the cleanup line, and what is left on each node.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tests.multihost import Cluster
+
+LAUNCHER = str(Path(sys.executable).parent / "launcher")
+IMAGE = "horovod-stack:latest"
+
+
+def start(cluster: Cluster, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([LAUNCHER, "start", "--env-file", str(cluster.env_file()), *args],
+                            env=cluster.launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def time_to_first_step(cluster: Cluster, label: str, *flags: str) -> None:
+    started = time.monotonic()
+    process = start(cluster, *flags, "--", "--dataset", "digits", "--epochs", "3")
+    first_step = next((time.monotonic() - started for line in process.stdout if "epoch 1 [" in line), None)
+    process.wait()
+    pushed = [line for line in process.stderr.read().splitlines() if "image loaded" in line]
+    print(f"{label}: first training step after {first_step:.1f} s, exit {process.returncode} after "
+          f"{time.monotonic() - started:.1f} s {' '.join(pushed)}", flush=True)
+
+
+def failure(cluster: Cluster, label: str, event) -> None:
+    process = start(cluster, "--", "--dataset", "synthetic", "--epochs", "200")
+    for line in process.stdout:
+        if "epoch 1/200" in line:
+            break
+    happened = time.monotonic()
+    event(process)
+    _, stderr = process.communicate()
+    lines = [line for line in stderr.splitlines() if "cleanup" in line or line.startswith("error")]
+    print(f"{label}: exit {process.returncode} {time.monotonic() - happened:.1f} s after the event; {lines}; "
+          f"left: {cluster.project_containers()}", flush=True)
+
+
+def main() -> None:
+    cluster = Cluster(Path("/var/lib/horovod-stack-test") / uuid.uuid4().hex[:8])
+    try:
+        cluster.start(2)
+        cluster.load_image(IMAGE, cluster.nodes[0])
+        time_to_first_step(cluster, "cold (image pushed to node_2)", "--push-image")
+        time_to_first_step(cluster, "warm")
+        time_to_first_step(cluster, "warm")
+        node_2 = cluster.nodes[1]
+        failure(cluster, "worker killed", lambda _: node_2.client().containers.list(
+            filters={"label": "horovod-stack.node=node_2"})[0].kill())
+        failure(cluster, "Ctrl-C", lambda process: process.send_signal(signal.SIGINT))
+        cluster.listen_on(node_2, 12345)
+        started = time.monotonic()
+        result = subprocess.run([LAUNCHER, "start", "--env-file", str(cluster.env_file())],
+                                env=cluster.launcher_env(), capture_output=True, text=True)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        print(f"port taken: exit {result.returncode} after {time.monotonic() - started:.1f} s; {errors}; "
+              f"left: {cluster.project_containers()}")
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
