@@ -14,11 +14,16 @@
 #   NETWORK_INTERFACE   NIC for Open MPI, NCCL and Gloo traffic (default: let each choose)
 #   READY_TIMEOUT       seconds to wait for the workers (default 180)
 #   TRAIN_ARGS          extra trainer flags, split on spaces
+#   RESULTS_HINT        launcher: where the job's metrics can be read, printed as its last line
+#
+# Workers stop when their job ends: the launcher role writes /cluster/ssh/job-ended (a volume the workers
+# mount) on every exit, success or failure, and each worker's sshd exits when it sees it.
 set -euo pipefail
 
 SSH_PORT="${SSH_PORT:-12345}"
 CLUSTER_SSH=/cluster/ssh
 HOSTKEYS=/cluster/hostkeys
+JOB_END_FILE="$CLUSTER_SSH/job-ended"
 log() { echo "[$(date +%H:%M:%S) ${ROLE}] $*"; }
 
 run_worker() {
@@ -26,13 +31,34 @@ run_worker() {
   mkdir -p "$keydir"
   [ -f "$keydir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$keydir/host_ed25519"
   # The launcher pins this key: it reads it from the shared cluster volume, never trusts it over the network.
-  local address
+  local address started
   address="${WORKER_ADDRESS:-$(hostname -i | awk '{print $1}')}"
   cp "$keydir/host_ed25519.pub" "$HOSTKEYS/.$address.pub.tmp"
   mv "$HOSTKEYS/.$address.pub.tmp" "$HOSTKEYS/$address.pub"
+  started=$(date +%s)
   log "sshd on $address:$SSH_PORT"
-  exec /usr/sbin/sshd -D -e -f /opt/horovod-stack/docker/sshd_config -p "$SSH_PORT" \
-    -h "$keydir/host_ed25519" -o PidFile="$keydir/sshd.pid"
+  /usr/sbin/sshd -D -e -f /opt/horovod-stack/docker/sshd_config -p "$SSH_PORT" \
+    -h "$keydir/host_ed25519" -o PidFile="$keydir/sshd.pid" &
+  local sshd=$!
+  trap 'kill -TERM "$sshd" 2>/dev/null' TERM INT
+  # A worker lives as long as its job: the launcher writes $JOB_END_FILE when the job ends, however it ends.
+  # One from an earlier run (older than this worker) does not count.
+  while kill -0 "$sshd" 2>/dev/null; do
+    if [ -f "$JOB_END_FILE" ] && [ "$(stat -c %Y "$JOB_END_FILE")" -ge "$started" ]; then
+      # The grace lets the launcher exit first, so `up --exit-code-from launcher` reports the job's status.
+      sleep "${WORKER_STOP_GRACE:-2}"
+      log "the job ended ($(cat "$JOB_END_FILE" 2>/dev/null)); stopping"
+      kill -TERM "$sshd" 2>/dev/null
+      wait "$sshd" || true
+      rm -f "$HOSTKEYS/$address.pub"
+      exit 0
+    fi
+    sleep 1
+  done
+  local status=0
+  wait "$sshd" || status=$?
+  rm -f "$HOSTKEYS/$address.pub"
+  exit "$status"
 }
 
 make_cluster_key() {
@@ -98,6 +124,8 @@ run_launcher() {
   local expected slots hostfile="$HOME/hostfile"
   if [ -n "${WORKER_HOSTS:-}" ]; then expected=$(tr ',' '\n' <<< "$WORKER_HOSTS" | grep -c .); else expected="${WORKERS:-2}"; fi
   slots="${SLOTS_PER_WORKER:-1}"
+  rm -f "$JOB_END_FILE"
+  trap 'end_job $?' EXIT
   make_cluster_key
   wait_for_workers "$expected"
   : > "$hostfile"
@@ -119,6 +147,21 @@ run_launcher() {
   local status=0
   "${command[@]}" || status=$?
   log "mpirun exited with status $status"
+  exit "$status"
+}
+
+# Runs on every exit of the launcher role: tells the workers to stop (they watch $JOB_END_FILE) and says how the
+# job ended and where its results are.
+end_job() {
+  local status="$1"
+  trap - EXIT
+  echo "exit status $status" > "$JOB_END_FILE.tmp" && mv "$JOB_END_FILE.tmp" "$JOB_END_FILE"
+  if [ "$status" = 0 ]; then
+    log "job succeeded (exit status 0); the workers stop now"
+  else
+    log "job FAILED (exit status $status); the workers stop now"
+  fi
+  if [ -n "${RESULTS_HINT:-}" ]; then log "results: $RESULTS_HINT"; fi
   exit "$status"
 }
 

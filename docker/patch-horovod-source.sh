@@ -3,6 +3,10 @@
 #   patch-horovod-source.sh SRC_DIR
 # - C++14 -> C++20 for Horovod and its torch extension: torch 2.14's headers use std::strong_ordering
 #   (c10/util/intrusive_ptr.h), which C++17 lacks.
+# - GCC 13 and 14 no longer pull <cstdint> and <string> in through other standard headers, so Horovod's own
+#   headers and its bundled gloo's stop compiling ("'string' in namespace 'std' does not name a type" in
+#   horovod/common/group_table.h). Each of those headers gets the standard includes it relies on, as
+#   Horovod did after 0.28.1; older compilers are unaffected.
 # The other fix, for CMake >= 4 refusing the bundled gloo's cmake_minimum_required < 3.5, is an
 # environment setting (CMAKE_POLICY_VERSION_MINIMUM=3.5) exported by install-horovod.sh.
 # This file's hash is part of the wheel cache key: change it and the wheel is rebuilt.
@@ -13,4 +17,13 @@ sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' \
 for file in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
   grep -q 'CMAKE_CXX_STANDARD 20' "$file" ||
     { echo "patch-horovod-source: the C++ standard fix no longer applies to $file" >&2; exit 1; }
+done
+
+marker='// horovod-stack: standard includes for GCC >= 13'
+headers=$(find "$src/horovod/common" "$src/horovod/torch" "$src/third_party/gloo/gloo" -name '*.h')
+[ -n "$headers" ] && grep -q 'std::string' "$src/horovod/common/group_table.h" ||
+  { echo "patch-horovod-source: the header layout changed; check the GCC 13 include fix" >&2; exit 1; }
+for header in $headers; do
+  grep -qF "$marker" "$header" && continue
+  sed -i "1i $marker\n#include <cstdint>\n#include <stdexcept>\n#include <string>" "$header"
 done

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 epochs="${EPOCHS:-8}" dataset="${DATASET:-synthetic}"
 work=$(mktemp -d)
 project="hst-bench-$$"
-trap 'docker compose -p "$project" --profile cpu down -v >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+trap 'docker compose -p "$project" down -v >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 echo "[bench] host: mpirun -np 2, $dataset, $epochs epochs"
 PATH="$PWD/.venv/bin:$PATH" mpirun --allow-run-as-root -np 2 -bind-to none -map-by slot -x PATH \
@@ -17,7 +17,7 @@ PATH="$PWD/.venv/bin:$PATH" mpirun --allow-run-as-root -np 2 -bind-to none -map-
 
 echo "[bench] containers: docker compose up, 2 workers, $dataset, $epochs epochs"
 COMPOSE_PROJECT_NAME="$project" DATASET="$dataset" EPOCHS="$epochs" WORKERS=2 \
-  docker compose --profile cpu up --exit-code-from launcher > "$work/compose.log" 2>&1
+  docker compose up --exit-code-from launcher > "$work/compose.log" 2>&1
 docker run --rm -v "${project}_shared:/shared" --entrypoint cat "${IMAGE:-horovod-stack:latest}" \
   /shared/runs/metrics.jsonl > "$work/containers.jsonl"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the stack's image on this machine, registry or not:
 #   scripts/build-images.sh                 -> horovod-stack:latest (IMAGE overrides the tag)
-# 1. starts the Docker engine if needed (scripts/docker-engine.sh);
+# 1. prepares the host and starts the Docker engine if needed (scripts/host-setup.sh);
 # 2. makes the local Debian base image unless BASE_IMAGE names another one;
 # 3. fills a wheel folder (torch, torchvision, CUDA toolkit wheels, the Horovod sdist, ...) once, from pip's
 #    configured sources, so the image build itself needs no index;
@@ -15,7 +15,7 @@ BASE_IMAGE="${BASE_IMAGE:-horovod-stack-base:bookworm}"
 WHEELHOUSE="${WHEELHOUSE:-/var/cache/horovod-stack/wheelhouse}"
 CA_BUNDLE="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 
-scripts/docker-engine.sh
+scripts/host-setup.sh
 if [ "$BASE_IMAGE" = horovod-stack-base:bookworm ]; then
   scripts/build-base-image.sh "$BASE_IMAGE"
 fi

@@ -1,23 +1,13 @@
 #!/usr/bin/env bash
-# Prepares this checkout on a fresh Debian 12 machine, idempotently: system packages (Open MPI, ssh,
-# compilers), the virtualenv at .venv with torch, the cached Horovod wheel (docker/install-horovod.sh) and
-# the project itself. A second run finds everything in place and takes seconds.
+# Prepares this checkout on a fresh Debian 12 machine, idempotently: the host (scripts/host-setup.sh: system
+# packages, the Docker engine), the virtualenv at .venv with torch, the cached Horovod wheel
+# (docker/install-horovod.sh) and the project itself. A second run finds everything in place and takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_apt=()
-# Open MPI and a compiler for the Horovod build; ssh/sshd, iproute2, iptables and nsenter for the tests' hosts.
-for pair in mpirun:openmpi-bin mpicc:libopenmpi-dev ssh:openssh-client sshd:openssh-server g++:g++ \
-            ip:iproute2 iptables:iptables nsenter:util-linux; do
-  command -v "${pair%%:*}" >/dev/null || need_apt+=("${pair#*:}")
-done
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "[setup] installing system packages: ${need_apt[*]}"
-  apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
-fi
+scripts/host-setup.sh
 
-# A Python 3.11 that can make virtualenvs (the torch wheels on disk are for 3.11).
+# A Python 3.11 that can make virtualenvs (the torch wheels on disk are for 3.11; host-setup.sh made sure one exists).
 pick_python() {
   for candidate in python3 python3.11; do
     if "$candidate" -c 'import sys, ensurepip; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
@@ -28,11 +18,7 @@ pick_python() {
   return 1
 }
 if [ ! -x .venv/bin/python ]; then
-  if ! python=$(pick_python); then
-    echo "[setup] installing python3.11-venv"
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3.11-venv
-    python=$(pick_python) || { echo "setup: no Python 3.11 with venv support; install Python 3.11" >&2; exit 1; }
-  fi
+  python=$(pick_python) || { echo "setup: no Python 3.11 with venv support; install Python 3.11" >&2; exit 1; }
   echo "[setup] creating .venv with $python"
   "$python" -m venv .venv
 fi

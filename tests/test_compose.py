@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import uuid
@@ -34,19 +35,24 @@ def project_containers(engine, project: str, **filters):
 
 
 class ComposeRun:
-    """One `docker compose up` of the stack under its own project name; `down -v` removes it all."""
+    """`docker compose up` as a user types it, in a copy of the checkout (so no local .env leaks in), under a
+    project name of its own so `down -v` removes only what this run made."""
 
-    def __init__(self, **settings: str) -> None:
+    def __init__(self, workdir: Path, **settings: str) -> None:
         self.project = f"hst-test-{uuid.uuid4().hex[:8]}"
-        self.env = {**os.environ, "COMPOSE_PROJECT_NAME": self.project, "IMAGE": IMAGE, **settings}
-        self.env.pop("COMPOSE_PROFILES", None)
+        self.workdir = workdir
+        for tracked in subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                                      check=True).stdout.split():
+            if (REPO / tracked).is_file():
+                (workdir / tracked).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / tracked, workdir / tracked)
+        assert not (workdir / ".env").exists()
+        env = {key: value for key, value in os.environ.items() if not key.startswith("COMPOSE_")}
+        self.env = {**env, "COMPOSE_PROJECT_NAME": self.project, "IMAGE": IMAGE, **settings}
 
-    def compose(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", "compose", "--profile", "cpu", *args], cwd=REPO, env=self.env,
+    def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", "compose", *args], cwd=self.workdir, env=self.env,
                               capture_output=True, text=True, timeout=timeout)
-
-    def up(self) -> subprocess.CompletedProcess:
-        return self.compose("up", "--exit-code-from", "launcher")
 
     def read_shared(self, path: str) -> str:
         return subprocess.run(["docker", "run", "--rm", "-v", f"{self.project}_shared:/shared", "--entrypoint",
@@ -58,11 +64,13 @@ class ComposeRun:
 
 
 @pytest.fixture
-def compose_run():
+def compose_run(tmp_path):
     runs = []
 
     def make(**settings):
-        runs.append(ComposeRun(**settings))
+        workdir = tmp_path / f"checkout-{len(runs)}"
+        workdir.mkdir()
+        runs.append(ComposeRun(workdir, **settings))
         return runs[-1]
 
     yield make
@@ -70,16 +78,22 @@ def compose_run():
         run.down()
 
 
-def test_compose_up_trains_across_containers_and_stops(engine, compose_run):
-    run = compose_run(DATASET="digits", EPOCHS="5", WORKERS="2")
-    result = run.up()
+def test_plain_compose_up_trains_across_containers_and_returns(engine, compose_run):
+    """`docker compose up`, typed exactly so: no .env, no profile, no --exit-code-from."""
+    run = compose_run()
+    result = run.compose("up")  # the timeout (600 s) is the bound: a stack that never stops fails here
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert "2/2 workers answer over ssh" in output
+    launcher_lines = [line for line in output.splitlines() if line.startswith("launcher-1") and "|" in line]
+    assert "job succeeded (exit status 0)" in launcher_lines[-2], launcher_lines[-3:]
+    assert "/shared/runs/metrics.jsonl" in launcher_lines[-1], launcher_lines[-3:]
 
+    epochs = [json.loads(line) for line in run.read_shared("runs/metrics.jsonl").splitlines()]
+    assert [epoch["epoch"] for epoch in epochs] == [1, 2, 3, 4, 5]
+    assert epochs[-1]["val_accuracy"] >= 0.90, epochs[-1]
     summary = json.loads(run.read_shared("runs/summary.json"))
     assert summary["world_size"] == 2
-    assert summary["final"]["val_accuracy"] >= 0.90, summary
     hosts = [rank["host"] for rank in summary["ranks"]]
     assert len(set(hosts)) == 2, f"both ranks ran in one container: {hosts}"
     assert len({rank["digest"] for rank in summary["ranks"]}) == 1, "ranks ended with different parameters"
@@ -94,11 +108,22 @@ def test_compose_up_trains_across_containers_and_stops(engine, compose_run):
     assert project_containers(engine, run.project) == []
 
 
-def test_failing_job_fails_compose_up_with_its_error(engine, compose_run):
-    run = compose_run(TRAIN_ARGS="--epochs 0", WORKERS="2")
-    result = run.up()
-    assert result.returncode != 0
-    assert "error: --epochs must be at least 1 (got 0)" in result.stdout + result.stderr
+def test_failing_job_returns_by_itself_with_its_error(engine, compose_run):
+    """A job that fails ends `up` too (workers stop whatever the outcome); .env copied from .env.example."""
+    run = compose_run(TRAIN_ARGS="--epochs 0")
+    shutil.copy(run.workdir / ".env.example", run.workdir / ".env")
+    result = run.compose("up")
+    output = result.stdout + result.stderr
+    assert "error: --epochs must be at least 1 (got 0)" in output, output[-5000:]
+    assert "job FAILED (exit status" in output, output[-5000:]
+    assert project_containers(engine, run.project, status="running") == []
+    exit_codes = {c.labels["com.docker.compose.service"]: c.attrs["State"]["ExitCode"]
+                  for c in project_containers(engine, run.project)}
+    assert exit_codes["launcher"] != 0 and exit_codes["worker"] == 0, exit_codes
+
+    # Scripts get the job's status from --exit-code-from (plain `up` returns 0 in Compose 2.26).
+    again = run.compose("up", "--exit-code-from", "launcher")
+    assert again.returncode == exit_codes["launcher"], (again.stdout + again.stderr)[-3000:]
     assert project_containers(engine, run.project, status="running") == []
 
 
