@@ -53,11 +53,13 @@ RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
     pip install --no-deps /dist/horovod-*.whl \
  && horovodrun --check-build
 # Runs as a non-root user, sshd and mpirun included. /cluster holds the per-cluster SSH trust (a volume
-# filled at run time); /shared the datasets, checkpoints and metrics.
+# filled at run time); /shared the datasets, checkpoints and metrics; /workdir the user's code, if any.
 RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
- && mkdir -p /cluster/ssh /cluster/hostkeys /shared \
- && chown -R mpiuser:mpiuser /cluster /shared
+ && mkdir -p /cluster/ssh /cluster/hostkeys /shared /workdir \
+ && chown -R mpiuser:mpiuser /cluster /shared /workdir
 COPY app /opt/horovod-stack/app
+# The launch plan (launcher/plan.py) builds the compose job's mpirun command line, as it does the launcher's.
+COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/sshd_config /opt/horovod-stack/docker/
 ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     SSH_PORT=12345 PIP_FIND_LINKS=

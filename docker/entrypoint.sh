@@ -2,7 +2,8 @@
 # The image's roles:
 #   worker              run sshd (key-only) on $SSH_PORT so the launcher's mpirun can start ranks here
 #   launcher [ARGS...]  make the cluster's SSH key pair, wait for every worker, write the hostfile and run
-#                       mpirun with the trainer (python -m app.train ARGS... $TRAIN_ARGS); exits with its status
+#                       mpirun with $TRAIN_COMMAND, or the trainer (python -m app.train ARGS... $TRAIN_ARGS);
+#                       exits with its status
 #   ANY OTHER COMMAND   run it (e.g. `horovodrun --check-build`)
 #
 # Settings (environment):
@@ -14,6 +15,8 @@
 #   NETWORK_INTERFACE   NIC for Open MPI, NCCL and Gloo traffic (default: let each choose)
 #   READY_TIMEOUT       seconds to wait for the workers (default 180)
 #   TRAIN_ARGS          extra trainer flags, split on spaces
+#   TRAIN_COMMAND       launcher: a command line every rank runs instead of python -m app.train ARGS
+#   WORKDIR             launcher: when set, the ranks run in /workdir (compose mounts the user's folder there)
 #   RESULTS_HINT        launcher: where the job's metrics can be read, printed as its last line
 #
 # Workers stop when their job ends: the launcher role writes /cluster/ssh/job-ended (a volume the workers
@@ -131,17 +134,18 @@ run_launcher() {
   : > "$hostfile"
   for address in "${READY_WORKERS[@]}"; do echo "$address slots=$slots" >> "$hostfile"; done
 
-  local nic_flags=()
-  if [ -n "${NETWORK_INTERFACE:-}" ]; then
-    nic_flags=(--mca btl_tcp_if_include "$NETWORK_INTERFACE" --mca oob_tcp_if_include "$NETWORK_INTERFACE"
-               -x "NCCL_SOCKET_IFNAME=$NETWORK_INTERFACE" -x "GLOO_SOCKET_IFNAME=$NETWORK_INTERFACE"
-               -x "HOROVOD_GLOO_IFACE=$NETWORK_INTERFACE")
+  # The command line comes from the multi-host launcher's tested plan (launcher/plan.py), so both doors agree.
+  local plan_args=(--ranks $((expected * slots)) --hostfile "$hostfile" --network-interface "${NETWORK_INTERFACE:-}")
+  if [ -n "${WORKDIR:-}" ]; then plan_args+=(--workdir /workdir); fi
+  local command=()
+  if [ -n "${TRAIN_COMMAND:-}" ]; then
+    mapfile -d '' -t command < <(python -m launcher.job_argv "${plan_args[@]}" --command-line "$TRAIN_COMMAND")
+  else
+    # shellcheck disable=SC2206  # TRAIN_ARGS is split on spaces on purpose
+    local extra=(${TRAIN_ARGS:-})
+    mapfile -d '' -t command < <(python -m launcher.job_argv "${plan_args[@]}" -- "$@" "${extra[@]}")
   fi
-  # shellcheck disable=SC2206  # TRAIN_ARGS is split on spaces on purpose
-  local extra=(${TRAIN_ARGS:-})
-  local command=(mpirun -np $((expected * slots)) --hostfile "$hostfile" -bind-to none -map-by slot
-                 --mca plm_rsh_no_tree_spawn 1 -x NCCL_DEBUG=INFO -x PATH -x PYTHONPATH "${nic_flags[@]}"
-                 python -m app.train "$@" "${extra[@]}")
+  [ "${#command[@]}" -gt 0 ] || { log "error: could not build the mpirun command line"; exit 2; }
   log "hostfile: $(paste -sd' ' "$hostfile" | sed 's/ slots=/:/g')"
   log "running: ${command[*]}"
   local status=0

@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from launcher import session
 from launcher.driver import NodeDriver, NodeError
+from launcher.plan import job_command
 from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -56,15 +57,19 @@ def start(
     env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP),
     push_image: bool = typer.Option(False, help="Copy the image from this machine's engine to nodes that lack it."),
     detach: bool = typer.Option(False, help="Return once training runs; follow with `launcher logs --follow`."),
+    workdir: Optional[Path] = typer.Option(None, help="Local folder with your code, copied to /workdir on every "
+                                                      "node; the command runs there."),
+    env: Optional[List[str]] = typer.Option(None, "--env", help="KEY=VALUE for every rank (repeatable)."),
 ) -> None:
-    """Start a worker on every node and train; rank 0's output streams here and the exit status is the job's.
+    """Start a worker on every node and run a job; rank 0's output streams here and the exit status is the job's.
 
-    Example: launcher start --nodes node_1,node_2 --slots 2 -- --dataset digits --epochs 5
-    (arguments after -- go to the trainer, python -m app.train).
+    Your own script: launcher start --nodes node_1,node_2 --workdir ./code -- python train.py --epochs 5
+    (after --, a command every rank runs, as with mpirun). The bundled trainer: launcher start --nodes
+    node_1,node_2 --slots 2 -- --dataset digits --epochs 5 (options alone go to python -m app.train).
     """
-    args = [arg for arg in ctx.args if arg != "--"]
     settings = settings_from(nodes, env_file, slots=slots, gpus_per_node=gpus_per_node, image=image,
-                             ssh_port=ssh_port, network_interface=network_interface, trainer_args=tuple(args))
+                             ssh_port=ssh_port, network_interface=network_interface,
+                             command=tuple(job_command(ctx.args)), env_vars=tuple(env or ()), workdir=workdir)
     try:
         status = session.launch(settings, push_image=push_image, detach=detach, say=say)
     except (session.LaunchError, NodeError) as error:

@@ -1,12 +1,15 @@
 """The launch plan: from nodes, slots and settings to container specs, the hostfile and the mpirun argv.
 
 Pure functions of their inputs, with no Docker or network access, so every line mpirun will see is unit-tested.
+Both front doors build their mpirun command line here: the multi-host launcher through ClusterPlan, compose's
+launcher role (docker/entrypoint.sh) through `python -m launcher.job_argv`.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import PurePosixPath as Path
 
 LABEL_CLUSTER = "horovod-stack.cluster"
 LABEL_NODE = "horovod-stack.node"
@@ -14,6 +17,10 @@ LABEL_ROLE = "horovod-stack.role"
 CONTAINER_SSH_DIR = "/home/mpiuser/.ssh"
 HOSTFILE_PATH = "/home/mpiuser/hostfile"
 SHARED_MOUNT = "/shared"
+WORKDIR = "/workdir"
+"""Where the user's code sits in every container (--workdir, compose's WORKDIR); the job's working directory."""
+TRAINER = ("python", "-m", "app.train")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
 OPEN_MPI_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
@@ -26,6 +33,57 @@ def mpi_host(name: str, address: str | None) -> str:
     if not address:
         raise ValueError(f"{name} needs an address: Open MPI does not accept it as a host name")
     return address
+
+
+def job_command(args: tuple[str, ...] | list[str]) -> list[str]:
+    """What every rank runs, from the words after `--`: a command of the user's when the first word is not an
+    option (as with mpirun and horovodrun), else the bundled trainer with those options."""
+    args = list(args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if args and not args[0].startswith("-"):
+        return args
+    return [*TRAINER, *args]
+
+
+def check_env_assignment(item: str) -> str:
+    """KEY=VALUE for mpirun's -x; raises ValueError naming the fix."""
+    key, separator, _ = item.partition("=")
+    if not separator or not ENV_NAME.match(key):
+        raise ValueError(f"--env {item!r} is not KEY=VALUE with a variable name as KEY")
+    return item
+
+
+def command_probe(command: list[str] | tuple[str, ...]) -> list[str]:
+    """A bash argv that fails, printing why, when a rank could not start the command: its program is not on PATH,
+    or a script given to python is not there (relative to the working directory)."""
+    checks = 'command -v "$1" >/dev/null || { echo "$1 is not on PATH"; exit 1; }'
+    argv = [command[0]]
+    if Path(command[0]).name.startswith("python") and len(command) > 1 and not command[1].startswith("-"):
+        checks += '; [ -f "$2" ] || { echo "script $2 is not there"; exit 1; }'
+        argv.append(command[1])
+    return ["bash", "-c", checks, "probe", *argv]
+
+
+def mpirun_argv(*, ranks: int, hostfile: str, command: list[str] | tuple[str, ...],
+                network_interface: str | None = None, env: tuple[str, ...] = (),
+                workdir: str | None = None) -> list[str]:
+    """The one mpirun command line of a job: the seed article's flags, NIC selection for Open MPI, NCCL and
+    Gloo, the user's variables (-x) and working directory, then the command every rank runs."""
+    argv = ["mpirun", "-np", str(ranks), "--hostfile", hostfile, "-bind-to", "none", "-map-by", "slot",
+            # Only the launching container holds the cluster's private key, so it starts every remote daemon.
+            "--mca", "plm_rsh_no_tree_spawn", "1",
+            "-x", "NCCL_DEBUG=INFO", "-x", "PATH", "-x", "PYTHONPATH"]
+    if network_interface:
+        nic = network_interface
+        argv += ["--mca", "btl_tcp_if_include", nic, "--mca", "oob_tcp_if_include", nic,
+                 "-x", f"NCCL_SOCKET_IFNAME={nic}", "-x", f"GLOO_SOCKET_IFNAME={nic}",
+                 "-x", f"HOROVOD_GLOO_IFACE={nic}"]
+    for item in env:
+        argv += ["-x", check_env_assignment(item)]
+    if workdir:
+        argv += ["-wdir", workdir]
+    return argv + list(command)
 
 
 @dataclass(frozen=True)
@@ -48,7 +106,12 @@ class ClusterPlan:
     shared_dir: str
     """Volume name or host folder mounted at /shared on every node (datasets, checkpoints, metrics)."""
     shm_size: str
-    trainer_args: tuple[str, ...]
+    command: tuple[str, ...]
+    """What every rank runs (job_command): the user's command, or the trainer with its options."""
+    env: tuple[str, ...] = ()
+    """KEY=VALUE pairs every rank gets (mpirun -x)."""
+    workdir: str | None = None
+    """A local folder copied to WORKDIR in every container, the job's working directory; None: none."""
     addresses: tuple[tuple[str, str], ...] = ()
     """(node name, IPv4 address) as rank 0 resolves them; used for names Open MPI refuses."""
 
@@ -90,17 +153,9 @@ class ClusterPlan:
                 "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 10\n  LogLevel ERROR\n")
 
     def mpirun_argv(self) -> list[str]:
-        argv = ["mpirun", "-np", str(self.total_ranks), "--hostfile", HOSTFILE_PATH,
-                "-bind-to", "none", "-map-by", "slot",
-                # Only the rank-0 container holds the cluster's private key, so it starts every remote daemon.
-                "--mca", "plm_rsh_no_tree_spawn", "1",
-                "-x", "NCCL_DEBUG=INFO", "-x", "PATH", "-x", "PYTHONPATH"]
-        if self.network_interface:
-            nic = self.network_interface
-            argv += ["--mca", "btl_tcp_if_include", nic, "--mca", "oob_tcp_if_include", nic,
-                     "-x", f"NCCL_SOCKET_IFNAME={nic}", "-x", f"GLOO_SOCKET_IFNAME={nic}",
-                     "-x", f"HOROVOD_GLOO_IFACE={nic}"]
-        return argv + ["python", "-m", "app.train", *self.trainer_args]
+        return mpirun_argv(ranks=self.total_ranks, hostfile=HOSTFILE_PATH, command=self.command,
+                           network_interface=self.network_interface, env=self.env,
+                           workdir=WORKDIR if self.workdir else None)
 
     def describe(self) -> str:
         """The effective plan in a few lines, logged once at start."""
@@ -108,4 +163,4 @@ class ClusterPlan:
         return (f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.nodes)} nodes [{nodes}], "
                 f"{self.slots_per_node} slot(s) per node{', GPUs' if self.gpus_per_node else ''}, image "
                 f"{self.image}, ssh port {self.ssh_port}, NIC {self.network_interface or 'any'}, shared "
-                f"{self.shared_dir}\nmpirun: {' '.join(self.mpirun_argv())}")
+                f"{self.shared_dir}{f', code {self.workdir} -> {WORKDIR}' if self.workdir else ''}\nmpirun: {' '.join(self.mpirun_argv())}")

@@ -13,9 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import docker
 
-from launcher import sshtrust
+from pathlib import Path
+
+from launcher import sshtrust, workdir
 from launcher.driver import NodeDriver
-from launcher.plan import LABEL_CLUSTER, ClusterPlan, Node
+from launcher.plan import LABEL_CLUSTER, WORKDIR, ClusterPlan, Node, command_probe
 from launcher.settings import LaunchSettings
 
 Say = Callable[[str], None]
@@ -110,6 +112,26 @@ def hand_over_trust(plan: ClusterPlan, drivers: list[NodeDriver], containers: li
     say("SSH trust handed over: cluster key in every worker, host keys pinned in rank 0's known_hosts")
 
 
+def copy_workdir(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, say: Say) -> None:
+    """The user's code folder to WORKDIR in every worker container, through the Docker API (no NFS needed)."""
+    archive = workdir.archive(Path(plan.workdir))
+    for driver, container in zip(drivers, containers):
+        driver.put_files(container, WORKDIR, archive)
+    say(f"code: {plan.workdir} copied to {WORKDIR} on {len(drivers)} node(s) ({len(archive) / 1024:.0f} KB)")
+
+
+def check_command(plan: ClusterPlan, drivers: list[NodeDriver], containers: list) -> None:
+    """Every rank must be able to start the command; else one line naming the node and the fix, before mpirun."""
+    cwd = WORKDIR if plan.workdir else "/home/mpiuser"
+    for driver, container in zip(drivers, containers):
+        probe = container.exec_run(command_probe(plan.command), user="mpiuser", workdir=cwd)
+        if probe.exit_code != 0:
+            why = probe.output.decode(errors="replace").strip().splitlines()[-1]
+            raise LaunchError(f"{driver.node.name}: cannot start `{' '.join(plan.command)}` in {cwd}: {why}; "
+                              "pass --workdir with the folder that holds your code, or build an image "
+                              "FROM horovod-stack:latest that has it")
+
+
 def wait_for_host_key(driver: NodeDriver, container, deadline: float) -> str:
     while True:
         content = driver.read_file(container, f"/cluster/hostkeys/{driver.node.name}.pub")
@@ -196,9 +218,12 @@ def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool =
             containers.append(driver.start_worker(plan))
             say(f"{driver.node.name}: worker {plan.container_name(driver.node)} started")
         deadline = time.monotonic() + settings.ready_timeout
+        if plan.workdir:
+            copy_workdir(plan, drivers, containers, say)
         plan = resolve_for_open_mpi(plan, containers)
         hand_over_trust(plan, drivers, containers, keys, deadline, say)
         wait_until_ready(plan, drivers, containers, deadline, say)
+        check_command(plan, drivers, containers)
         say(f"all {len(drivers)} nodes ready in {time.monotonic() - started:.1f} s; running mpirun in "
             f"{containers[0].name}")
         if detach:

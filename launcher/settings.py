@@ -12,7 +12,14 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
-from launcher.plan import NODE_NAME, ClusterPlan, Node
+from launcher.plan import NODE_NAME, TRAINER, ClusterPlan, Node, check_env_assignment
+
+WORKDIR_LIMIT_BYTES = 256 * 1024**2
+"""--workdir copies through the Docker API to every node; past this a derived image or a shared folder is the way."""
+
+
+def folder_size(path: Path) -> int:
+    return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file() and not entry.is_symlink())
 
 
 class SettingsError(ValueError):
@@ -42,7 +49,12 @@ class LaunchSettings:
     ready_timeout: float = 120.0
     engines: dict[str, str] = field(default_factory=dict)
     """Per-node engine address overrides (tcp://, unix://, ssh://USER@HOST); default ssh://NODE."""
-    trainer_args: tuple[str, ...] = ()
+    command: tuple[str, ...] = TRAINER
+    """What every rank runs (plan.job_command of the words after `--`)."""
+    env: tuple[str, ...] = ()
+    """KEY=VALUE pairs for every rank (--env, repeatable)."""
+    workdir: Path | None = None
+    """A local folder copied to /workdir in every worker container, the command's working directory."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -62,6 +74,21 @@ class LaunchSettings:
             raise SettingsError(f"--ssh-port must be a TCP port, 1-65535 (got {self.ssh_port})")
         if self.ready_timeout <= 0:
             raise SettingsError(f"READY_TIMEOUT must be positive seconds (got {self.ready_timeout})")
+        for item in self.env:
+            try:
+                check_env_assignment(item)
+            except ValueError as error:
+                raise SettingsError(str(error)) from None
+        if self.workdir is not None:
+            if not self.workdir.is_dir():
+                raise SettingsError(f"--workdir {self.workdir} is not a folder here: pass the folder that holds "
+                                    "your training code")
+            size = folder_size(self.workdir)
+            if size > WORKDIR_LIMIT_BYTES:
+                raise SettingsError(
+                    f"--workdir {self.workdir} holds {size / 1024**2:.0f} MB, more than the "
+                    f"{WORKDIR_LIMIT_BYTES // 1024**2} MB copied to every node: put data in SHARED_DIR, or bake "
+                    "the code into an image FROM horovod-stack:latest (README)")
         unknown = sorted(set(self.engines) - set(self.nodes))
         if unknown:
             raise SettingsError(f"an engine override names {unknown[0]!r}, which is not in --nodes")
@@ -80,7 +107,9 @@ class LaunchSettings:
             network_interface=self.network_interface,
             shared_dir=self.shared_dir,
             shm_size=self.shm_size,
-            trainer_args=self.trainer_args,
+            command=self.command,
+            env=self.env,
+            workdir=str(self.workdir) if self.workdir else None,
         )
 
 
@@ -107,7 +136,8 @@ def load_env_file(path: Path | None) -> dict[str, str]:
 
 def resolve_settings(env: dict[str, str], *, nodes: str | None, slots: int | None = None,
                      gpus_per_node: int | None = None, image: str | None = None, ssh_port: int | None = None,
-                     network_interface: str | None = None, trainer_args: tuple[str, ...] = ()) -> LaunchSettings:
+                     network_interface: str | None = None, command: tuple[str, ...] = TRAINER,
+                     env_vars: tuple[str, ...] = (), workdir: Path | None = None) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults."""
     node_list = tuple(n.strip() for n in (nodes or env.get("NODES", "")).split(",") if n.strip())
     chosen = {
@@ -122,5 +152,6 @@ def resolve_settings(env: dict[str, str], *, nodes: str | None, slots: int | Non
         "ready_timeout": _as_int(env, "READY_TIMEOUT", "READY_TIMEOUT in .env"),
     }
     engines = {node: env[engine_override_key(node)] for node in node_list if env.get(engine_override_key(node))}
-    return LaunchSettings(nodes=node_list, engines=engines, trainer_args=tuple(trainer_args),
+    return LaunchSettings(nodes=node_list, engines=engines, command=tuple(command), env=tuple(env_vars),
+                          workdir=workdir,
                           **{key: value for key, value in chosen.items() if value is not None})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -21,6 +22,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
 PRIVATE_KEY_MARK = b"PRIVATE KEY-----"
+USER_SCRIPT = REPO / "tests" / "user_script"
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +54,11 @@ class ComposeRun:
         self.env = {**env, "COMPOSE_PROJECT_NAME": self.project, "IMAGE": IMAGE, **settings}
 
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", "compose", *args], cwd=self.workdir, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(["docker", "compose", *args], cwd=self.workdir, env=self.env,
+                                capture_output=True, text=True, timeout=timeout)
+        # Compose clears each line with an escape sequence even when not writing to a terminal.
+        result.stdout, result.stderr = (ANSI_ESCAPE.sub("", text) for text in (result.stdout, result.stderr))
+        return result
 
     def read_shared(self, path: str) -> str:
         return subprocess.run(["docker", "run", "--rm", "-v", f"{self.project}_shared:/shared", "--entrypoint",
@@ -125,6 +131,48 @@ def test_failing_job_returns_by_itself_with_its_error(engine, compose_run):
     again = run.compose("up", "--exit-code-from", "launcher")
     assert again.returncode == exit_codes["launcher"], (again.stdout + again.stderr)[-3000:]
     assert project_containers(engine, run.project, status="running") == []
+
+
+def test_users_script_runs_from_workdir_with_its_exit_status(engine, compose_run):
+    """TRAIN_COMMAND + WORKDIR: the user's own Horovod script on both workers; its status is the job's."""
+    run = compose_run(TRAIN_COMMAND="python allreduce_train.py --exit-status 3", WORKDIR=str(USER_SCRIPT))
+    result = run.compose("up", "--exit-code-from", "launcher")
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output[-5000:]
+    assert "-wdir /workdir python allreduce_train.py --exit-status 3" in output
+    for rank in (0, 1):
+        assert f"user-script rank {rank} of 2 on " in output and "(2 hosts): allreduce sum 3 ok" in output
+    assert "job FAILED (exit status 3)" in output
+    assert project_containers(engine, run.project, status="running") == []
+
+
+def test_users_script_failing_on_rank_1_fails_the_job_with_its_traceback(engine, compose_run):
+    run = compose_run(TRAIN_COMMAND="python allreduce_train.py --fail-on-rank 1", WORKDIR=str(USER_SCRIPT))
+    result = run.compose("up")
+    output = result.stdout + result.stderr
+    assert "Traceback (most recent call last)" in output, output[-5000:]
+    assert "RuntimeError: user script failed on purpose on rank 1" in output
+    assert "job FAILED (exit status" in output
+    assert project_containers(engine, run.project, status="running") == []
+    run.down()
+    assert project_containers(engine, run.project) == []
+
+
+def test_derived_image_with_the_users_code_runs_through_compose(engine, compose_run, tmp_path):
+    """The other way to bring code: an image FROM horovod-stack:latest that COPYs it (README)."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\nCOPY allreduce_train.py /opt/user-code/\n")
+    shutil.copy(USER_SCRIPT / "allreduce_train.py", tmp_path)
+    tag = f"hst-derived:{uuid.uuid4().hex[:8]}"
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], check=True, capture_output=True)
+    try:
+        run = compose_run(IMAGE=tag, TRAIN_COMMAND="python /opt/user-code/allreduce_train.py")
+        result = run.compose("up", "--exit-code-from", "launcher")
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-5000:]
+        assert "user-script rank 1 of 2 on " in output and "job succeeded (exit status 0)" in output
+        run.down()
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
 
 def test_image_carries_no_private_key(engine):

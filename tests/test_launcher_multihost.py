@@ -26,6 +26,7 @@ IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
 LAUNCHER = str(Path(sys.executable).parent / "launcher")
 TRAIN = ["--", "--dataset", "digits", "--epochs", "5", "--summary-file", "/shared/runs/summary.json"]
 LONG_TRAIN = ["--", "--dataset", "synthetic", "--epochs", "200"]
+USER_SCRIPT = Path(__file__).parent / "user_script"
 
 
 # Two node engines each hold a copy of the image (about 6.5 GB apiece).
@@ -98,6 +99,41 @@ def test_warm_start_reports_readiness_per_node(cluster):
                  "image horovod-stack:latest", "is the same on all 2 nodes"):
         assert line in result.stderr
     print(f"\nwarm launch, start to exit: {time.monotonic() - started:.0f} s")
+    assert_nothing_left(cluster)
+
+
+def test_users_script_from_workdir_runs_on_both_hosts_with_its_exit_status(cluster):
+    """The article's `mpirun ... python mnist_train.py`, as `launcher start --workdir DIR -- python SCRIPT`."""
+    started = time.monotonic()
+    result = launcher(cluster, *start_args(cluster, "--workdir", str(USER_SCRIPT), "--env", "USER_SETTING=on"),
+                      "--", "python", "allreduce_train.py", "--exit-status", "3")
+    print(f"\nwarm --workdir launch, start to exit: {time.monotonic() - started:.1f} s")
+    assert result.returncode == 3, result.stderr[-3000:] + result.stdout[-3000:]
+    assert "copied to /workdir on 2 node(s)" in result.stderr
+    assert "-x USER_SETTING=on -wdir /workdir python allreduce_train.py --exit-status 3" in result.stderr
+    for rank in (0, 1):
+        assert f"user-script rank {rank} of 2 on " in result.stdout and "(2 hosts): allreduce sum 3 ok" in result.stdout
+    assert_nothing_left(cluster)
+
+
+def test_users_script_failing_on_rank_1_shows_its_traceback(cluster):
+    result = launcher(cluster, *start_args(cluster, "--workdir", str(USER_SCRIPT)),
+                      "--", "python", "allreduce_train.py", "--fail-on-rank", "1")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "Traceback (most recent call last)" in output
+    assert "RuntimeError: user script failed on purpose on rank 1" in output
+    assert len(error_lines(result)) == 1, result.stderr[-2000:]
+    assert_nothing_left(cluster)
+
+
+def test_users_script_missing_on_the_nodes_is_named(cluster):
+    result = launcher(cluster, *start_args(cluster), "--", "python", "train_missing.py")
+    assert result.returncode == 1
+    assert error_lines(result) == [
+        "error: node_1: cannot start `python train_missing.py` in /home/mpiuser: script train_missing.py is not "
+        "there; pass --workdir with the folder that holds your code, or build an image FROM horovod-stack:latest "
+        "that has it"]
     assert_nothing_left(cluster)
 
 

@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan import ClusterPlan, Node, mpi_host
+import subprocess
+
+from launcher import job_argv, workdir
+from launcher.plan import ClusterPlan, Node, command_probe, job_command, mpi_host, mpirun_argv
 from launcher.settings import LaunchSettings, SettingsError, engine_override_key, load_env_file, resolve_settings
 
 
@@ -43,13 +46,76 @@ def test_underscored_nodes_go_to_mpirun_by_address():
         "[10.0.0.1]:12345 ssh-ed25519 K1\n[10.0.0.2]:12345 ssh-ed25519 K2\n")
 
 
+@pytest.mark.parametrize("after_dashes, command", [
+    ([], ["python", "-m", "app.train"]),
+    (["--dataset", "digits"], ["python", "-m", "app.train", "--dataset", "digits"]),
+    (["--", "--epochs", "2"], ["python", "-m", "app.train", "--epochs", "2"]),
+    (["python", "train.py", "--epochs", "5"], ["python", "train.py", "--epochs", "5"]),
+    (["--", "python", "train.py", "--", "x"], ["python", "train.py", "--", "x"]),  # only the first -- is ours
+    (["./run.sh"], ["./run.sh"]),
+])
+def test_job_command_is_the_users_command_or_the_trainer(after_dashes, command):
+    assert job_command(after_dashes) == command
+
+
 def test_mpirun_argv_carries_the_seed_flags_and_trainer_args():
-    argv = make_plan(slots=2, trainer_args=("--dataset", "digits")).mpirun_argv()
+    argv = make_plan(slots=2, command=tuple(job_command(["--dataset", "digits"]))).mpirun_argv()
     assert argv[:5] == ["mpirun", "-np", "4", "--hostfile", "/home/mpiuser/hostfile"]
     assert argv[5:9] == ["-bind-to", "none", "-map-by", "slot"]
     assert ["-x", "NCCL_DEBUG=INFO"] == argv[argv.index("NCCL_DEBUG=INFO") - 1:argv.index("NCCL_DEBUG=INFO") + 1]
     assert argv[-5:] == ["python", "-m", "app.train", "--dataset", "digits"]
     assert "btl_tcp_if_include" not in argv
+
+
+def test_users_command_env_and_workdir_reach_mpirun():
+    argv = make_plan(command=("python", "train.py", "--epochs", "5"), env=("NCCL_DEBUG=WARN", "SEED=3"),
+                     workdir=Path(__file__).parent).mpirun_argv()
+    assert argv[-4:] == ["python", "train.py", "--epochs", "5"]
+    assert argv[-6:-4] == ["-wdir", "/workdir"]
+    joined = " ".join(argv)
+    assert "-x NCCL_DEBUG=WARN" in joined and "-x SEED=3" in joined
+    assert "app.train" not in joined
+
+
+def test_compose_role_builds_the_same_command_line_as_the_launcher():
+    """docker/entrypoint.sh's launcher role gets its argv from launcher.job_argv: the same flags, one place."""
+    plan = make_plan(network_interface="eth0", command=("python", "train.py"))
+    compose = job_argv.build(["--ranks", "2", "--hostfile", "/home/mpiuser/hostfile", "--network-interface", "eth0",
+                              "--command-line", "python train.py"])
+    assert compose == plan.mpirun_argv()
+    trainer = job_argv.build(["--ranks", "2", "--hostfile", "/h", "--", "--dataset=digits"])
+    assert trainer[-4:] == ["python", "-m", "app.train", "--dataset=digits"]
+    quoted = job_argv.build(["--ranks", "2", "--hostfile", "/h", "--workdir", "/workdir",
+                             "--command-line", "python t.py --name 'a b'"])
+    assert quoted[-6:] == ["-wdir", "/workdir", "python", "t.py", "--name", "a b"]
+
+
+@pytest.mark.parametrize("command, files, expected", [
+    (["python", "train.py"], ["train.py"], ""),
+    (["python", "train.py"], [], "script train.py is not there"),
+    (["python", "-m", "app.train"], [], ""),
+    (["no-such-program-here", "x"], [], "no-such-program-here is not on PATH"),
+    (["bash", "missing.sh"], [], ""),  # only python's script is checked; bash reports its own
+])
+def test_command_probe(tmp_path, command, files, expected):
+    for name in files:
+        (tmp_path / name).write_text("")
+    result = subprocess.run(command_probe(command), cwd=tmp_path, capture_output=True, text=True)
+    assert (result.returncode == 0) == (expected == "")
+    assert result.stdout.strip() == expected
+
+
+def test_workdir_archive_is_owned_by_mpiuser_and_skips_caches(tmp_path):
+    import io
+    import tarfile
+    (tmp_path / "pkg" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"0")
+    (tmp_path / "pkg" / "model.py").write_text("x = 1\n")
+    (tmp_path / "train.py").write_text("print(1)\n")
+    with tarfile.open(fileobj=io.BytesIO(workdir.archive(tmp_path))) as tar:
+        members = {member.name: member for member in tar.getmembers()}
+    assert set(members) == {"pkg", "pkg/model.py", "train.py"}
+    assert {member.uid for member in members.values()} == {1000}
 
 
 def test_one_nic_setting_reaches_open_mpi_nccl_and_gloo():
@@ -88,6 +154,9 @@ def test_known_hosts_pins_each_node_on_the_ssh_port():
     ({"slots": 0}, "--slots"),
     ({"ssh_port": 70000}, "--ssh-port"),
     ({"engines": {"node_9": "tcp://x:2375"}}, "not in --nodes"),
+    ({"env": ("NO_EQUALS",)}, "is not KEY=VALUE"),
+    ({"env": ("1BAD=x",)}, "is not KEY=VALUE"),
+    ({"workdir": Path("/no/such/folder")}, "--workdir /no/such/folder is not a folder here"),
 ])
 def test_bad_settings_are_refused(overrides, message):
     with pytest.raises(SettingsError, match=message):
@@ -113,3 +182,10 @@ def test_bad_env_value_names_the_key():
 def test_env_example_is_a_valid_settings_file():
     settings = resolve_settings(load_env_file(Path(__file__).parents[1] / ".env.example"), nodes=None)
     assert settings.nodes == ("node_1", "node_2") and settings.ssh_port == 12345
+
+
+def test_workdir_too_big_to_copy_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr("launcher.settings.WORKDIR_LIMIT_BYTES", 1000)
+    (tmp_path / "data.bin").write_bytes(b"0" * 5000)
+    with pytest.raises(SettingsError, match="more than the 0 MB copied to every node: put data in SHARED_DIR"):
+        LaunchSettings(nodes=("node_1",), workdir=tmp_path)

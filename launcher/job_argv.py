@@ -1,0 +1,49 @@
+"""Prints a compose job's mpirun command line, NUL-separated, for docker/entrypoint.sh's launcher role.
+
+    python -m launcher.job_argv --ranks 2 --hostfile F [--network-interface NIC] [--workdir DIR]
+        [--env KEY=VALUE]... [--command-line "python train.py --epochs 5"] -- [ARGS...]
+
+--command-line (compose's TRAIN_COMMAND) is what every rank runs; without it, ARGS go through job_command, as
+after `launcher start --`. The flags themselves come from launcher.plan.mpirun_argv, the multi-host launcher's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from launcher.plan import job_command, mpirun_argv
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m launcher.job_argv", description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, required=True)
+    parser.add_argument("--hostfile", required=True)
+    parser.add_argument("--network-interface", default="")
+    parser.add_argument("--workdir", default="")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--command-line", default="")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    return parser.parse_args(argv)
+
+
+def build(argv: list[str]) -> list[str]:
+    options = parse(argv)
+    command = shlex.split(options.command_line) if options.command_line.strip() else job_command(options.args)
+    return mpirun_argv(ranks=options.ranks, hostfile=options.hostfile, command=command,
+                       network_interface=options.network_interface or None, env=tuple(options.env),
+                       workdir=options.workdir or None)
+
+
+def main() -> None:
+    try:
+        argv = build(sys.argv[1:])
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.stdout.write("\0".join(argv) + "\0")
+
+
+if __name__ == "__main__":
+    main()
