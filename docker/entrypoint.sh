@@ -19,8 +19,11 @@
 #   WORKDIR             launcher: when set, the ranks run in /workdir (compose mounts the user's folder there)
 #   RESULTS_HINT        launcher: where the job's metrics can be read, printed as its last line
 #
-# Workers stop when their job ends: the launcher role writes /cluster/ssh/job-ended (a volume the workers
-# mount) on every exit, success or failure, and each worker's sshd exits when it sees it.
+#   EXIT_WITH_JOB=1     worker: exit with the job's status when it ends (the multi-host launcher's rank 0)
+#
+# Workers stop when their job ends: /cluster/ssh/job-ended appears ("exit status N"), written by compose's
+# launcher role into a volume the workers mount, or over ssh by the multi-host launcher's detached job, on
+# every exit, success or failure; each worker's sshd then exits and its container stops.
 set -euo pipefail
 
 SSH_PORT="${SSH_PORT:-12345}"
@@ -50,10 +53,14 @@ run_worker() {
     if [ -f "$JOB_END_FILE" ] && [ "$(stat -c %Y "$JOB_END_FILE")" -ge "$started" ]; then
       # The grace lets the launcher exit first, so `up --exit-code-from launcher` reports the job's status.
       sleep "${WORKER_STOP_GRACE:-2}"
-      log "the job ended ($(cat "$JOB_END_FILE" 2>/dev/null)); stopping"
+      local ended
+      ended=$(cat "$JOB_END_FILE" 2>/dev/null || true)
+      log "the job ended (${ended:-no status}); stopping"
       kill -TERM "$sshd" 2>/dev/null
       wait "$sshd" || true
       rm -f "$HOSTKEYS/$address.pub"
+      # The launcher's rank-0 container (EXIT_WITH_JOB=1) keeps the job's status as its own.
+      if [ "${EXIT_WITH_JOB:-0}" = 1 ] && [[ "$ended" =~ ^exit\ status\ ([0-9]+) ]]; then exit "${BASH_REMATCH[1]}"; fi
       exit 0
     fi
     sleep 1

@@ -7,6 +7,9 @@
 #   headers and its bundled gloo's stop compiling ("'string' in namespace 'std' does not name a type" in
 #   horovod/common/group_table.h). Each of those headers gets the standard includes it relies on, as
 #   Horovod did after 0.28.1; older compilers are unaffected.
+# - GCC 14 also checks template bodies that are never used: the bundled flatbuffers' span::operator= assigns
+#   its const member count_ (and returns nothing), which is now an error; it is never called, so it is removed
+#   (as flatbuffers itself did later).
 # The other fix, for CMake >= 4 refusing the bundled gloo's cmake_minimum_required < 3.5, is an
 # environment setting (CMAKE_POLICY_VERSION_MINIMUM=3.5) exported by install-horovod.sh.
 # This file's hash is part of the wheel cache key: change it and the wheel is rebuilt.
@@ -27,3 +30,9 @@ for header in $headers; do
   grep -qF "$marker" "$header" && continue
   sed -i "1i $marker\n#include <cstdint>\n#include <stdexcept>\n#include <string>" "$header"
 done
+
+span="$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h"
+perl -0pi -e 's/\n  FLATBUFFERS_CONSTEXPR_CPP14 span &operator=\(const span &other\)\n\s*FLATBUFFERS_NOEXCEPT \{\n\s*data_ = other\.data_;\n\s*count_ = other\.count_;\n\s*\}\n//' "$span"
+if grep -q 'count_ = other.count_' "$span"; then
+  echo "patch-horovod-source: the flatbuffers span fix no longer applies to $span" >&2; exit 1
+fi

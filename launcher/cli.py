@@ -9,9 +9,9 @@ from typing import List, Optional
 
 import typer
 
-from launcher import session
+from launcher import jobstate, session
 from launcher.driver import NodeDriver, NodeError
-from launcher.plan import job_command
+from launcher.plan import JOB_LOG, JOB_STATUS, LABEL_CLUSTER, LABEL_ROLE, job_command
 from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -56,7 +56,10 @@ def start(
     network_interface: Optional[str] = typer.Option(None, help="NIC for Open MPI, NCCL and Gloo traffic."),
     env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP),
     push_image: bool = typer.Option(False, help="Copy the image from this machine's engine to nodes that lack it."),
-    detach: bool = typer.Option(False, help="Return once training runs; follow with `launcher logs --follow`."),
+    detach: bool = typer.Option(False, help="Return once training runs; follow with `launcher logs --follow`; "
+                                            "every container stops when the job ends."),
+    keep_running: bool = typer.Option(False, help="With --detach: keep the containers running after the job "
+                                                  "ends, for debugging (`launcher stop` removes them)."),
     workdir: Optional[Path] = typer.Option(None, help="Local folder with your code, copied to /workdir on every "
                                                       "node; the command runs there."),
     env: Optional[List[str]] = typer.Option(None, "--env", help="KEY=VALUE for every rank (repeatable)."),
@@ -71,7 +74,7 @@ def start(
                              ssh_port=ssh_port, network_interface=network_interface,
                              command=tuple(job_command(ctx.args)), env_vars=tuple(env or ()), workdir=workdir)
     try:
-        status = session.launch(settings, push_image=push_image, detach=detach, say=say)
+        status = session.launch(settings, push_image=push_image, detach=detach, keep_running=keep_running, say=say)
     except (session.LaunchError, NodeError) as error:
         fail(str(error))
     except KeyboardInterrupt:
@@ -86,7 +89,7 @@ def start(
 def stop(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
          cluster: Optional[str] = typer.Option(None, help="Cluster ID (default: every cluster of this stack)."),
          env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
-    """Remove the stack's containers on the nodes.
+    """Remove the stack's containers on the nodes, running or ended.
 
     Example: launcher stop --nodes node_1,node_2 --cluster 3f9a1c2e
     """
@@ -99,18 +102,30 @@ def stop(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
 @app.command()
 def status(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
            env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
-    """List the stack's containers on each node.
+    """Each cluster's job (running: epoch, accuracy, throughput; succeeded; failed, with its cause) and containers.
 
     Example: launcher status --nodes node_1,node_2
     """
     settings = settings_from(nodes, env_file)
-    for driver in connect(settings):
-        containers = driver.cluster_containers()
-        if not containers:
-            typer.echo(f"{driver.node.name}: no cluster")
-        for container in containers:
-            typer.echo(f"{driver.node.name}: {container.name} cluster={container.labels.get('horovod-stack.cluster')} "
-                       f"role={container.labels.get('horovod-stack.role')} {container.status}")
+    drivers = connect(settings)
+    found = False
+    for driver in drivers:
+        for container in driver.cluster_containers():
+            if container.labels.get(LABEL_ROLE) != "rank0":
+                continue
+            found = True
+            cluster = container.labels.get(LABEL_CLUSTER)
+            members = [(d, c) for d in drivers for c in d.cluster_containers(cluster)]
+            workers = [d.container_state(c) for d, c in members]
+            state = jobstate.describe(driver.container_state(container), driver.copy_file_out(container, JOB_STATUS),
+                                      driver.copy_file_out(container, JOB_LOG) or "", workers)
+            typer.echo(f"cluster {cluster}: {state}")
+            for member_driver, member in members:
+                ended = "" if member.status == "running" else f" (exit status {member.attrs['State']['ExitCode']})"
+                typer.echo(f"  {member_driver.node.name}: {member.name} role={member.labels.get(LABEL_ROLE)} "
+                           f"{member.status}{ended}")
+    if not found:
+        typer.echo("no cluster on " + ", ".join(driver.node.name for driver in drivers))
 
 
 @app.command()
@@ -118,7 +133,7 @@ def logs(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
          node: Optional[str] = typer.Option(None, help="Whose worker to show (default: rank 0's node)."),
          follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming."),
          env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
-    """Show a worker's output; on rank 0's node, the training job's output too.
+    """Show a worker's output; on rank 0's node, the training job's output too (also after the job ended).
 
     Example: launcher logs --nodes node_1,node_2 --follow
     """
@@ -133,8 +148,10 @@ def logs(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
     container = containers[0]
     for chunk in container.logs(stream=True, follow=False):
         sys.stdout.write(chunk.decode(errors="replace"))
-    if driver.read_file(container, session.JOB_LOG) is not None:
-        _, stream = driver.exec_stream(container, ["tail", "-n", "+1", *(["-f"] if follow else []), session.JOB_LOG])
+    if container.status != "running":  # an ended job: its output is still in the stopped container
+        sys.stdout.write(driver.copy_file_out(container, JOB_LOG) or "")
+    elif driver.read_file(container, JOB_LOG) is not None:
+        _, stream = driver.exec_stream(container, ["tail", "-n", "+1", *(["-f"] if follow else []), JOB_LOG])
         for chunk in stream:
             sys.stdout.write(chunk.decode(errors="replace"))
             sys.stdout.flush()

@@ -6,6 +6,8 @@ the fix. The order of a launch lives in session.py.
 
 from __future__ import annotations
 
+import io
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -14,7 +16,8 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
-from launcher.plan import LABEL_CLUSTER, SHARED_MOUNT, ClusterPlan, Node
+from launcher.jobstate import ContainerState
+from launcher.plan import LABEL_CLUSTER, LABEL_NODE, SHARED_MOUNT, ClusterPlan, Node
 from launcher.settings import engine_override_key
 
 
@@ -149,6 +152,22 @@ class NodeDriver:
     def read_file(self, container, path: str) -> str | None:
         result = container.exec_run(["cat", path], user="mpiuser")
         return result.output.decode() if result.exit_code == 0 else None
+
+    def copy_file_out(self, container, path: str) -> str | None:
+        """A file's text from a container, running or stopped (the archive API needs no exec); None if absent."""
+        try:
+            stream, _ = container.get_archive(path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+                member = archive.getmembers()[0]
+                return archive.extractfile(member).read().decode(errors="replace")
+        except (NotFound, IndexError, AttributeError, tarfile.TarError):
+            return None
+
+    def container_state(self, container) -> ContainerState:
+        state = container.attrs["State"]
+        return ContainerState(node=container.labels.get(LABEL_NODE, self.node.name),
+                              running=state.get("Status") == "running", exit_code=state.get("ExitCode"),
+                              finished_at=None if state.get("Status") == "running" else state.get("FinishedAt"))
 
     def worker_problem(self, container) -> str | None:
         """Why the worker container is not running, or None while it runs."""

@@ -8,6 +8,7 @@ launcher role (docker/entrypoint.sh) through `python -m launcher.job_argv`.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath as Path
 
@@ -16,6 +17,11 @@ LABEL_NODE = "horovod-stack.node"
 LABEL_ROLE = "horovod-stack.role"
 CONTAINER_SSH_DIR = "/home/mpiuser/.ssh"
 HOSTFILE_PATH = "/home/mpiuser/hostfile"
+JOB_LOG = "/home/mpiuser/job.log"
+JOB_STATUS = "/home/mpiuser/job.status"
+"""A detached job's output and, once it has ended, its exit status, in the rank-0 container."""
+JOB_END_FILE = "/cluster/ssh/job-ended"
+"""Seen by each worker's entrypoint: when it appears the worker's sshd exits and its container stops."""
 SHARED_MOUNT = "/shared"
 WORKDIR = "/workdir"
 """Where the user's code sits in every container (--workdir, compose's WORKDIR); the job's working directory."""
@@ -132,7 +138,10 @@ class ClusterPlan:
 
     def worker_environment(self, node: Node) -> dict[str, str]:
         # No secret here: keys reach the container as files through the API after it starts.
-        return {"SSH_PORT": str(self.ssh_port), "WORKER_ADDRESS": node.name}
+        environment = {"SSH_PORT": str(self.ssh_port), "WORKER_ADDRESS": node.name}
+        if node == self.rank0:
+            environment["EXIT_WITH_JOB"] = "1"  # rank 0's container stops with the job's exit status
+        return environment
 
     def mpi_host(self, node: Node) -> str:
         return mpi_host(node.name, dict(self.addresses).get(node.name))
@@ -156,6 +165,19 @@ class ClusterPlan:
         return mpirun_argv(ranks=self.total_ranks, hostfile=HOSTFILE_PATH, command=self.command,
                            network_interface=self.network_interface, env=self.env,
                            workdir=WORKDIR if self.workdir else None)
+
+    def detached_job_script(self, keep_running: bool = False) -> str:
+        """The bash script rank 0 runs for a detached job: mpirun into JOB_LOG, its status into JOB_STATUS, then
+        (unless keep_running) JOB_END_FILE on every other node over ssh and on rank 0 itself, so every worker's
+        container stops once the job ends, success or failure, with no launcher process needed."""
+        lines = [f"{shlex.join(self.mpirun_argv())} > {JOB_LOG} 2>&1", "status=$?",
+                 f'echo "$status" > {JOB_STATUS}']
+        if not keep_running:
+            for node in self.nodes[1:]:
+                lines.append(f'ssh {shlex.quote(self.mpi_host(node))} "echo \'exit status $status\' > {JOB_END_FILE}"'
+                             " || true")
+            lines.append(f'echo "exit status $status" > {JOB_END_FILE}')
+        return "\n".join(lines) + "\n"
 
     def describe(self) -> str:
         """The effective plan in a few lines, logged once at start."""

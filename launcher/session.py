@@ -5,7 +5,6 @@ trust, wait until every sshd answers, run mpirun in the rank-0 container, and cl
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -17,11 +16,10 @@ from pathlib import Path
 
 from launcher import sshtrust, workdir
 from launcher.driver import NodeDriver
-from launcher.plan import LABEL_CLUSTER, WORKDIR, ClusterPlan, Node, command_probe
+from launcher.plan import JOB_LOG, LABEL_CLUSTER, WORKDIR, ClusterPlan, Node, command_probe
 from launcher.settings import LaunchSettings
 
 Say = Callable[[str], None]
-JOB_LOG = "/home/mpiuser/job.log"
 
 
 class LaunchError(RuntimeError):
@@ -43,12 +41,16 @@ def connect_all(plan: ClusterPlan, say: Say) -> list[NodeDriver]:
 
 
 def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say) -> None:
+    node_list = ",".join(n.name for n in plan.nodes)
     for driver in drivers:
-        running = driver.cluster_containers()
+        running = driver.cluster_containers(running_only=True)
         if running:
             cluster = running[0].labels.get(LABEL_CLUSTER)
-            raise LaunchError(f"{driver.node.name}: cluster {cluster} is already there; stop it first with "
-                              f"`launcher stop --nodes {','.join(n.name for n in plan.nodes)} --cluster {cluster}`")
+            raise LaunchError(f"{driver.node.name}: cluster {cluster} is still running; stop it first with "
+                              f"`launcher stop --nodes {node_list} --cluster {cluster}`")
+        for cluster in sorted({c.labels.get(LABEL_CLUSTER) for c in driver.cluster_containers()}):
+            say(f"{driver.node.name}: finished cluster {cluster} is kept for `launcher status` and `launcher logs`; "
+                f"`launcher stop --nodes {node_list} --cluster {cluster}` removes it")
     ensure_image_everywhere(plan, drivers, push_image, say)
     for driver in drivers:
         if driver.port_in_use(plan.image, plan.ssh_port):
@@ -201,8 +203,8 @@ def cleanup(drivers: list[NodeDriver], cluster_id: str, say: Say) -> None:
     say(f"cleanup: removed {removed} container(s) of cluster {cluster_id}")
 
 
-def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool = False, say: Say,
-           out=sys.stdout) -> int:
+def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool = False, keep_running: bool = False,
+           say: Say, out=sys.stdout) -> int:
     """Runs one training job across the nodes; returns the job's exit status (raises LaunchError on failure)."""
     plan = settings.plan()
     say(plan.describe())
@@ -212,7 +214,7 @@ def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool =
 
     keys = sshtrust.make_key_pair(f"horovod-stack cluster {plan.cluster_id}")
     containers: list = []
-    keep_running = False
+    detached = False
     try:
         for driver in drivers:
             containers.append(driver.start_worker(plan))
@@ -227,9 +229,12 @@ def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool =
         say(f"all {len(drivers)} nodes ready in {time.monotonic() - started:.1f} s; running mpirun in "
             f"{containers[0].name}")
         if detach:
-            drivers[0].exec_detached(containers[0], ["bash", "-c", f"{shlex.join(plan.mpirun_argv())} > {JOB_LOG} 2>&1"])
-            keep_running = True
-            say(f"detached: cluster {plan.cluster_id}; follow with `launcher logs --follow`, end with `launcher stop`")
+            drivers[0].exec_detached(containers[0], ["bash", "-c", plan.detached_job_script(keep_running)])
+            detached = True
+            ending = ("the containers keep running after it (--keep-running)" if keep_running else
+                      "every container stops when the job ends")
+            say(f"detached: cluster {plan.cluster_id}; {ending}. Follow with `launcher logs --follow`, see how it "
+                "went with `launcher status`, remove it with `launcher stop`")
             return 0
         status = run_mpirun(plan, drivers, containers, out)
         if status != 0:
@@ -242,6 +247,6 @@ def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool =
         say("interrupted: stopping the cluster")
         raise
     finally:
-        if not keep_running:
+        if not detached:
             cleanup(drivers, plan.cluster_id, say)
 

@@ -23,7 +23,7 @@ docker run --rm -e "GCC_VERSION=$gcc_version" -e "MIRROR=$mirror" \
     apt-get install -y -q --no-install-recommends -t trixie "g++-$GCC_VERSION" >/dev/null
     export CC="gcc-$GCC_VERSION" CXX="g++-$GCC_VERSION" CUDAHOSTCXX="g++-$GCC_VERSION"
     $CXX --version | head -1
-    python3 -m venv /venv
+    python3 -m venv /venv && export PATH=/venv/bin:$PATH
     /venv/bin/pip install -q --no-index --find-links /wheels -r /recipe/requirements-runtime.txt \
       -r /recipe/requirements-build.txt -r /recipe/requirements-cuda-toolkit.txt
     started=$(date +%s)

@@ -1,10 +1,13 @@
 """Launcher figures on the two-host harness (tests/multihost.py), printed, not asserted:
 
     .venv/bin/python -m tests.bench_launcher
+    .venv/bin/python -m tests.bench_launcher --soak 20
 
 - time from `launcher start` to the first training step: cold (the image pushed to node_2) and warm;
 - how a worker killed mid-run, Ctrl-C and a taken SSH port end: exit status, seconds after the event,
-  the error line, the cleanup line, and what is left on each node.
+  the error line, the cleanup line, and what is left on each node;
+- --soak N: N cycles of an attached start ended by Ctrl-C, then a detached start and `launcher stop`; what
+  the launcher left on the nodes afterwards (containers, networks, volumes) and the wall time.
 """
 
 from __future__ import annotations
@@ -50,11 +53,40 @@ def failure(cluster: Cluster, label: str, event) -> None:
           f"left: {cluster.project_containers()}", flush=True)
 
 
+def leftovers(cluster: Cluster) -> dict[str, int]:
+    """What the stack left on the nodes: its containers, networks beyond Docker's own, volumes beyond /shared's."""
+    counts = {"containers": 0, "networks": 0, "volumes": 0}
+    for node in cluster.nodes:
+        client = node.client()
+        counts["containers"] += len(client.containers.list(all=True, filters={"label": "horovod-stack.cluster"}))
+        counts["networks"] += len([n for n in client.networks.list() if n.name not in ("bridge", "host", "none")])
+        counts["volumes"] += len([v for v in client.volumes.list() if v.name != "horovod-stack-shared"])
+    return counts
+
+
+def soak(cluster: Cluster, cycles: int) -> None:
+    started = time.monotonic()
+    for cycle in range(1, cycles + 1):
+        failure(cluster, f"cycle {cycle}: Ctrl-C", lambda process: process.send_signal(signal.SIGINT))
+        detached = subprocess.run([LAUNCHER, "start", "--env-file", str(cluster.env_file()), "--detach", "--",
+                                   "--dataset", "synthetic", "--epochs", "200"], env=cluster.launcher_env(),
+                                  capture_output=True, text=True)
+        stop = subprocess.run([LAUNCHER, "stop", "--env-file", str(cluster.env_file())], env=cluster.launcher_env(),
+                              capture_output=True, text=True)
+        print(f"cycle {cycle}: detached start exit {detached.returncode}, stop exit {stop.returncode}: "
+              f"{stop.stdout.strip().replace(chr(10), '; ')}", flush=True)
+    print(f"soak: {cycles} cycles in {time.monotonic() - started:.0f} s; left on the nodes: {leftovers(cluster)}")
+
+
 def main() -> None:
     cluster = Cluster(Path("/var/lib/horovod-stack-test") / uuid.uuid4().hex[:8])
     try:
         cluster.start(2)
         cluster.load_image(IMAGE, cluster.nodes[0])
+        if sys.argv[1:2] == ["--soak"]:
+            cluster.load_image(IMAGE, cluster.nodes[1])
+            soak(cluster, int(sys.argv[2]))
+            return
         time_to_first_step(cluster, "cold (image pushed to node_2)", "--push-image")
         time_to_first_step(cluster, "warm")
         time_to_first_step(cluster, "warm")

@@ -23,6 +23,16 @@ BRIDGE = "hstbr0"
 SUBNET = "10.213.7"
 NIC = "hst0"
 HOSTS_MARK = "# horovod-stack test node"
+PRIVATE_ENGINE = Path("/opt/horovod-stack/engine/root/usr")
+"""Where scripts/host-setup.sh unpacks Debian 13's engine when the host has none of its own."""
+
+
+def engine_env() -> dict[str, str]:
+    """The environment for a node's dockerd: the host's own engine, or the one host-setup.sh unpacked."""
+    path = os.environ["PATH"]
+    if shutil.which("dockerd") is None and (PRIVATE_ENGINE / "sbin" / "dockerd").exists():
+        path = f"{PRIVATE_ENGINE}/sbin:{PRIVATE_ENGINE}/bin:{path}"
+    return {**os.environ, "PATH": path}
 
 
 def sh(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
@@ -97,7 +107,7 @@ class Cluster:
             node.in_namespace("dockerd", "--data-root", str(node.root / "data"), "--exec-root",
                               str(node.root / "exec"), "--pidfile", str(node.root / "dockerd.pid"), "-H",
                               node.engine_url, "--bridge=none", "--iptables=false", "--ip6tables=false"),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=engine_env()))
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -196,8 +206,9 @@ class Cluster:
     def teardown_leftovers(self) -> None:
         """Removes what this harness makes, also after a run that was killed before its own teardown."""
         base = str(self.root.parent)
-        strays = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and p.pid != os.getpid()
-                  and any(base in arg for arg in p.info["cmdline"]) and p.info["cmdline"][0].split("/")[-1] in
+        # By process name: sshd retitles itself ("sshd: /usr/sbin/sshd -D ..."), so its argv[0] is no path.
+        strays = [p for p in psutil.process_iter(["cmdline", "name"]) if p.info["cmdline"] and p.pid != os.getpid()
+                  and any(base in arg for arg in p.info["cmdline"]) and p.info["name"] in
                   ("dockerd", "sshd", "nsenter", "unshare", "containerd")]
         for process in strays:
             process.terminate()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,7 @@ def test_users_script_failing_on_rank_1_shows_its_traceback(cluster):
     output = result.stdout + result.stderr
     assert "Traceback (most recent call last)" in output
     assert "RuntimeError: user script failed on purpose on rank 1" in output
-    assert len(error_lines(result)) == 1, result.stderr[-2000:]
+    assert "job finished with exit status 1" in result.stderr, result.stderr[-2000:]
     assert_nothing_left(cluster)
 
 
@@ -166,15 +167,67 @@ def test_second_start_is_refused_while_one_runs_then_stop_removes_it(cluster):
     second = launcher(cluster, *start_args(cluster), *TRAIN)
     assert second.returncode == 1
     [line] = error_lines(second)
-    assert "is already there; stop it first with `launcher stop" in line
+    assert "is still running; stop it first with `launcher stop" in line
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
-    assert status.stdout.count("running") == 2
+    assert "running: " in status.stdout.splitlines()[0], status.stdout
+    assert [line.split()[-1] for line in status.stdout.splitlines()[1:]] == ["running", "running"], status.stdout
     deadline = time.monotonic() + 120
     while "[rank 0] epoch 1 [" not in (logs := launcher(cluster, "logs", "--env-file", str(cluster.env_file()))).stdout:
         assert time.monotonic() < deadline, logs.stdout[-2000:] + logs.stderr[-2000:]
         time.sleep(2)
     stop = launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
     assert stop.returncode == 0 and "node_1: removed 1 container(s)" in stop.stdout
+    assert_nothing_left(cluster)
+
+
+def wait_until_stopped(cluster: Cluster, timeout: float = 300) -> list:
+    """Both nodes' containers of the stack, once none is running (a detached job winds down by itself)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        containers = [c for node in cluster.nodes
+                      for c in node.client().containers.list(all=True, filters={"label": "horovod-stack.cluster"})]
+        if containers and all(c.status == "exited" for c in containers):
+            return containers
+        assert time.monotonic() < deadline, [(c.name, c.status) for c in containers]
+        time.sleep(1)
+
+
+def seconds_between(earlier: str, later: str) -> float:
+    parse = lambda stamp: datetime.fromisoformat(stamp[:19]).replace(tzinfo=timezone.utc)  # noqa: E731
+    return (parse(later) - parse(earlier)).total_seconds()
+
+
+def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster):
+    detached = launcher(cluster, *start_args(cluster, "--detach"), "--", "--dataset", "digits", "--epochs", "2")
+    assert detached.returncode == 0, detached.stderr[-3000:]
+    assert "every container stops when the job ends" in detached.stderr
+    containers = wait_until_stopped(cluster)  # the launcher process is long gone: nothing depends on it
+    rank0 = next(c for c in containers if c.labels["horovod-stack.role"] == "rank0")
+    _, log_stat = rank0.get_archive("/home/mpiuser/job.log")
+    lags = [seconds_between(log_stat["mtime"], c.attrs["State"]["FinishedAt"]) for c in containers]
+    print(f"\ncontainers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's last line")
+    assert max(lags) <= 10 and [c.attrs["State"]["ExitCode"] for c in containers] == [0, 0]
+
+    status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
+    print(status.stdout)
+    assert "succeeded (exit status 0): epoch 2 of 2, val accuracy" in status.stdout
+    assert status.stdout.count("exited (exit status 0)") == 2
+    logs = launcher(cluster, "logs", "--env-file", str(cluster.env_file()))
+    assert "epoch 1/2:" in logs.stdout and "parameters identical on all 2 ranks" in logs.stdout
+
+
+def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cluster):
+    detached = launcher(cluster, *start_args(cluster, "--detach", "--workdir", str(USER_SCRIPT)),
+                        "--", "python", "allreduce_train.py", "--fail-on-rank", "1")
+    assert detached.returncode == 0, detached.stderr[-3000:]
+    assert "finished cluster" in detached.stderr  # the previous test's, kept for status and logs, not refused
+    wait_until_stopped(cluster)
+    status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
+    print(status.stdout)
+    assert "failed (exit status 1): RuntimeError: user script failed on purpose on rank 1" in status.stdout
+    assert "succeeded (exit status 0)" in status.stdout
+    stop = launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
+    assert stop.returncode == 0 and "node_1: removed 2 container(s)" in stop.stdout
     assert_nothing_left(cluster)
 
 

@@ -140,6 +140,24 @@ def test_worker_environment_holds_no_secret():
     assert environment == {"SSH_PORT": "12345", "WORKER_ADDRESS": "node_1"}
 
 
+def test_rank0_container_stops_with_the_jobs_status():
+    plan = make_plan()
+    assert plan.worker_environment(plan.rank0)["EXIT_WITH_JOB"] == "1"
+    assert "EXIT_WITH_JOB" not in plan.worker_environment(plan.nodes[1])
+
+
+def test_detached_job_tells_every_node_when_it_ends():
+    plan = make_plan(nodes=("gpu-a", "gpu-b", "gpu-c"))
+    script = plan.detached_job_script().splitlines()
+    assert script[0].startswith("mpirun -np 3 ") and script[0].endswith("> /home/mpiuser/job.log 2>&1")
+    assert script[1:3] == ["status=$?", 'echo "$status" > /home/mpiuser/job.status']
+    assert script[3:] == [
+        'ssh gpu-b "echo \'exit status $status\' > /cluster/ssh/job-ended" || true',
+        'ssh gpu-c "echo \'exit status $status\' > /cluster/ssh/job-ended" || true',
+        'echo "exit status $status" > /cluster/ssh/job-ended']
+    assert "job-ended" not in plan.detached_job_script(keep_running=True)
+
+
 def test_known_hosts_pins_each_node_on_the_ssh_port():
     plan = make_plan(ssh_port=2222)
     lines = plan.known_hosts({"gpu-a": "ssh-ed25519 AAA1", "gpu-b": "ssh-ed25519 AAA2"})

@@ -1,0 +1,65 @@
+"""A cluster's job state, from what its containers hold: pure parsing, for `launcher status`.
+
+Inputs are read by the driver (rank 0's container state, JOB_STATUS and the tail of JOB_LOG, each worker's
+state); this module only decides what they mean and words it in one line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+): .*val accuracy ([0-9.]+), ([0-9.]+) samples/s")
+ERROR_LINE = re.compile(r"^(?:\S+ )*(?:\w+(?:Error|Exception)|error): .+")
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    node: str
+    running: bool
+    exit_code: int | None = None
+    finished_at: str | None = None
+    """Docker's RFC 3339 time, or None while running."""
+
+
+def _ago(finished_at: str | None, now: datetime) -> str:
+    if not finished_at or finished_at.startswith("0001-"):
+        return ""
+    stamp = datetime.fromisoformat(finished_at[:19]).replace(tzinfo=timezone.utc)
+    seconds = max(0, int((now - stamp).total_seconds()))
+    return f", ended {seconds // 60} min {seconds % 60} s ago" if seconds >= 60 else f", ended {seconds} s ago"
+
+
+def progress(job_log: str) -> str:
+    """'epoch 3 of 5, val accuracy 0.93, 6500 samples/s' from the trainer's last epoch line, if any."""
+    matches = EPOCH_LINE.findall(job_log)
+    if not matches:
+        return "no epoch finished yet"
+    epoch, epochs, accuracy, rate = matches[-1]
+    return f"epoch {epoch} of {epochs}, val accuracy {float(accuracy):.4f}, {float(rate):.0f} samples/s"
+
+
+def root_cause(job_log: str, workers: list[ContainerState]) -> str:
+    """The one line that says why a job failed, when it can be told."""
+    killed = [w.node for w in workers if not w.running and w.exit_code == 137]
+    if killed:
+        return f"{killed[0]}: its worker container was killed"
+    errors = [line.strip() for line in job_log.splitlines() if ERROR_LINE.match(line.strip())]
+    return errors[-1] if errors else ""
+
+
+def describe(rank0: ContainerState, job_status: str | None, job_log: str, workers: list[ContainerState],
+             now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc)
+    status = job_status.strip() if job_status else ""
+    if not status:
+        if rank0.running:
+            return f"running: {progress(job_log)}"
+        return f"failed: rank 0's container stopped (exit status {rank0.exit_code}) before the job ended" + \
+            _ago(rank0.finished_at, now)
+    ended = _ago(rank0.finished_at, now)
+    if status == "0":
+        return f"succeeded (exit status 0): {progress(job_log)}{ended}"
+    cause = root_cause(job_log, workers)
+    return f"failed (exit status {status}){': ' + cause if cause else ''}{ended}"

@@ -1,0 +1,34 @@
+"""`launcher status`'s one line per job, from the containers' state and the job's files: table-driven."""
+
+from datetime import datetime, timezone
+
+import pytest
+
+from launcher.jobstate import ContainerState, describe
+
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
+LOG = ("12:00 [rank 0] epoch 1/2: train loss 0.9, val loss 0.5, val accuracy 0.8100, 6100 samples/s, 0.3 s\n"
+       "12:00 [rank 0] epoch 2/2: train loss 0.3, val loss 0.2, val accuracy 0.9325, 6500 samples/s, 0.3 s\n")
+TRACEBACK = ("Traceback (most recent call last):\n  File \"train.py\", line 3\n"
+             "RuntimeError: user script failed on purpose on rank 1\n"
+             "Primary job  terminated normally, but 1 process returned\n")
+RUNNING = ContainerState("node_1", running=True)
+ENDED = ContainerState("node_1", running=False, exit_code=0, finished_at="2026-12-01T11:59:48.123456789Z")
+KILLED = ContainerState("node_2", running=False, exit_code=137, finished_at="2026-12-01T11:58:00Z")
+
+
+@pytest.mark.parametrize("rank0, job_status, log, workers, expected", [
+    (RUNNING, None, "", [], "running: no epoch finished yet"),
+    (RUNNING, None, LOG, [], "running: epoch 2 of 2, val accuracy 0.9325, 6500 samples/s"),
+    (ENDED, "0\n", LOG, [], "succeeded (exit status 0): epoch 2 of 2, val accuracy 0.9325, 6500 samples/s, "
+                            "ended 12 s ago"),
+    (ENDED, "1\n", LOG + TRACEBACK, [], "failed (exit status 1): RuntimeError: user script failed on purpose on "
+                                        "rank 1, ended 12 s ago"),
+    (ENDED, "1\n", LOG, [KILLED], "failed (exit status 1): node_2: its worker container was killed, ended 12 s ago"),
+    (ENDED, "2\n", "error: --epochs must be at least 1 (got 0)\n", [], "failed (exit status 2): error: --epochs "
+                                                                       "must be at least 1 (got 0), ended 12 s ago"),
+    (ContainerState("node_1", running=False, exit_code=137, finished_at="2026-12-01T11:50:00Z"), None, LOG, [],
+     "failed: rank 0's container stopped (exit status 137) before the job ended, ended 10 min 0 s ago"),
+])
+def test_job_state_line(rank0, job_status, log, workers, expected):
+    assert describe(rank0, job_status, log, workers, now=NOW) == expected
