@@ -46,7 +46,9 @@ def root_cause(job_log: str, workers: list[ContainerState]) -> str:
     if killed:
         return f"{killed[0]}: its worker container was killed"
     errors = [line.strip() for line in job_log.splitlines() if ERROR_LINE.match(line.strip())]
-    return errors[-1] if errors else ""
+    # When one rank raises, the others then fail because Horovod shut down: the first other error is the cause.
+    causes = [line for line in errors if "has been shut down" not in line]
+    return (causes or errors or [""])[0]
 
 
 def describe(rank0: ContainerState, job_status: str | None, job_log: str, workers: list[ContainerState],

@@ -9,10 +9,9 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import docker
-
-from pathlib import Path
 
 from launcher import sshtrust, workdir
 from launcher.driver import NodeDriver

@@ -11,6 +11,8 @@ LOG = ("12:00 [rank 0] epoch 1/2: train loss 0.9, val loss 0.5, val accuracy 0.8
        "12:00 [rank 0] epoch 2/2: train loss 0.3, val loss 0.2, val accuracy 0.9325, 6500 samples/s, 0.3 s\n")
 TRACEBACK = ("Traceback (most recent call last):\n  File \"train.py\", line 3\n"
              "RuntimeError: user script failed on purpose on rank 1\n"
+             "horovod.common.exceptions.HorovodInternalError: ops.cc: Horovod has been shut down. This was caused "
+             "by an exception on one of the ranks\n"
              "Primary job  terminated normally, but 1 process returned\n")
 RUNNING = ContainerState("node_1", running=True)
 ENDED = ContainerState("node_1", running=False, exit_code=0, finished_at="2026-12-01T11:59:48.123456789Z")
