@@ -49,25 +49,26 @@ run_worker() {
   trap 'kill -TERM "$sshd" 2>/dev/null' TERM INT
   # A worker lives as long as its job: the launcher writes $JOB_END_FILE when the job ends, however it ends.
   # One from an earlier run (older than this worker) does not count.
+  local ended="" status=0
   while kill -0 "$sshd" 2>/dev/null; do
     if [ -f "$JOB_END_FILE" ] && [ "$(stat -c %Y "$JOB_END_FILE")" -ge "$started" ]; then
       # The grace lets the launcher exit first, so `up --exit-code-from launcher` reports the job's status.
       sleep "${WORKER_STOP_GRACE:-2}"
-      local ended
       ended=$(cat "$JOB_END_FILE" 2>/dev/null || true)
       log "the job ended (${ended:-no status}); stopping"
       kill -TERM "$sshd" 2>/dev/null
-      wait "$sshd" || true
-      rm -f "$HOSTKEYS/$address.pub"
-      # The launcher's rank-0 container (EXIT_WITH_JOB=1) keeps the job's status as its own.
-      if [ "${EXIT_WITH_JOB:-0}" = 1 ] && [[ "$ended" =~ ^exit\ status\ ([0-9]+) ]]; then exit "${BASH_REMATCH[1]}"; fi
-      exit 0
+      break
     fi
     sleep 1
   done
-  local status=0
   wait "$sshd" || status=$?
   rm -f "$HOSTKEYS/$address.pub"
+  if [ -n "$ended" ]; then
+    # Stopped because the job ended: the launcher's rank-0 container (EXIT_WITH_JOB=1) keeps the job's status
+    # as its own; every other worker ended normally.
+    status=0
+    if [ "${EXIT_WITH_JOB:-0}" = 1 ] && [[ "$ended" =~ ^exit\ status\ ([0-9]+) ]]; then status="${BASH_REMATCH[1]}"; fi
+  fi
   exit "$status"
 }
 
@@ -144,14 +145,15 @@ run_launcher() {
   # The command line comes from the multi-host launcher's tested plan (launcher/plan.py), so both doors agree.
   local plan_args=(--ranks $((expected * slots)) --hostfile "$hostfile" --network-interface "${NETWORK_INTERFACE:-}")
   if [ -n "${WORKDIR:-}" ]; then plan_args+=(--workdir /workdir); fi
-  local command=()
+  local job=()
   if [ -n "${TRAIN_COMMAND:-}" ]; then
-    mapfile -d '' -t command < <(python -m launcher.job_argv "${plan_args[@]}" --command-line "$TRAIN_COMMAND")
+    job=(--command-line "$TRAIN_COMMAND")
   else
     # shellcheck disable=SC2206  # TRAIN_ARGS is split on spaces on purpose
-    local extra=(${TRAIN_ARGS:-})
-    mapfile -d '' -t command < <(python -m launcher.job_argv "${plan_args[@]}" -- "$@" "${extra[@]}")
+    job=(-- "$@" ${TRAIN_ARGS:-})
   fi
+  local command=()
+  mapfile -d '' -t command < <(python -m launcher.job_argv "${plan_args[@]}" "${job[@]}")
   [ "${#command[@]}" -gt 0 ] || { log "error: could not build the mpirun command line"; exit 2; }
   log "hostfile: $(paste -sd' ' "$hostfile" | sed 's/ slots=/:/g')"
   log "running: ${command[*]}"

@@ -115,13 +115,12 @@ def status(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
                 continue
             found = True
             cluster = container.labels.get(LABEL_CLUSTER)
-            members = [(d, c) for d in drivers for c in d.cluster_containers(cluster)]
-            workers = [d.container_state(c) for d, c in members]
-            state = jobstate.describe(driver.container_state(container), driver.copy_file_out(container, JOB_STATUS),
-                                      driver.copy_file_out(container, JOB_LOG) or "", workers)
+            members = [(d, c, d.container_state(c)) for d in drivers for c in d.cluster_containers(cluster)]
+            state = jobstate.describe(driver.container_state(container), driver.read_file(container, JOB_STATUS),
+                                      driver.read_file(container, JOB_LOG) or "", [m[2] for m in members])
             typer.echo(f"cluster {cluster}: {state}")
-            for member_driver, member in members:
-                ended = "" if member.status == "running" else f" (exit status {member.attrs['State']['ExitCode']})"
+            for member_driver, member, member_state in members:
+                ended = "" if member_state.running else f" (exit status {member_state.exit_code})"
                 typer.echo(f"  {member_driver.node.name}: {member.name} role={member.labels.get(LABEL_ROLE)} "
                            f"{member.status}{ended}")
     if not found:
@@ -148,9 +147,10 @@ def logs(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
     container = containers[0]
     for chunk in container.logs(stream=True, follow=False):
         sys.stdout.write(chunk.decode(errors="replace"))
+    job_log = driver.read_file(container, JOB_LOG)
     if container.status != "running":  # an ended job: its output is still in the stopped container
-        sys.stdout.write(driver.copy_file_out(container, JOB_LOG) or "")
-    elif driver.read_file(container, JOB_LOG) is not None:
+        sys.stdout.write(job_log or "")
+    elif job_log is not None:
         _, stream = driver.exec_stream(container, ["tail", "-n", "+1", *(["-f"] if follow else []), JOB_LOG])
         for chunk in stream:
             sys.stdout.write(chunk.decode(errors="replace"))

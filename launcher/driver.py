@@ -81,9 +81,10 @@ class NodeDriver:
         except ImageNotFound:
             return None
 
-    def cluster_containers(self, cluster_id: str | None = None, running_only: bool = False) -> list:
+    def cluster_containers(self, cluster_id: str | None = None) -> list:
+        """The stack's containers on this node, running or stopped (one cluster's, or every cluster's)."""
         label = f"{LABEL_CLUSTER}={cluster_id}" if cluster_id else LABEL_CLUSTER
-        return self.client.containers.list(all=not running_only, filters={"label": label})
+        return self.client.containers.list(all=True, filters={"label": label})
 
     def clock_skew_seconds(self) -> float:
         engine_time = self.client.info()["SystemTime"]
@@ -150,10 +151,6 @@ class NodeDriver:
             raise NodeError(f"{self.node.name}: could not write files into {container.name}:{path}")
 
     def read_file(self, container, path: str) -> str | None:
-        result = container.exec_run(["cat", path], user="mpiuser")
-        return result.output.decode() if result.exit_code == 0 else None
-
-    def copy_file_out(self, container, path: str) -> str | None:
         """A file's text from a container, running or stopped (the archive API needs no exec); None if absent."""
         try:
             stream, _ = container.get_archive(path)

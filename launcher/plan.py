@@ -182,7 +182,8 @@ class ClusterPlan:
     def describe(self) -> str:
         """The effective plan in a few lines, logged once at start."""
         nodes = ", ".join(f"{node.name} ({node.engine_url})" for node in self.nodes)
+        code = f", code {self.workdir} -> {WORKDIR}" if self.workdir else ""
         return (f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.nodes)} nodes [{nodes}], "
                 f"{self.slots_per_node} slot(s) per node{', GPUs' if self.gpus_per_node else ''}, image "
                 f"{self.image}, ssh port {self.ssh_port}, NIC {self.network_interface or 'any'}, shared "
-                f"{self.shared_dir}{f', code {self.workdir} -> {WORKDIR}' if self.workdir else ''}\nmpirun: {' '.join(self.mpirun_argv())}")
+                f"{self.shared_dir}{code}\nmpirun: {' '.join(self.mpirun_argv())}")

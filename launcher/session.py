@@ -42,12 +42,13 @@ def connect_all(plan: ClusterPlan, say: Say) -> list[NodeDriver]:
 def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say) -> None:
     node_list = ",".join(n.name for n in plan.nodes)
     for driver in drivers:
-        running = driver.cluster_containers(running_only=True)
+        containers = driver.cluster_containers()
+        running = [c for c in containers if c.status == "running"]
         if running:
             cluster = running[0].labels.get(LABEL_CLUSTER)
             raise LaunchError(f"{driver.node.name}: cluster {cluster} is still running; stop it first with "
                               f"`launcher stop --nodes {node_list} --cluster {cluster}`")
-        for cluster in sorted({c.labels.get(LABEL_CLUSTER) for c in driver.cluster_containers()}):
+        for cluster in sorted({c.labels.get(LABEL_CLUSTER) for c in containers}):
             say(f"{driver.node.name}: finished cluster {cluster} is kept for `launcher status` and `launcher logs`; "
                 f"`launcher stop --nodes {node_list} --cluster {cluster}` removes it")
     ensure_image_everywhere(plan, drivers, push_image, say)

@@ -13,13 +13,10 @@ from pathlib import Path
 from dotenv import dotenv_values
 
 from launcher.plan import NODE_NAME, TRAINER, ClusterPlan, Node, check_env_assignment
+from launcher.workdir import payload_bytes
 
 WORKDIR_LIMIT_BYTES = 256 * 1024**2
 """--workdir copies through the Docker API to every node; past this a derived image or a shared folder is the way."""
-
-
-def folder_size(path: Path) -> int:
-    return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file() and not entry.is_symlink())
 
 
 class SettingsError(ValueError):
@@ -83,7 +80,7 @@ class LaunchSettings:
             if not self.workdir.is_dir():
                 raise SettingsError(f"--workdir {self.workdir} is not a folder here: pass the folder that holds "
                                     "your training code")
-            size = folder_size(self.workdir)
+            size = payload_bytes(self.workdir)
             if size > WORKDIR_LIMIT_BYTES:
                 raise SettingsError(
                     f"--workdir {self.workdir} holds {size / 1024**2:.0f} MB, more than the "

@@ -15,9 +15,19 @@ from launcher.sshtrust import MPIUSER_UID
 SKIPPED = {"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache"}
 
 
+def copied(relative: Path) -> bool:
+    return not SKIPPED & set(relative.parts)
+
+
+def payload_bytes(folder: Path) -> int:
+    """The bytes archive() copies: regular files outside the skipped folders."""
+    return sum(entry.stat().st_size for entry in folder.rglob("*")
+               if copied(entry.relative_to(folder)) and entry.is_file() and not entry.is_symlink())
+
+
 def archive(folder: Path, uid: int = MPIUSER_UID) -> bytes:
     def owned(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if SKIPPED & set(Path(info.name).parts):
+        if not copied(Path(info.name)):
             return None
         info.uid = info.gid = uid
         info.uname = info.gname = ""

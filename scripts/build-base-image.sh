@@ -10,8 +10,7 @@ if docker image inspect "$tag" >/dev/null 2>&1; then
   exit 0
 fi
 command -v debootstrap >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
-mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-mirror="${mirror:-http://deb.debian.org/debian}"
+mirror=$("$(cd "$(dirname "$0")" && pwd)/host-setup.sh" mirror)
 rootfs=$(mktemp -d)
 trap 'rm -rf "$rootfs"' EXIT
 echo "[base-image] debootstrap bookworm from $mirror (about a minute)"

@@ -10,8 +10,7 @@ cd "$(dirname "$0")/.."
 gcc_version="${1:-14}"
 BASE_IMAGE="${BASE_IMAGE:-horovod-stack-base:bookworm}"
 WHEELHOUSE="${WHEELHOUSE:-/var/cache/horovod-stack/wheelhouse}"
-mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-mirror="${mirror:-http://deb.debian.org/debian}"
+mirror=$(scripts/host-setup.sh mirror)
 
 docker run --rm -e "GCC_VERSION=$gcc_version" -e "MIRROR=$mirror" \
   -v "$PWD/docker:/recipe:ro" -v "$WHEELHOUSE:/wheels:ro" "$BASE_IMAGE" bash -euo pipefail -c '

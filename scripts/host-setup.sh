@@ -4,6 +4,7 @@
 #
 #   scripts/host-setup.sh [packages|engine|all]      (default all)
 #   scripts/host-setup.sh check-plan PACKAGE...      (only the guard below, on apt's simulated plan)
+#   scripts/host-setup.sh venv-python | mirror       (print the Python 3.11 for .venv / the host's Debian mirror)
 #
 # packages: Open MPI, OpenSSH, a C++ compiler, debootstrap, iproute2/iptables/nsenter and a Python 3.11 venv,
 #           from the host's own apt sources only. Before installing, apt's plan is simulated: a plan that
@@ -37,67 +38,77 @@ apt_update_once() {
   apt_updated=1
 }
 
-# Lines "pkg: OLD -> NEW" for each installed package apt's plan would move to another upstream version, and
-# "pkg: removed" for each removal. Debian revisions of the same upstream version (1:9.2p1-2+deb12u6 ->
-# 1:9.2p1-2+deb12u10) are not listed.
-host_changes() {
+# apt's simulated plan for installing these packages, one line per installed package it would touch:
+#   "change PKG: OLD -> NEW"   another upstream version (another Debian release), or "change PKG: removed";
+#   "revision PKG OLD -> NEW"  a Debian revision of the same upstream version (1:9.2p1-2+deb12u6 -> +deb12u10).
+plan_touches() {
   apt-get -s install -y "$@" | awk '
     function upstream(v) { sub(/-[^-]*$/, "", v); return v }
-    /^Remv / { print $2 ": removed" }
+    /^Remv / { print "change " $2 ": removed" }
     /^Inst [^ ]+ \[/ {
       old = $3; gsub(/[][]/, "", old); new = $4; sub(/^\(/, "", new)
-      if (upstream(old) != upstream(new)) print $2 ": " old " -> " new
+      kind = upstream(old) == upstream(new) ? "revision " $2 " " : "change " $2 ": "
+      print kind old " -> " new
     }'
 }
 
-# Debian revisions of installed packages that the plan brings (logged, allowed).
-host_revisions() {
-  apt-get -s install -y "$@" | awk '/^Inst [^ ]+ \[/ { old = $3; gsub(/[][]/, "", old); new = $4; sub(/^\(/, "", new); print $2 " " old " -> " new }'
-}
-
-# Stops, before anything changes, if installing these packages would remove or re-version the host's own.
+# Stops, before anything changes, if the plan would remove or re-version the host's own packages; else logs the
+# Debian revisions that come with it.
 refuse_host_changes() {
-  local changes
-  changes=$(host_changes "$@")
+  local touches changes revisions
+  touches=$(plan_touches "$@")
+  changes=$(sed -n 's/^change //p' <<< "$touches")
   if [ -n "$changes" ] && [ "${HOROVOD_STACK_ALLOW_HOST_CHANGES:-0}" != 1 ]; then
     echo "host-setup: installing $* would change this host's own packages:" >&2
     sed 's/^/  /' <<< "$changes" >&2
     fail "nothing was changed; install those packages yourself, or rerun with HOROVOD_STACK_ALLOW_HOST_CHANGES=1 to allow it"
+  fi
+  revisions=$(sed -n 's/^revision //p' <<< "$touches")
+  if [ -n "$revisions" ]; then
+    log "Debian revisions of installed packages that come with them: $(paste -sd, <<< "$revisions")"
   fi
 }
 
 apt_install() {
   apt_update_once
   refuse_host_changes "$@"
-  local revisions
-  revisions=$(host_revisions "$@")
-  [ -n "$revisions" ] && log "Debian revisions of installed packages that come with them: $(paste -sd, <<< "$revisions")"
   log "installing: $*"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null
 }
 
-has_python311_venv() {
+# The packages of the given COMMAND:PACKAGE pairs whose command is on neither PATH nor /usr/sbin; a command
+# already there (from any source) is used as it is.
+missing_packages() {
+  local pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null || [ -x "/usr/sbin/${pair%%:*}" ] || echo "${pair#*:}"
+  done
+}
+
+# A Python 3.11 that can make virtualenvs (the torch wheels on disk are for 3.11), printed; fails if none.
+venv_python() {
   local candidate
   for candidate in python3 python3.11; do
-    "$candidate" -c 'import sys, ensurepip; assert sys.version_info[:2] == (3, 11)' 2>/dev/null && return 0
+    if "$candidate" -c 'import sys, ensurepip; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+      echo "$candidate"
+      return 0
+    fi
   done
   return 1
 }
 
 ensure_packages() {
-  local missing=() pair
-  # command:package; a command already on PATH (from any source) is used as it is.
-  for pair in mpirun:openmpi-bin mpicc:libopenmpi-dev ssh:openssh-client sshd:openssh-server g++:g++ make:make \
-              ip:iproute2 iptables:iptables nsenter:util-linux debootstrap:debootstrap; do
-    command -v "${pair%%:*}" >/dev/null || [ -x "/usr/sbin/${pair%%:*}" ] || missing+=("${pair#*:}")
-  done
-  has_python311_venv || missing+=(python3.11-venv)
+  local missing
+  mapfile -t missing < <(missing_packages mpirun:openmpi-bin mpicc:libopenmpi-dev ssh:openssh-client \
+    sshd:openssh-server g++:g++ make:make ip:iproute2 iptables:iptables nsenter:util-linux debootstrap:debootstrap)
+  venv_python >/dev/null || missing+=(python3.11-venv)
   if [ ${#missing[@]} -gt 0 ]; then
     apt_install "${missing[@]}"
   fi
 }
 
-engine_mirror() {
+# The host's Debian mirror (also for the base image and Debian 13's packages).
+debian_mirror() {
   local mirror
   mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
   [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $2 !~ /^\[/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
@@ -110,7 +121,7 @@ unpack_private_engine() {
   local work="$ENGINE_ROOT.partial"
   rm -rf "$work"
   mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/apt/sources.d" "$work/debs" "$work/root"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $(engine_mirror) trixie main" > "$work/apt/sources.list"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $(debian_mirror) trixie main" > "$work/apt/sources.list"
   local opts=(-o APT::Sandbox::User=root -o "Dir::Etc::sourcelist=$work/apt/sources.list" -o "Dir::Etc::sourceparts=$work/apt/sources.d"
               -o "Dir::State::Lists=$work/apt/lists" -o "Dir::Cache=$work/apt/cache"
               -o Dir::Etc::preferences=/dev/null -o "Dir::Etc::preferencesparts=$work/apt/sources.d")
@@ -152,10 +163,8 @@ ensure_engine() {
       fail "no Docker engine here and SKIP_DOCKER_INSTALL=1; install Docker (with Compose v2 and buildx) and start it"
     [ -x "$ENGINE_ROOT/root/usr/sbin/dockerd" ] || unpack_private_engine
     # Debian 13's runc needs a newer libc than bookworm's; the rest of its engine runs on bookworm's.
-    local pair missing=()
-    for pair in runc:runc iptables:iptables; do
-      command -v "${pair%%:*}" >/dev/null || [ -x "/usr/sbin/${pair%%:*}" ] || missing+=("${pair#*:}")
-    done
+    local missing
+    mapfile -t missing < <(missing_packages runc:runc iptables:iptables)
     [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
     engine_path="$ENGINE_ROOT/root/usr/sbin:$ENGINE_ROOT/root/usr/bin:$PATH"
   fi
@@ -176,5 +185,7 @@ case "${1:-all}" in
   engine) ensure_engine ;;
   all) ensure_packages; ensure_engine ;;
   check-plan) shift; refuse_host_changes "$@"; log "no host package would be removed or re-versioned" ;;
-  *) echo "usage: $0 [packages|engine|all|check-plan PACKAGE...]" >&2; exit 2 ;;
+  venv-python) venv_python || fail "no Python 3.11 with venv support; run scripts/host-setup.sh packages" ;;
+  mirror) debian_mirror ;;
+  *) echo "usage: $0 [packages|engine|all|check-plan PACKAGE...|venv-python|mirror]" >&2; exit 2 ;;
 esac

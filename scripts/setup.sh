@@ -7,18 +7,8 @@ cd "$(dirname "$0")/.."
 
 scripts/host-setup.sh
 
-# A Python 3.11 that can make virtualenvs (the torch wheels on disk are for 3.11; host-setup.sh made sure one exists).
-pick_python() {
-  for candidate in python3 python3.11; do
-    if "$candidate" -c 'import sys, ensurepip; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
-      echo "$candidate"
-      return 0
-    fi
-  done
-  return 1
-}
 if [ ! -x .venv/bin/python ]; then
-  python=$(pick_python) || { echo "setup: no Python 3.11 with venv support; install Python 3.11" >&2; exit 1; }
+  python=$(scripts/host-setup.sh venv-python)
   echo "[setup] creating .venv with $python"
   "$python" -m venv .venv
 fi

@@ -16,6 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 HOST_SETUP = REPO / "scripts" / "host-setup.sh"
 
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="scripts/host-setup.sh runs as root")
 needs_apt = pytest.mark.skipif(shutil.which("apt-get") is None or os.geteuid() != 0,
                                reason="needs a Debian host and root, as scripts/host-setup.sh does")
 
@@ -78,10 +79,9 @@ PLAN_CASES = {
 }
 
 
+@needs_root
 @pytest.mark.parametrize("case", PLAN_CASES, ids=list(PLAN_CASES))
 def test_plan_guard(tmp_path, case):
-    if os.geteuid() != 0:
-        pytest.skip("host-setup.sh runs as root")
     plan, refused_line = PLAN_CASES[case]
     result = run(str(HOST_SETUP), "check-plan", "somepackage", env=fake_apt_get(tmp_path, plan))
     if refused_line is None:
@@ -92,9 +92,8 @@ def test_plan_guard(tmp_path, case):
         assert "HOROVOD_STACK_ALLOW_HOST_CHANGES=1" in result.stderr
 
 
+@needs_root
 def test_plan_guard_can_be_overridden(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("host-setup.sh runs as root")
     env = fake_apt_get(tmp_path, PLAN_CASES["a removal"][0])
     result = run(str(HOST_SETUP), "check-plan", "x", env={**env, "HOROVOD_STACK_ALLOW_HOST_CHANGES": "1"})
     assert result.returncode == 0, result.stderr
