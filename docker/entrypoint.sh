@@ -152,9 +152,17 @@ run_launcher() {
     # shellcheck disable=SC2206  # TRAIN_ARGS is split on spaces on purpose
     job=(-- "$@" ${TRAIN_ARGS:-})
   fi
-  local command=()
+  local command=() probe=() why
   mapfile -d '' -t command < <(python -m launcher.job_argv "${plan_args[@]}" "${job[@]}")
   [ "${#command[@]}" -gt 0 ] || { log "error: could not build the mpirun command line"; exit 2; }
+  # Every worker runs the same image and mounts: if the first one cannot start the command, none can.
+  mapfile -d '' -t probe < <(python -m launcher.job_argv "${plan_args[@]}" --probe "${job[@]}")
+  local cwd="${WORKDIR:+/workdir}"
+  if ! why=$(ssh "${READY_WORKERS[0]}" "cd ${cwd:-~} && $(printf '%q ' "${probe[@]}")" 2>&1); then
+    log "error: cannot start \`${TRAIN_COMMAND:-the trainer}\` in ${cwd:-the home folder} on the workers: $why;" \
+        "set WORKDIR to the folder that holds your code, or use an image FROM horovod-stack:latest that has it"
+    exit 2
+  fi
   log "hostfile: $(paste -sd' ' "$hostfile" | sed 's/ slots=/:/g')"
   log "running: ${command[*]}"
   local status=0

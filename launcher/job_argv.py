@@ -1,10 +1,11 @@
 """Prints a compose job's mpirun command line, NUL-separated, for docker/entrypoint.sh's launcher role.
 
     python -m launcher.job_argv --ranks 2 --hostfile F [--network-interface NIC] [--workdir DIR]
-        [--env KEY=VALUE]... [--command-line "python train.py --epochs 5"] -- [ARGS...]
+        [--env KEY=VALUE]... [--command-line "python train.py --epochs 5"] [--probe] -- [ARGS...]
 
 --command-line (compose's TRAIN_COMMAND) is what every rank runs; without it, ARGS go through job_command, as
 after `launcher start --`. The flags themselves come from launcher.plan.mpirun_argv, the multi-host launcher's.
+--probe prints instead the check that a rank can start that command (launcher.plan.command_probe).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import shlex
 import sys
 
-from launcher.plan import job_command, mpirun_argv
+from launcher.plan import command_probe, job_command, mpirun_argv
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -24,6 +25,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workdir", default="")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--command-line", default="")
+    parser.add_argument("--probe", action="store_true")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
 
@@ -31,6 +33,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def build(argv: list[str]) -> list[str]:
     options = parse(argv)
     command = shlex.split(options.command_line) if options.command_line.strip() else job_command(options.args)
+    if options.probe:
+        return command_probe(command)
     return mpirun_argv(ranks=options.ranks, hostfile=options.hostfile, command=command,
                        network_interface=options.network_interface or None, env=tuple(options.env),
                        workdir=options.workdir or None)

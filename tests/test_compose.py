@@ -158,6 +158,16 @@ def test_users_script_failing_on_rank_1_fails_the_job_with_its_traceback(engine,
     assert project_containers(engine, run.project) == []
 
 
+def test_users_script_missing_from_workdir_is_named_before_mpirun(engine, compose_run):
+    run = compose_run(TRAIN_COMMAND="python train_missing.py", WORKDIR=str(USER_SCRIPT))
+    result = run.compose("up")
+    output = result.stdout + result.stderr
+    assert ("error: cannot start `python train_missing.py` in /workdir on the workers: script train_missing.py is "
+            "not there; set WORKDIR to the folder that holds your code") in output, output[-3000:]
+    assert "job FAILED (exit status 2)" in output and "mpirun exited" not in output
+    assert project_containers(engine, run.project, status="running") == []
+
+
 def test_derived_image_with_the_users_code_runs_through_compose(engine, compose_run, tmp_path):
     """The other way to bring code: an image FROM horovod-stack:latest that COPYs it (README)."""
     (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\nCOPY allreduce_train.py /opt/user-code/\n")

@@ -85,6 +85,8 @@ def test_compose_role_builds_the_same_command_line_as_the_launcher():
     assert compose == plan.mpirun_argv()
     trainer = job_argv.build(["--ranks", "2", "--hostfile", "/h", "--", "--dataset=digits"])
     assert trainer[-4:] == ["python", "-m", "app.train", "--dataset=digits"]
+    assert job_argv.build(["--ranks", "2", "--hostfile", "/h", "--command-line", "python t.py", "--probe"]) == \
+        command_probe(["python", "t.py"])
     quoted = job_argv.build(["--ranks", "2", "--hostfile", "/h", "--workdir", "/workdir",
                              "--command-line", "python t.py --name 'a b'"])
     assert quoted[-6:] == ["-wdir", "/workdir", "python", "t.py", "--name", "a b"]
