@@ -60,7 +60,7 @@ RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
 COPY app /opt/horovod-stack/app
 # The launch plan (launcher/plan.py) builds the compose job's mpirun command line, as it does the launcher's.
 COPY launcher /opt/horovod-stack/launcher
-COPY docker/entrypoint.sh docker/sshd_config /opt/horovod-stack/docker/
+COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
 ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     SSH_PORT=12345 PIP_FIND_LINKS=
 USER mpiuser

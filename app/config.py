@@ -48,6 +48,12 @@ class TrainConfig:
     log_interval: int = 0
     """Batches between progress lines within an epoch; 0 means about four lines per epoch."""
     no_cuda: bool = False
+    elastic: bool = False
+    """Elastic Horovod (run under `horovodrun --min-np/--max-np --host-discovery-script`): a lost worker rolls
+    the others back to the last commit and training goes on at the new world size; new workers join."""
+    commit_every: int = 20
+    """Elastic: batches between commits (a commit copies model and optimizer state to host memory); a failure
+    costs at most this many batches."""
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -60,6 +66,7 @@ class TrainConfig:
         _require(self.warmup_epochs >= 0, f"--warmup-epochs must be 0 or more (got {self.warmup_epochs})")
         _require(self.threads >= 1, f"--threads must be at least 1 (got {self.threads})")
         _require(self.log_interval >= 0, f"--log-interval must be 0 or more (got {self.log_interval})")
+        _require(self.commit_every >= 1, f"--commit-every must be at least 1 (got {self.commit_every})")
         _require(not (self.resume and self.checkpoint_dir is None),
                  "--resume needs --checkpoint-dir: pass the folder the interrupted run wrote to")
 
@@ -122,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-interval", type=int, default=defaults.log_interval,
                         help="batches between progress lines (default: about four per epoch)")
     parser.add_argument("--no-cuda", action="store_true", help="train on the CPU even where CUDA is available")
+    parser.add_argument("--elastic", action="store_true",
+                        help="elastic training: keep going when workers leave or join (start under horovodrun "
+                             "with --min-np/--max-np and --host-discovery-script)")
+    parser.add_argument("--commit-every", type=int, default=defaults.commit_every,
+                        help="elastic: batches between state commits (default: %(default)s)")
     return parser
 
 

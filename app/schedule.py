@@ -16,7 +16,12 @@ def scaled_lr(base_lr: float, world_size: int, use_adasum: bool) -> float:
 def learning_rate(step: int, steps_per_epoch: int, base_lr: float, target_lr: float,
                   warmup_epochs: float) -> float:
     """Rate for global optimizer step `step` (0-based): linear from base_lr to target_lr over warmup_epochs."""
-    warmup_steps = warmup_epochs * steps_per_epoch
-    if warmup_steps <= 0 or step >= warmup_steps:
+    return rate_at(step / steps_per_epoch, base_lr, target_lr, warmup_epochs)
+
+
+def rate_at(epochs_done: float, base_lr: float, target_lr: float, warmup_epochs: float) -> float:
+    """Rate after `epochs_done` epochs of training (fractional). Elastic training counts progress in samples,
+    since the number of steps per epoch changes with the world size."""
+    if warmup_epochs <= 0 or epochs_done >= warmup_epochs:
         return target_lr
-    return base_lr + (target_lr - base_lr) * (step / warmup_steps)
+    return base_lr + (target_lr - base_lr) * (epochs_done / warmup_epochs)

@@ -5,9 +5,15 @@ rank 0 only) → model and optimizer, resumed from a checkpoint if asked → bro
 train on this rank's shard, validate across all ranks, rank 0 logs, records metrics and checkpoints → check that
 every rank ends with identical parameters.
 
+With --elastic (under horovodrun's elastic mode) the epoch loop runs inside `hvd.elastic.run`: model, optimizer,
+sampler position and epoch are committed every --commit-every batches and at each epoch's end; when a worker is
+lost the others roll back to the last commit and go on at the smaller world size, and new workers join at the
+next commit. Nothing collective may run before that loop in elastic mode (a joining worker would deadlock).
+
 Launch it under horovodrun or mpirun, e.g.
     horovodrun -np 2 -H localhost:2 --gloo python -m app.train --dataset digits
     mpirun -np 2 -bind-to none -map-by slot python -m app.train --dataset digits
+    horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script ./hosts.sh python -m app.train --elastic
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from torch.utils.data.distributed import DistributedSampler
 from app import checkpoint, consistency, data, metrics
 from app.config import ConfigError, TrainConfig, parse_config
 from app.model import SimpleNet
-from app.schedule import learning_rate, scaled_lr
+from app.schedule import learning_rate, rate_at, scaled_lr
 
 log = logging.getLogger("app.train")
 
@@ -70,7 +76,11 @@ def all_ranks_ok(ok: bool) -> bool:
 
 
 def load_data(config: TrainConfig) -> tuple[Dataset, Dataset]:
-    if config.dataset == "mnist":
+    if config.dataset == "mnist" and config.elastic:  # no collective before the elastic loop: each worker checks
+        failure = data.prepare_mnist(config.data_dir)
+        if failure:
+            raise TrainingError(data.mnist_unavailable_message(config.data_dir, failure))
+    elif config.dataset == "mnist":
         failure = data.prepare_mnist(config.data_dir) if hvd.local_rank() == 0 else None
         if not all_ranks_ok(failure is None):
             raise TrainingError(data.mnist_unavailable_message(config.data_dir, failure or "see local rank 0"))
@@ -83,6 +93,16 @@ def make_loader(dataset: Dataset, config: TrainConfig, shuffle: bool) -> tuple[D
     return DataLoader(dataset, batch_size=config.batch_size, sampler=sampler), sampler
 
 
+def train_step(model, optimizer, images: torch.Tensor, labels: torch.Tensor, lr: float) -> float:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad()
+    loss = F.nll_loss(model(images), labels)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
 def train_epoch(epoch: int, model, optimizer, loader: DataLoader, sampler: DistributedSampler,
                 config: TrainConfig, device: torch.device, target_lr: float) -> tuple[float, int]:
     """One pass over this rank's shard. Returns (mean loss over all ranks, samples seen by all ranks)."""
@@ -92,22 +112,20 @@ def train_epoch(epoch: int, model, optimizer, loader: DataLoader, sampler: Distr
     interval = config.log_interval or max(1, steps // 4)
     loss_sum, seen = 0.0, 0
     for step, (images, labels) in enumerate(loader):
-        global_step = (epoch - 1) * steps + step
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(global_step, steps, config.base_lr, target_lr, config.warmup_epochs)
-        images, labels = images.to(device), labels.to(device)
-        optimizer.zero_grad()
-        loss = F.nll_loss(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        loss_sum += loss.item() * len(labels)
+        lr = learning_rate((epoch - 1) * steps + step, steps, config.base_lr, target_lr, config.warmup_epochs)
+        loss = train_step(model, optimizer, images.to(device), labels.to(device), lr)
+        loss_sum += loss * len(labels)
         seen += len(labels)
         if (step + 1) % interval == 0 or step + 1 == steps:
-            log.info("epoch %d [%d/%d batches] loss %.4f lr %.4f", epoch, step + 1, steps, loss.item(),
-                     optimizer.param_groups[0]["lr"])
+            log.info("epoch %d [%d/%d batches] loss %.4f lr %.4f", epoch, step + 1, steps, loss, lr)
+    return sum_over_ranks(loss_sum, seen)
+
+
+def sum_over_ranks(loss_sum: float, seen: int) -> tuple[float, int]:
+    """(mean training loss, samples) over every rank's part of an epoch."""
     totals = hvd.allreduce(torch.tensor([loss_sum, float(seen)], dtype=torch.float64), op=hvd.Sum,
                            name="train_totals")
-    return (totals[0] / totals[1]).item(), int(totals[1].item())
+    return (totals[0] / max(totals[1], 1.0)).item(), int(totals[1].item())
 
 
 def evaluate(model, loader: DataLoader, device: torch.device) -> tuple[float, float]:
@@ -128,7 +146,8 @@ def evaluate(model, loader: DataLoader, device: torch.device) -> tuple[float, fl
 
 def restore(config: TrainConfig, model, optimizer) -> int:
     """Loads the latest checkpoint on rank 0 (when resuming) and returns the first epoch to run, on all ranks.
-    The weights and optimizer state reach the other ranks through the broadcasts that follow."""
+    The weights and optimizer state reach the other ranks through the broadcasts that follow (elastic: through
+    the elastic state's first sync, which also carries rank 0's epoch)."""
     start_epoch, problem = 1, None
     if config.resume and hvd.rank() == 0:
         state = checkpoint.load_latest_checkpoint(config.checkpoint_dir)
@@ -142,7 +161,8 @@ def restore(config: TrainConfig, model, optimizer) -> int:
             optimizer.load_state_dict(state["optimizer"])
             start_epoch = state["epoch"] + 1
             log.info("resuming from %s after epoch %d", config.checkpoint_dir / checkpoint.LATEST, state["epoch"])
-    start_epoch, problem = hvd.broadcast_object((start_epoch, problem), root_rank=0, name="resume_point")
+    if not config.elastic:
+        start_epoch, problem = hvd.broadcast_object((start_epoch, problem), root_rank=0, name="resume_point")
     if problem:
         raise TrainingError(problem)
     return start_epoch
@@ -166,41 +186,51 @@ def verify_identical_parameters(model) -> list[dict]:
     return ranks
 
 
-def run(config: TrainConfig) -> EpochResult:
-    hvd.init()
-    setup_logging(hvd.rank())
-    torch.manual_seed(config.seed)
-    torch.set_num_threads(config.threads)
-    use_cuda = torch.cuda.is_available() and not config.no_cuda
-    if use_cuda:
-        torch.cuda.set_device(hvd.local_rank())
-        torch.cuda.manual_seed(config.seed)
-    device = torch.device("cuda" if use_cuda else "cpu")
+class ResetLog:
+    """Rank 0's account of elastic resets: each world-size change, and how long training went without a step."""
 
-    train_set, val_set = load_data(config)
+    def __init__(self) -> None:
+        self.world_size = hvd.size()
+        self.last_step = time.monotonic()
+        self.pending: dict | None = None
+        self.events: list[dict] = []
+
+    def on_reset(self, epoch: int) -> None:
+        new_size = hvd.size()
+        log.info("elastic reset in epoch %d: world size %d -> %d; back to the last commit, learning rate scaled "
+                 "for %d ranks", epoch, self.world_size, new_size, new_size)
+        self.pending = {"epoch": epoch, "from_size": self.world_size, "to_size": new_size}
+        self.world_size = new_size
+
+    def stepped(self) -> None:
+        now = time.monotonic()
+        if self.pending is not None:
+            event = {**self.pending, "seconds_without_a_step": round(now - self.last_step, 2)}
+            self.events.append(event)
+            log.info("first step at world size %d, %.1f s after the last step at world size %d",
+                     event["to_size"], event["seconds_without_a_step"], event["from_size"])
+            self.pending = None
+        self.last_step = now
+
+
+def record_epoch(config: TrainConfig, result: EpochResult, model, optimizer) -> None:
+    """Rank 0, after each epoch: the log line, the metrics record and the checkpoint."""
+    log.info("epoch %d/%d: train loss %.4f, val loss %.4f, val accuracy %.4f, %.0f samples/s, %.1f s, %d ranks",
+             result.epoch, config.epochs, result.train_loss, result.val_loss, result.val_accuracy,
+             result.samples_per_sec, result.seconds, hvd.size())
+    if config.metrics_file is not None:
+        metrics.append_record(config.metrics_file, {**result.__dict__, "world_size": hvd.size()})
+    if config.checkpoint_dir is not None:
+        checkpoint.save_checkpoint(config.checkpoint_dir, {
+            "epoch": result.epoch, "dataset": config.dataset, "model": model.state_dict(),
+            "optimizer": optimizer.state_dict()})
+
+
+def fixed_size_training(config: TrainConfig, model, optimizer, train_set: Dataset, val_set: Dataset,
+                        device: torch.device, start_epoch: int) -> EpochResult | None:
     train_loader, train_sampler = make_loader(train_set, config, shuffle=True)
     val_loader, val_sampler = make_loader(val_set, config, shuffle=False)
-
-    model = SimpleNet().to(device)
     target_lr = scaled_lr(config.base_lr, hvd.size(), config.use_adasum)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.base_lr, momentum=config.momentum)
-    start_epoch = restore(config, model, optimizer)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
-        op=hvd.Adasum if config.use_adasum else hvd.Average)
-
-    if hvd.rank() == 0 and config.metrics_file is not None:
-        metrics.keep_epochs_up_to(config.metrics_file, start_epoch - 1)
-
-    log.info("plan: %d ranks on %s, dataset %s (%d train / %d val), epochs %d-%d, batch %d per rank, "
-             "lr %.4g -> %.4g over %.3g warm-up epochs, %s%s", hvd.size(), device, config.dataset, len(train_set),
-             len(val_set), start_epoch, config.epochs, config.batch_size, config.base_lr, target_lr,
-             config.warmup_epochs, "adasum" if config.use_adasum else "average",
-             ", fp16 allreduce" if config.fp16_allreduce else "")
-
     result = None
     for epoch in range(start_epoch, config.epochs + 1):
         started = time.perf_counter()
@@ -212,22 +242,112 @@ def run(config: TrainConfig) -> EpochResult:
         result = EpochResult(epoch, train_loss, val_loss, val_accuracy, samples / train_seconds,
                              time.perf_counter() - started)
         if hvd.rank() == 0:
-            log.info("epoch %d/%d: train loss %.4f, val loss %.4f, val accuracy %.4f, %.0f samples/s, %.1f s",
-                     epoch, config.epochs, train_loss, val_loss, val_accuracy, result.samples_per_sec,
-                     result.seconds)
-            if config.metrics_file is not None:
-                metrics.append_record(config.metrics_file, {**result.__dict__, "world_size": hvd.size()})
-            if config.checkpoint_dir is not None:
-                checkpoint.save_checkpoint(config.checkpoint_dir, {
-                    "epoch": epoch, "dataset": config.dataset, "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict()})
+            record_epoch(config, result, model, optimizer)
+    return result
+
+
+def elastic_training(config: TrainConfig, model, optimizer, train_set: Dataset, val_set: Dataset,
+                     device: torch.device, start_epoch: int, resets: ResetLog) -> EpochResult | None:
+    """The epoch loop under `hvd.elastic.run`. The elastic sampler hands out only the samples of the epoch not
+    yet trained on, re-sharded over whoever is there after each reset; an epoch's loss and throughput cover the
+    part of it run since the last reset."""
+    sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=config.seed)
+    sampler.set_epoch(start_epoch)
+    loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=start_epoch,
+                                   result=None)
+
+    def on_reset() -> None:
+        setup_logging(hvd.rank())  # ranks are renumbered: whoever is rank 0 now speaks for the job
+        sampler.reset()  # re-shard the rest of the epoch over the new world (a removal skips the state sync)
+        resets.on_reset(state.epoch)
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state) -> EpochResult | None:
+        while state.epoch <= config.epochs:
+            epoch, started = state.epoch, time.perf_counter()
+            model.train()
+            interval = config.log_interval or max(1, len(loader) // 4)
+            loss_sum, seen = 0.0, 0
+            for step, (images, labels) in enumerate(loader):
+                target_lr = scaled_lr(config.base_lr, hvd.size(), config.use_adasum)
+                lr = rate_at(epoch - 1 + sampler.processed_num / len(train_set), config.base_lr, target_lr,
+                             config.warmup_epochs)
+                loss = train_step(model, optimizer, images.to(device), labels.to(device), lr)
+                sampler.record_batch(step, config.batch_size)
+                resets.stepped()
+                loss_sum += loss * len(labels)
+                seen += len(labels)
+                if (step + 1) % interval == 0 or step + 1 == len(loader):
+                    log.info("epoch %d [%d/%d batches] loss %.4f lr %.4f, %d ranks", epoch, step + 1, len(loader),
+                             loss, lr, hvd.size())
+                if (step + 1) % config.commit_every == 0:
+                    state.commit()
+            train_loss, samples = sum_over_ranks(loss_sum, seen)
+            train_seconds = time.perf_counter() - started
+            val_loss, val_accuracy = evaluate(model, make_loader(val_set, config, shuffle=False)[0], device)
+            state.result = EpochResult(epoch, train_loss, val_loss, val_accuracy, samples / train_seconds,
+                                       time.perf_counter() - started)
+            state.epoch = epoch + 1
+            sampler.set_epoch(state.epoch)
+            # Saved before rank 0 records the epoch: a failure from here on resumes at the next epoch, so no epoch
+            # is recorded twice.
+            state.save()
+            if hvd.rank() == 0:
+                record_epoch(config, state.result, model, optimizer)
+            state.check_host_updates()
+        return state.result
+
+    return train(state)
+
+
+def run(config: TrainConfig) -> EpochResult | None:
+    hvd.init()
+    setup_logging(hvd.rank())
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(config.threads)
+    use_cuda = torch.cuda.is_available() and not config.no_cuda
+    if use_cuda:
+        torch.cuda.set_device(hvd.local_rank())
+        torch.cuda.manual_seed(config.seed)
+    device = torch.device("cuda" if use_cuda else "cpu")
+
+    train_set, val_set = load_data(config)
+    model = SimpleNet().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.base_lr, momentum=config.momentum)
+    start_epoch = restore(config, model, optimizer)
+    if not config.elastic:  # elastic: the state's first sync broadcasts rank 0's model and optimizer
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(),
+        compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
+        op=hvd.Adasum if config.use_adasum else hvd.Average)
+
+    if hvd.rank() == 0 and config.metrics_file is not None:
+        metrics.keep_epochs_up_to(config.metrics_file, start_epoch - 1)
+
+    log.info("plan: %d ranks on %s, dataset %s (%d train / %d val), epochs %d-%d, batch %d per rank, "
+             "lr %.4g -> %.4g over %.3g warm-up epochs, %s%s%s", hvd.size(), device, config.dataset, len(train_set),
+             len(val_set), start_epoch, config.epochs, config.batch_size, config.base_lr,
+             scaled_lr(config.base_lr, hvd.size(), config.use_adasum), config.warmup_epochs,
+             "adasum" if config.use_adasum else "average", ", fp16 allreduce" if config.fp16_allreduce else "",
+             f", elastic (commit every {config.commit_every} batches)" if config.elastic else "")
+
+    resets = ResetLog()
+    if config.elastic:
+        result = elastic_training(config, model, optimizer, train_set, val_set, device, start_epoch, resets)
+    else:
+        result = fixed_size_training(config, model, optimizer, train_set, val_set, device, start_epoch)
 
     ranks = verify_identical_parameters(model)
     if hvd.rank() == 0:
         log.info("parameters identical on all %d ranks (sha256 %s...)", hvd.size(), ranks[0]["digest"][:12])
         if config.summary_file is not None:
             summary = {"world_size": hvd.size(), "ranks": ranks, "epochs_run": [start_epoch, config.epochs],
-                       "final": result.__dict__ if result else None}
+                       "final": result.__dict__ if result else None, "elastic_resets": resets.events}
             config.summary_file.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return result
 

@@ -4,6 +4,7 @@
 #   launcher [ARGS...]  make the cluster's SSH key pair, wait for every worker, write the hostfile and run
 #                       mpirun with $TRAIN_COMMAND, or the trainer (python -m app.train ARGS... $TRAIN_ARGS);
 #                       exits with its status
+#   discover            elastic host discovery (docker/discover-hosts.sh): "ADDRESS:SLOTS" per worker answering ssh
 #   ANY OTHER COMMAND   run it (e.g. `horovodrun --check-build`)
 #
 # Settings (environment):
@@ -18,6 +19,8 @@
 #   TRAIN_COMMAND       launcher: a command line every rank runs instead of python -m app.train ARGS
 #   WORKDIR             launcher: when set, the ranks run in /workdir (compose mounts the user's folder there)
 #   RESULTS_HINT        launcher: where the job's metrics can be read, printed as its last line
+#   ELASTIC_MIN_WORKERS launcher: elastic training (horovodrun, Gloo) that goes on while this many workers remain
+#   ELASTIC_TIMEOUT     launcher, elastic: seconds to wait below the minimum before the job fails (default 60)
 #
 #   EXIT_WITH_JOB=1     worker: exit with the job's status when it ends (the multi-host launcher's rank 0)
 #
@@ -105,15 +108,35 @@ worker_addresses() {
   fi
 }
 
+# Pins the host key a worker published in the cluster volume (never trusted over the network); a worker that
+# came back at the same address with a new key replaces the old line.
+pin_host_key() {
+  local address="$1" line
+  [ -f "$HOSTKEYS/$address.pub" ] || return 1
+  line="[$address]:$SSH_PORT $(cut -d' ' -f1,2 "$HOSTKEYS/$address.pub")"
+  grep -qxF "$line" "$HOME/.ssh/known_hosts" 2>/dev/null && return 0
+  ssh-keygen -q -R "[$address]:$SSH_PORT" -f "$HOME/.ssh/known_hosts" >/dev/null 2>&1 || true
+  echo "$line" >> "$HOME/.ssh/known_hosts"
+}
+
+# Elastic Horovod's host discovery (horovodrun runs it about once a second): one ADDRESS:SLOTS line per worker
+# whose sshd answers right now, in a stable order. A lost worker drops out; a new or restarted one comes in.
+discover_hosts() {
+  local address
+  while read -r address; do
+    [ -n "$address" ] || continue
+    pin_host_key "$address" || true  # the multi-host launcher pinned its nodes' keys at start
+    if ssh -o ConnectTimeout=2 "$address" true < /dev/null 2>/dev/null; then echo "$address:${SLOTS_PER_WORKER:-1}"; fi
+  done < <(worker_addresses)
+}
+
 wait_for_workers() {
   local expected="$1" deadline=$((SECONDS + ${READY_TIMEOUT:-180})) addresses ready last=""
   while true; do
     mapfile -t addresses < <(worker_addresses)
     ready=()
     for address in "${addresses[@]}"; do
-      [ -f "$HOSTKEYS/$address.pub" ] || continue
-      grep -q "^\[$address\]:$SSH_PORT " "$HOME/.ssh/known_hosts" ||
-        echo "[$address]:$SSH_PORT $(cut -d' ' -f1,2 "$HOSTKEYS/$address.pub")" >> "$HOME/.ssh/known_hosts"
+      pin_host_key "$address" || continue
       ssh "$address" true 2>/dev/null && ready+=("$address")
     done
     local status="${#ready[@]}/$expected workers answer over ssh (${ready[*]:-none yet})"
@@ -137,13 +160,24 @@ run_launcher() {
   slots="${SLOTS_PER_WORKER:-1}"
   rm -f "$JOB_END_FILE"
   trap 'end_job $?' EXIT
+  local elastic=()
+  if [ -n "${ELASTIC_MIN_WORKERS:-}" ]; then
+    if ! [[ "$ELASTIC_MIN_WORKERS" =~ ^[0-9]+$ ]] || [ "$ELASTIC_MIN_WORKERS" -lt 1 ] || [ "$ELASTIC_MIN_WORKERS" -gt "$expected" ]; then
+      log "error: ELASTIC_MIN_WORKERS=$ELASTIC_MIN_WORKERS is not a whole number from 1 to WORKERS ($expected);" \
+          "fix it in .env, or leave it empty for a fixed-size job"
+      exit 2
+    fi
+    elastic=(--elastic-min-ranks $((ELASTIC_MIN_WORKERS * slots)) --slots-per-host "$slots" --ssh-port "$SSH_PORT"
+             --elastic-timeout "${ELASTIC_TIMEOUT:-60}")
+  fi
   make_cluster_key
   wait_for_workers "$expected"
   : > "$hostfile"
   for address in "${READY_WORKERS[@]}"; do echo "$address slots=$slots" >> "$hostfile"; done
 
   # The command line comes from the multi-host launcher's tested plan (launcher/plan.py), so both doors agree.
-  local plan_args=(--ranks $((expected * slots)) --hostfile "$hostfile" --network-interface "${NETWORK_INTERFACE:-}")
+  local plan_args=(--ranks $((expected * slots)) --hostfile "$hostfile" --network-interface "${NETWORK_INTERFACE:-}"
+                   "${elastic[@]}")
   if [ -n "${WORKDIR:-}" ]; then plan_args+=(--workdir /workdir); fi
   local job=()
   if [ -n "${TRAIN_COMMAND:-}" ]; then
@@ -165,9 +199,20 @@ run_launcher() {
   fi
   log "hostfile: $(paste -sd' ' "$hostfile" | sed 's/ slots=/:/g')"
   log "running: ${command[*]}"
-  local status=0
+  local status=0 program=mpirun
+  [ "${#elastic[@]}" -eq 0 ] || program=horovodrun
   "${command[@]}" || status=$?
-  log "mpirun exited with status $status"
+  log "$program exited with status $status"
+  if [ "$status" != 0 ] && [ "${#elastic[@]}" -gt 0 ]; then
+    local answering lost=()
+    answering=$(discover_hosts)
+    for address in "${READY_WORKERS[@]}"; do
+      grep -q "^$address:" <<< "$answering" || lost+=("$address")
+    done
+    [ "${#lost[@]}" -eq 0 ] ||
+      log "error: the job fell below ELASTIC_MIN_WORKERS=$ELASTIC_MIN_WORKERS for ${ELASTIC_TIMEOUT:-60} s: lost" \
+          "worker(s) ${lost[*]}; see \`docker compose ps -a\` for how they ended"
+  fi
   exit "$status"
 }
 
@@ -190,5 +235,6 @@ ROLE="${1:-worker}"
 case "$ROLE" in
   worker) run_worker ;;
   launcher) shift; [ "${1:-}" = "--" ] && shift; run_launcher "$@" ;;
+  discover) discover_hosts ;;
   *) exec "$@" ;;
 esac

@@ -1,7 +1,10 @@
-"""Prints a compose job's mpirun command line, NUL-separated, for docker/entrypoint.sh's launcher role.
+"""Prints a compose job's command line, NUL-separated, for docker/entrypoint.sh's launcher role.
 
     python -m launcher.job_argv --ranks 2 --hostfile F [--network-interface NIC] [--workdir DIR]
         [--env KEY=VALUE]... [--command-line "python train.py --epochs 5"] [--probe] -- [ARGS...]
+
+mpirun's by default; with --elastic-min-ranks K, horovodrun's elastic one (launcher.plan.horovodrun_argv: --ranks
+is then the most ranks, and --slots-per-host, --ssh-port and --elastic-timeout apply).
 
 --command-line (compose's TRAIN_COMMAND) is what every rank runs; without it, ARGS go through job_command, as
 after `launcher start --`. The flags themselves come from launcher.plan.mpirun_argv, the multi-host launcher's.
@@ -14,7 +17,7 @@ import argparse
 import shlex
 import sys
 
-from launcher.plan import command_probe, job_command, mpirun_argv
+from launcher.plan import command_probe, horovodrun_argv, job_command, mpirun_argv
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -26,6 +29,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--command-line", default="")
     parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--elastic-min-ranks", type=int, default=0)
+    parser.add_argument("--slots-per-host", type=int, default=1)
+    parser.add_argument("--ssh-port", type=int, default=12345)
+    parser.add_argument("--elastic-timeout", type=int, default=60)
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
 
@@ -35,6 +42,12 @@ def build(argv: list[str]) -> list[str]:
     command = shlex.split(options.command_line) if options.command_line.strip() else job_command(options.args)
     if options.probe:
         return command_probe(command)
+    if options.elastic_min_ranks:
+        return horovodrun_argv(min_ranks=options.elastic_min_ranks, max_ranks=options.ranks,
+                               slots_per_host=options.slots_per_host,
+                               network_interface=options.network_interface or None, ssh_port=options.ssh_port,
+                               elastic_timeout=options.elastic_timeout, command=command, env=tuple(options.env),
+                               workdir=options.workdir or None)
     return mpirun_argv(ranks=options.ranks, hostfile=options.hostfile, command=command,
                        network_interface=options.network_interface or None, env=tuple(options.env),
                        workdir=options.workdir or None)

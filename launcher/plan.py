@@ -1,8 +1,9 @@
 """The launch plan: from nodes, slots and settings to container specs, the hostfile and the mpirun argv.
 
 Pure functions of their inputs, with no Docker or network access, so every line mpirun will see is unit-tested.
-Both front doors build their mpirun command line here: the multi-host launcher through ClusterPlan, compose's
-launcher role (docker/entrypoint.sh) through `python -m launcher.job_argv`.
+Both front doors build their job's command line here (mpirun, or horovodrun for elastic training): the
+multi-host launcher through ClusterPlan, compose's launcher role (docker/entrypoint.sh) through
+`python -m launcher.job_argv`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ SHARED_MOUNT = "/shared"
 WORKDIR = "/workdir"
 """Where the user's code sits in every container (--workdir, compose's WORKDIR); the job's working directory."""
 TRAINER = ("python", "-m", "app.train")
+DISCOVERY_SCRIPT = "/opt/horovod-stack/docker/discover-hosts.sh"
+"""Elastic Horovod's host discovery, in the image: prints HOST:SLOTS for each worker whose sshd answers now."""
+ELASTIC_GLOO_TIMEOUT_SECONDS = 10
+"""How long a rank waits on a silent peer before its collective fails (Horovod's default: 30 s). A killed worker's
+peers often get no TCP reset, so this bounds how soon an elastic job notices the loss; --env
+HOROVOD_GLOO_TIMEOUT_SECONDS=N overrides it for steps where ranks legitimately wait longer."""
+BLACKLIST_COOLDOWN_SECONDS = (2, 30)
+"""A host whose worker failed may rejoin after 4-6 s, doubling on each further failure (horovodrun's range)."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
@@ -81,15 +90,47 @@ def mpirun_argv(*, ranks: int, hostfile: str, command: list[str] | tuple[str, ..
             "--mca", "plm_rsh_no_tree_spawn", "1",
             "-x", "NCCL_DEBUG=INFO", "-x", "PATH", "-x", "PYTHONPATH"]
     if network_interface:
-        nic = network_interface
-        argv += ["--mca", "btl_tcp_if_include", nic, "--mca", "oob_tcp_if_include", nic,
-                 "-x", f"NCCL_SOCKET_IFNAME={nic}", "-x", f"GLOO_SOCKET_IFNAME={nic}",
-                 "-x", f"HOROVOD_GLOO_IFACE={nic}"]
+        argv += ["--mca", "btl_tcp_if_include", network_interface, "--mca", "oob_tcp_if_include", network_interface]
+        for variable in nic_variables(network_interface):
+            argv += ["-x", variable]
     for item in env:
         argv += ["-x", check_env_assignment(item)]
     if workdir:
         argv += ["-wdir", workdir]
     return argv + list(command)
+
+
+def nic_variables(network_interface: str | None) -> list[str]:
+    """The variables that pin NCCL's and Gloo's traffic to one NIC (Open MPI's own flags are separate)."""
+    nic = network_interface
+    return [f"NCCL_SOCKET_IFNAME={nic}", f"GLOO_SOCKET_IFNAME={nic}", f"HOROVOD_GLOO_IFACE={nic}"] if nic else []
+
+
+def horovodrun_argv(*, min_ranks: int, max_ranks: int, slots_per_host: int, network_interface: str | None,
+                    ssh_port: int, elastic_timeout: int, command: list[str] | tuple[str, ...],
+                    env: tuple[str, ...] = (), workdir: str | None = None,
+                    discovery_env: tuple[str, ...] = ()) -> list[str]:
+    """The one horovodrun command line of an elastic job (Gloo): it starts max_ranks ranks on the hosts that
+    DISCOVERY_SCRIPT lists, carries on while at least min_ranks remain, takes returning hosts back, and gives up
+    after elastic_timeout seconds below the minimum. horovodrun hands its own environment to every rank and runs
+    them in its own working directory, hence `env -C WORKDIR VARIABLES...` in front."""
+    if not network_interface:
+        # Without it horovodrun probes every host pair for common NICs and, with all slots on one host, waits for
+        # that probe until it times out.
+        raise ValueError("elastic training needs the NIC the nodes reach each other on: pass --network-interface "
+                         "(e.g. eth0; `ip -br addr` on a node lists them)")
+    if list(command[:len(TRAINER)]) == list(TRAINER) and "--elastic" not in command:
+        command = [*command, "--elastic"]  # the bundled trainer's elastic loop; a user's script brings its own
+    user_names = {check_env_assignment(item).partition("=")[0] for item in env}
+    timeout = ([f"HOROVOD_GLOO_TIMEOUT_SECONDS={ELASTIC_GLOO_TIMEOUT_SECONDS}"]
+               if "HOROVOD_GLOO_TIMEOUT_SECONDS" not in user_names else [])
+    variables = [*discovery_env, "NCCL_DEBUG=INFO", *nic_variables(network_interface), *timeout, *env]
+    return ["env", *(["-C", workdir] if workdir else []), *variables,
+            "horovodrun", "--gloo", "-np", str(max_ranks), "--min-np", str(min_ranks), "--max-np", str(max_ranks),
+            "--slots-per-host", str(slots_per_host), "--host-discovery-script", DISCOVERY_SCRIPT,
+            "--network-interface", network_interface, "--ssh-port", str(ssh_port),
+            "--elastic-timeout", str(elastic_timeout),
+            "--blacklist-cooldown-range", *map(str, BLACKLIST_COOLDOWN_SECONDS), *command]
 
 
 @dataclass(frozen=True)
@@ -120,6 +161,12 @@ class ClusterPlan:
     """A local folder copied to WORKDIR in every container, the job's working directory; None: none."""
     addresses: tuple[tuple[str, str], ...] = ()
     """(node name, IPv4 address) as rank 0 resolves them; used for names Open MPI refuses."""
+    elastic_min_nodes: int | None = None
+    """Elastic training (horovodrun, Gloo) when set: the job goes on while this many nodes' workers remain."""
+    elastic_max_nodes: int | None = None
+    """Elastic: the most nodes training at once (default: all of them)."""
+    elastic_timeout: int = 60
+    """Elastic: seconds the job waits below the minimum for nodes to come back before it fails."""
 
     @property
     def rank0(self) -> Node:
@@ -161,16 +208,33 @@ class ClusterPlan:
                 f"  IdentitiesOnly yes\n  UserKnownHostsFile {CONTAINER_SSH_DIR}/known_hosts\n"
                 "  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 10\n  LogLevel ERROR\n")
 
-    def mpirun_argv(self) -> list[str]:
-        return mpirun_argv(ranks=self.total_ranks, hostfile=HOSTFILE_PATH, command=self.command,
-                           network_interface=self.network_interface, env=self.env,
-                           workdir=WORKDIR if self.workdir else None)
+    @property
+    def elastic(self) -> bool:
+        return self.elastic_min_nodes is not None
+
+    def job_argv(self) -> list[str]:
+        """What rank 0's container runs: mpirun, or horovodrun for an elastic job."""
+        workdir = WORKDIR if self.workdir else None
+        if not self.elastic:
+            return mpirun_argv(ranks=self.total_ranks, hostfile=HOSTFILE_PATH, command=self.command,
+                               network_interface=self.network_interface, env=self.env, workdir=workdir)
+        # Rank 0's node first: the driver lives there. (Before the addresses are resolved, as when the plan is first
+        # logged, a name Open MPI would refuse stands for itself.)
+        resolved = dict(self.addresses)
+        hosts = ",".join(mpi_host(node.name, resolved.get(node.name, node.name)) for node in self.nodes)
+        return horovodrun_argv(
+            min_ranks=self.elastic_min_nodes * self.slots_per_node,
+            max_ranks=(self.elastic_max_nodes or len(self.nodes)) * self.slots_per_node,
+            slots_per_host=self.slots_per_node, network_interface=self.network_interface, ssh_port=self.ssh_port,
+            elastic_timeout=self.elastic_timeout, command=self.command, env=self.env, workdir=workdir,
+            discovery_env=(f"WORKER_HOSTS={hosts}", f"SLOTS_PER_WORKER={self.slots_per_node}",
+                           f"SSH_PORT={self.ssh_port}"))
 
     def detached_job_script(self, keep_running: bool = False) -> str:
-        """The bash script rank 0 runs for a detached job: mpirun into JOB_LOG, its status into JOB_STATUS, then
+        """The bash script rank 0 runs for a detached job: the job (job_argv) into JOB_LOG, its status into JOB_STATUS, then
         (unless keep_running) JOB_END_FILE on every other node over ssh and on rank 0 itself, so every worker's
         container stops once the job ends, success or failure, with no launcher process needed."""
-        lines = [f"{shlex.join(self.mpirun_argv())} > {JOB_LOG} 2>&1", "status=$?",
+        lines = [f"{shlex.join(self.job_argv())} > {JOB_LOG} 2>&1", "status=$?",
                  f'echo "$status" > {JOB_STATUS}']
         if not keep_running:
             for node in self.nodes[1:]:
@@ -183,7 +247,9 @@ class ClusterPlan:
         """The effective plan in a few lines, logged once at start."""
         nodes = ", ".join(f"{node.name} ({node.engine_url})" for node in self.nodes)
         code = f", code {self.workdir} -> {WORKDIR}" if self.workdir else ""
+        elastic = (f", elastic: at least {self.elastic_min_nodes} of {self.elastic_max_nodes or len(self.nodes)} "
+                   f"nodes (waits {self.elastic_timeout} s below that)" if self.elastic else "")
         return (f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.nodes)} nodes [{nodes}], "
                 f"{self.slots_per_node} slot(s) per node{', GPUs' if self.gpus_per_node else ''}, image "
                 f"{self.image}, ssh port {self.ssh_port}, NIC {self.network_interface or 'any'}, shared "
-                f"{self.shared_dir}{code}\nmpirun: {' '.join(self.mpirun_argv())}")
+                f"{self.shared_dir}{code}{elastic}\n{'horovodrun' if self.elastic else 'mpirun'}: {' '.join(self.job_argv())}")

@@ -177,7 +177,7 @@ def wait_until_ready(plan: ClusterPlan, drivers: list[NodeDriver], containers: l
 
 
 def run_mpirun(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, out) -> int:
-    exec_id, stream = drivers[0].exec_stream(containers[0], plan.mpirun_argv())
+    exec_id, stream = drivers[0].exec_stream(containers[0], plan.job_argv())
     for chunk in stream:
         out.write(chunk.decode(errors="replace"))
         out.flush()

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -60,6 +61,11 @@ class ComposeRun:
         result.stdout, result.stderr = (ANSI_ESCAPE.sub("", text) for text in (result.stdout, result.stderr))
         return result
 
+    def start(self, *args: str, log: Path) -> subprocess.Popen:
+        """`docker compose ARGS` in the background, its output (escapes and all) into `log`."""
+        return subprocess.Popen(["docker", "compose", *args], cwd=self.workdir, env=self.env,
+                                stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
     def read_shared(self, path: str) -> str:
         return subprocess.run(["docker", "run", "--rm", "-v", f"{self.project}_shared:/shared", "--entrypoint",
                                "cat", IMAGE, f"/shared/{path}"], capture_output=True, text=True,
@@ -108,7 +114,8 @@ def test_plain_compose_up_trains_across_containers_and_returns(engine, compose_r
     assert set(hosts) == worker_ids, "ranks did not run in the worker containers"
 
     assert project_containers(engine, run.project, status="running") == []
-    launcher = project_containers(engine, run.project, label="com.docker.compose.service=launcher")[0]
+    launcher = next(c for c in project_containers(engine, run.project)
+                    if c.labels["com.docker.compose.service"] == "launcher")
     assert not any(PRIVATE_KEY_MARK.decode() in variable for variable in launcher.attrs["Config"]["Env"])
     run.down()
     assert project_containers(engine, run.project) == []
@@ -183,6 +190,68 @@ def test_derived_image_with_the_users_code_runs_through_compose(engine, compose_
         run.down()
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout: float) -> float:
+    """Waits until `text` is in the log; returns when it was seen (time.monotonic)."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert process.poll() is None, f"compose ended before {text!r}:\n{log.read_text()[-5000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout} s:\n{log.read_text()[-5000:]}"
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def horovod_rank(container) -> int | None:
+    """The Horovod rank of the trainer running in a worker container (from its environment), if any."""
+    found = container.exec_run(["bash", "-c", 'for p in $(pgrep -f "app.train"); do '
+                                'tr "\\0" "\\n" < /proc/$p/environ | grep "^HOROVOD_RANK="; done'], user="mpiuser")
+    ranks = {int(line.split("=")[1]) for line in found.output.decode().split()}
+    return ranks.pop() if len(ranks) == 1 else None
+
+
+def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, compose_run, tmp_path):
+    """ELASTIC_MIN_WORKERS=2 of 3: `docker kill` one worker after epoch 1; training goes on with 2 and finishes."""
+    run = compose_run(WORKERS="3", ELASTIC_MIN_WORKERS="2", EPOCHS="10")
+    log = tmp_path / "compose.log"
+    # Plain `up`: --exit-code-from would stop the whole project as soon as the killed worker exits.
+    process = run.start("up", log=log)
+    try:
+        wait_for_line(log, "epoch 1/10:", process, timeout=400)
+        victim = next(c for c in project_containers(engine, run.project)
+                      if c.labels["com.docker.compose.service"] == "worker" and horovod_rank(c) == 2)
+        victim.kill()
+        killed = time.monotonic()
+        resumed = wait_for_line(log, "first step at world size 2", process, timeout=120)
+        print(f"elastic (compose): from docker kill to the first step at world size 2: {resumed - killed:.1f} s")
+        process.wait(timeout=400)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = ANSI_ESCAPE.sub("", log.read_text())
+    assert process.returncode == 0, output[-5000:]
+    assert "world size 3 -> 2" in output and "job succeeded (exit status 0)" in output, output[-5000:]
+    exit_codes = sorted((c.labels["com.docker.compose.service"], c.attrs["State"]["ExitCode"])
+                        for c in project_containers(engine, run.project))
+    assert exit_codes == [("launcher", 0), ("worker", 0), ("worker", 0), ("worker", 137)], exit_codes
+
+    epochs = [json.loads(line) for line in run.read_shared("runs/metrics.jsonl").splitlines()]
+    sizes = [epoch["world_size"] for epoch in epochs]
+    assert [epoch["epoch"] for epoch in epochs] == list(range(1, 11)), epochs
+    assert sizes[0] == 3 and sizes[-1] == 2 and sizes == sorted(sizes, reverse=True), sizes
+    assert epochs[-1]["val_accuracy"] >= 0.90, epochs[-1]
+    summary = json.loads(run.read_shared("runs/summary.json"))
+    assert len({rank["digest"] for rank in summary["ranks"]}) == 1 and summary["world_size"] == 2
+    assert project_containers(engine, run.project, status="running") == []
+
+
+def test_elastic_minimum_above_the_worker_count_is_refused_in_one_line(engine, compose_run):
+    run = compose_run(ELASTIC_MIN_WORKERS="3")
+    result = run.compose("up")
+    output = result.stdout + result.stderr
+    assert "error: ELASTIC_MIN_WORKERS=3 is not a whole number from 1 to WORKERS (2)" in output, output[-3000:]
+    assert "job FAILED (exit status 2)" in output
+    assert project_containers(engine, run.project, status="running") == []
 
 
 def test_image_carries_no_private_key(engine):

@@ -59,7 +59,7 @@ def test_job_command_is_the_users_command_or_the_trainer(after_dashes, command):
 
 
 def test_mpirun_argv_carries_the_seed_flags_and_trainer_args():
-    argv = make_plan(slots=2, command=tuple(job_command(["--dataset", "digits"]))).mpirun_argv()
+    argv = make_plan(slots=2, command=tuple(job_command(["--dataset", "digits"]))).job_argv()
     assert argv[:5] == ["mpirun", "-np", "4", "--hostfile", "/home/mpiuser/hostfile"]
     assert argv[5:9] == ["-bind-to", "none", "-map-by", "slot"]
     assert ["-x", "NCCL_DEBUG=INFO"] == argv[argv.index("NCCL_DEBUG=INFO") - 1:argv.index("NCCL_DEBUG=INFO") + 1]
@@ -69,7 +69,7 @@ def test_mpirun_argv_carries_the_seed_flags_and_trainer_args():
 
 def test_users_command_env_and_workdir_reach_mpirun():
     argv = make_plan(command=("python", "train.py", "--epochs", "5"), env=("NCCL_DEBUG=WARN", "SEED=3"),
-                     workdir=Path(__file__).parent).mpirun_argv()
+                     workdir=Path(__file__).parent).job_argv()
     assert argv[-4:] == ["python", "train.py", "--epochs", "5"]
     assert argv[-6:-4] == ["-wdir", "/workdir"]
     joined = " ".join(argv)
@@ -82,7 +82,7 @@ def test_compose_role_builds_the_same_command_line_as_the_launcher():
     plan = make_plan(network_interface="eth0", command=("python", "train.py"))
     compose = job_argv.build(["--ranks", "2", "--hostfile", "/home/mpiuser/hostfile", "--network-interface", "eth0",
                               "--command-line", "python train.py"])
-    assert compose == plan.mpirun_argv()
+    assert compose == plan.job_argv()
     trainer = job_argv.build(["--ranks", "2", "--hostfile", "/h", "--", "--dataset=digits"])
     assert trainer[-4:] == ["python", "-m", "app.train", "--dataset=digits"]
     assert job_argv.build(["--ranks", "2", "--hostfile", "/h", "--command-line", "python t.py", "--probe"]) == \
@@ -121,7 +121,7 @@ def test_workdir_archive_is_owned_by_mpiuser_and_skips_caches(tmp_path):
 
 
 def test_one_nic_setting_reaches_open_mpi_nccl_and_gloo():
-    argv = make_plan(network_interface="ens5").mpirun_argv()
+    argv = make_plan(network_interface="ens5").job_argv()
     joined = " ".join(argv)
     for expected in ("--mca btl_tcp_if_include ens5", "--mca oob_tcp_if_include ens5", "-x NCCL_SOCKET_IFNAME=ens5",
                      "-x GLOO_SOCKET_IFNAME=ens5", "-x HOROVOD_GLOO_IFACE=ens5"):
