@@ -10,6 +10,11 @@
 # - GCC 14 also checks template bodies that are never used: the bundled flatbuffers' span::operator= assigns
 #   its const member count_ (and returns nothing), which is now an error; it is never called, so it is removed
 #   (as flatbuffers itself did later).
+# - Gloo controller (horovodrun --gloo, elastic jobs): a process set's Gloo context made its device without the
+#   global context's network interface (HOROVOD_GLOO_IFACE, --network-interface), so Gloo fell back to resolving
+#   the host's name; on hosts whose name maps to a loopback address (host networking; Debian's 127.0.1.1) every
+#   rank then advertised 127.0.0.1 and the job failed at start ("connect [127.0.0.1]:N: Connection refused").
+#   The process set's context now takes the global one's interface.
 # The other fix, for CMake >= 4 refusing the bundled gloo's cmake_minimum_required < 3.5, is an
 # environment setting (CMAKE_POLICY_VERSION_MINIMUM=3.5) exported by install-horovod.sh.
 # This file's hash is part of the wheel cache key: change it and the wheel is rebuilt.
@@ -36,3 +41,9 @@ perl -0pi -e 's/\n  FLATBUFFERS_CONSTEXPR_CPP14 span &operator=\(const span &oth
 if grep -q 'count_ = other.count_' "$span"; then
   echo "patch-horovod-source: the flatbuffers span fix no longer applies to $span" >&2; exit 1
 fi
+
+gloo_context="$src/horovod/common/gloo/gloo_context.cc"
+grep -q 'gloo_iface_ = global_context.gloo_iface_;' "$gloo_context" ||
+  perl -0pi -e 's/(  attr device_attr;\n)(  device_attr\.iface = gloo_iface_;\n  device_attr\.ai_family = AF_UNSPEC;\n  auto dev = CreateDevice\(device_attr\);\n\n  global_ctx = global_context\.ctx;)/  gloo_iface_ = global_context.gloo_iface_;  \/\/ horovod-stack: the process set uses the global NIC\n$1$2/' "$gloo_context"
+grep -q 'gloo_iface_ = global_context.gloo_iface_;' "$gloo_context" ||
+  { echo "patch-horovod-source: the Gloo process-set interface fix no longer applies to $gloo_context" >&2; exit 1; }

@@ -63,16 +63,32 @@ def start(
     workdir: Optional[Path] = typer.Option(None, help="Local folder with your code, copied to /workdir on every "
                                                       "node; the command runs there."),
     env: Optional[List[str]] = typer.Option(None, "--env", help="KEY=VALUE for every rank (repeatable)."),
+    elastic: bool = typer.Option(False, help="Elastic training (horovodrun, Gloo): a node whose worker is lost is "
+                                             "dropped and the job goes on; needs --network-interface."),
+    min_nodes: Optional[int] = typer.Option(None, help="With --elastic: the fewest nodes the job goes on with "
+                                                       "(default 1)."),
+    max_nodes: Optional[int] = typer.Option(None, help="With --elastic: the most nodes that train at once "
+                                                       "(default: all)."),
+    restart_workers: bool = typer.Option(False, help="With --elastic: start a lost node's worker again; it "
+                                                     "rejoins at the next host discovery (not with --detach)."),
 ) -> None:
     """Start a worker on every node and run a job; rank 0's output streams here and the exit status is the job's.
 
     Your own script: launcher start --nodes node_1,node_2 --workdir ./code -- python train.py --epochs 5
     (after --, a command every rank runs, as with mpirun). The bundled trainer: launcher start --nodes
     node_1,node_2 --slots 2 -- --dataset digits --epochs 5 (options alone go to python -m app.train).
+    Elastic: launcher start --nodes node_1,node_2,node_3 --elastic --min-nodes 2 --network-interface eth0
+    (the elastic driver runs on rank 0's node: losing that node ends the job).
     """
+    if min_nodes is not None and not elastic:
+        fail("--min-nodes is for elastic jobs: add --elastic", 2)
+    if restart_workers and detach:
+        fail("--restart-workers needs the launcher to stay attached (it restarts the workers): drop --detach", 2)
     settings = settings_from(nodes, env_file, slots=slots, gpus_per_node=gpus_per_node, image=image,
                              ssh_port=ssh_port, network_interface=network_interface,
-                             command=tuple(job_command(ctx.args)), env_vars=tuple(env or ()), workdir=workdir)
+                             command=tuple(job_command(ctx.args)), env_vars=tuple(env or ()), workdir=workdir,
+                             elastic_min_nodes=(min_nodes or 1) if elastic else None, elastic_max_nodes=max_nodes,
+                             restart_workers=restart_workers)
     try:
         status = session.launch(settings, push_image=push_image, detach=detach, keep_running=keep_running, say=say)
     except (session.LaunchError, NodeError) as error:

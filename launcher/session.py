@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -176,13 +177,72 @@ def wait_until_ready(plan: ClusterPlan, drivers: list[NodeDriver], containers: l
             time.sleep(1)
 
 
-def run_mpirun(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, out) -> int:
+def run_job(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, out) -> int:
     exec_id, stream = drivers[0].exec_stream(containers[0], plan.job_argv())
     for chunk in stream:
         out.write(chunk.decode(errors="replace"))
         out.flush()
     code = drivers[0].exec_exit_code(exec_id)
     return 1 if code is None else code
+
+
+class WorkerWatch(threading.Thread):
+    """An attached elastic job's eye on the workers other than rank 0's: says when one stops (the job goes on
+    without it) and, with restart, starts its container again: same host key and cluster key, so it rejoins at
+    the next host discovery. It opens its own engine connections; the main thread's stream the job's output."""
+
+    MAX_RESTARTS = 5
+
+    def __init__(self, plan: ClusterPlan, containers: list, restart: bool, say: Say) -> None:
+        super().__init__(name="worker-watch", daemon=True)
+        self.plan, self.restart, self.say = plan, restart, say
+        self.container_ids = {node.name: c.id for node, c in zip(plan.nodes[1:], containers[1:])}
+        self.lost: dict[str, str] = {}
+        """Nodes whose worker is down right now, and why."""
+        self.restarts: dict[str, int] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            drivers = {node.name: NodeDriver.connect(node) for node in self.plan.nodes[1:]}
+            containers = {name: drivers[name].client.containers.get(cid) for name, cid in self.container_ids.items()}
+            while not self.done.wait(1):
+                for name, container in containers.items():
+                    self.check(name, drivers[name], container)
+        except Exception as error:  # the job goes on; only the watching stops
+            self.say(f"worker watch stopped: {type(error).__name__}: {error}")
+
+    def check(self, name: str, driver: NodeDriver, container) -> None:
+        problem = driver.worker_problem(container)
+        if problem is None:
+            self.lost.pop(name, None)
+            return
+        if name not in self.lost:
+            self.say(f"{name}: {problem}; the elastic job goes on without it")
+        self.lost[name] = problem
+        if self.restart and "removed" not in problem and self.restarts.get(name, 0) < self.MAX_RESTARTS:
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            container.start()
+            self.say(f"{name}: worker started again (restart {self.restarts[name]} of at most "
+                     f"{self.MAX_RESTARTS}); it rejoins at the next host discovery")
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=10)
+
+
+def elastic_failure(plan: ClusterPlan, drivers: list[NodeDriver], containers: list,
+                    watch: WorkerWatch) -> str | None:
+    """The root cause when an elastic job fails: its driver's node lost, or too few nodes left."""
+    problem = drivers[0].worker_problem(containers[0])
+    if problem:
+        return (f"{plan.rank0.name}: {problem} during the run; the elastic driver runs on rank 0's node, so the job "
+                "ended with it")
+    if watch.lost:
+        lost = "; ".join(f"{name} ({why})" for name, why in sorted(watch.lost.items()))
+        return (f"the elastic job fell below --min-nodes {plan.elastic_min_nodes} for {plan.elastic_timeout} s: "
+                f"lost {lost}")
+    return None
 
 
 def dead_worker(drivers: list[NodeDriver], containers: list) -> str | None:
@@ -226,8 +286,8 @@ def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool =
         hand_over_trust(plan, drivers, containers, keys, deadline, say)
         wait_until_ready(plan, drivers, containers, deadline, say)
         check_command(plan, drivers, containers)
-        say(f"all {len(drivers)} nodes ready in {time.monotonic() - started:.1f} s; running mpirun in "
-            f"{containers[0].name}")
+        say(f"all {len(drivers)} nodes ready in {time.monotonic() - started:.1f} s; running "
+            f"{'horovodrun (elastic)' if plan.elastic else 'mpirun'} in {containers[0].name}")
         if detach:
             drivers[0].exec_detached(containers[0], ["bash", "-c", plan.detached_job_script(keep_running)])
             detached = True
@@ -236,11 +296,19 @@ def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool =
             say(f"detached: cluster {plan.cluster_id}; {ending}. Follow with `launcher logs --follow`, see how it "
                 "went with `launcher status`, remove it with `launcher stop`")
             return 0
-        status = run_mpirun(plan, drivers, containers, out)
-        if status != 0:
-            cause = dead_worker(drivers, containers)
-            if cause:
-                raise LaunchError(cause)
+        if plan.elastic:
+            watch = WorkerWatch(plan, containers, settings.restart_workers, say)
+            watch.start()
+            try:
+                status = run_job(plan, drivers, containers, out)
+            finally:
+                watch.stop()
+            cause = elastic_failure(plan, drivers, containers, watch) if status != 0 else None
+        else:
+            status = run_job(plan, drivers, containers, out)
+            cause = dead_worker(drivers, containers) if status != 0 else None
+        if cause:
+            raise LaunchError(cause)
         say(f"job finished with exit status {status}")
         return status
     except KeyboardInterrupt:

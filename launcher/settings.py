@@ -52,6 +52,14 @@ class LaunchSettings:
     """KEY=VALUE pairs for every rank (--env, repeatable)."""
     workdir: Path | None = None
     """A local folder copied to /workdir in every worker container, the command's working directory."""
+    elastic_min_nodes: int | None = None
+    """Elastic training (--elastic): the job goes on while at least this many nodes' workers remain."""
+    elastic_max_nodes: int | None = None
+    """Elastic: the most nodes that train at once (default: all of --nodes)."""
+    elastic_timeout: int = 60
+    """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
+    restart_workers: bool = False
+    """Elastic: the launcher starts a node's worker again when it stops; it rejoins at the next discovery."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -86,9 +94,28 @@ class LaunchSettings:
                     f"--workdir {self.workdir} holds {size / 1024**2:.0f} MB, more than the "
                     f"{WORKDIR_LIMIT_BYTES // 1024**2} MB copied to every node: put data in SHARED_DIR, or bake "
                     "the code into an image FROM horovod-stack:latest (README)")
+        self._check_elastic()
         unknown = sorted(set(self.engines) - set(self.nodes))
         if unknown:
             raise SettingsError(f"an engine override names {unknown[0]!r}, which is not in --nodes")
+
+    def _check_elastic(self) -> None:
+        count = len(self.nodes)
+        if self.elastic_min_nodes is None:
+            if self.elastic_max_nodes is not None or self.restart_workers:
+                raise SettingsError("--max-nodes and --restart-workers are for elastic jobs: add --elastic")
+            return
+        if not 1 <= self.elastic_min_nodes <= count:
+            raise SettingsError(f"--min-nodes must be from 1 to the {count} node(s) in --nodes "
+                                f"(got {self.elastic_min_nodes})")
+        if self.elastic_max_nodes is not None and not self.elastic_min_nodes <= self.elastic_max_nodes <= count:
+            raise SettingsError(f"--max-nodes must be from --min-nodes ({self.elastic_min_nodes}) to the {count} "
+                                f"node(s) in --nodes (got {self.elastic_max_nodes})")
+        if self.elastic_timeout <= 0:
+            raise SettingsError(f"ELASTIC_TIMEOUT must be positive seconds (got {self.elastic_timeout})")
+        if not self.network_interface:
+            raise SettingsError("--elastic needs the NIC the nodes reach each other on: pass --network-interface "
+                                "(e.g. eth0; `ip -br addr` on a node lists them)")
 
     def engine_url(self, node: str) -> str:
         return self.engines.get(node) or f"ssh://{node}"
@@ -107,6 +134,9 @@ class LaunchSettings:
             command=self.command,
             env=self.env,
             workdir=str(self.workdir) if self.workdir else None,
+            elastic_min_nodes=self.elastic_min_nodes,
+            elastic_max_nodes=self.elastic_max_nodes,
+            elastic_timeout=self.elastic_timeout,
         )
 
 
@@ -134,7 +164,9 @@ def load_env_file(path: Path | None) -> dict[str, str]:
 def resolve_settings(env: dict[str, str], *, nodes: str | None, slots: int | None = None,
                      gpus_per_node: int | None = None, image: str | None = None, ssh_port: int | None = None,
                      network_interface: str | None = None, command: tuple[str, ...] = TRAINER,
-                     env_vars: tuple[str, ...] = (), workdir: Path | None = None) -> LaunchSettings:
+                     env_vars: tuple[str, ...] = (), workdir: Path | None = None,
+                     elastic_min_nodes: int | None = None, elastic_max_nodes: int | None = None,
+                     restart_workers: bool = False) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults."""
     node_list = tuple(n.strip() for n in (nodes or env.get("NODES", "")).split(",") if n.strip())
     chosen = {
@@ -147,8 +179,10 @@ def resolve_settings(env: dict[str, str], *, nodes: str | None, slots: int | Non
         "shared_dir": env.get("SHARED_DIR"),
         "shm_size": env.get("SHM_SIZE"),
         "ready_timeout": _as_int(env, "READY_TIMEOUT", "READY_TIMEOUT in .env"),
+        "elastic_timeout": _as_int(env, "ELASTIC_TIMEOUT", "ELASTIC_TIMEOUT in .env"),
     }
     engines = {node: env[engine_override_key(node)] for node in node_list if env.get(engine_override_key(node))}
     return LaunchSettings(nodes=node_list, engines=engines, command=tuple(command), env=tuple(env_vars),
-                          workdir=workdir,
+                          workdir=workdir, elastic_min_nodes=elastic_min_nodes,
+                          elastic_max_nodes=elastic_max_nodes, restart_workers=restart_workers,
                           **{key: value for key, value in chosen.items() if value is not None})

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import datetime, timezone
@@ -275,3 +276,104 @@ def node_file(cluster: Cluster, node_name: str, path: str) -> str:
     node = next(n for n in cluster.nodes if n.name == node_name)
     return node.client().containers.run(IMAGE, ["cat", path], volumes={"horovod-stack-shared": {
         "bind": "/shared", "mode": "ro"}}, remove=True).decode()
+
+
+class BackgroundLaunch:
+    """`launcher start ...` in the background, rank 0's output read as it comes (with when each line came)."""
+
+    def __init__(self, cluster: Cluster, *args: str) -> None:
+        self.process = subprocess.Popen([LAUNCHER, *args], env=cluster.launcher_env(), stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+        self.lines: list[tuple[float, str]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line))
+
+    def wait_for(self, text: str, timeout: float = 300) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = [when for when, line in self.lines if text in line]
+            if seen:
+                return seen[0]
+            assert self.process.poll() is None or self.reader.is_alive(), self.stderr_tail()
+            time.sleep(0.1)
+        raise AssertionError(f"no {text!r} within {timeout} s: {self.stderr_tail()}")
+
+    def finish(self, timeout: float = 600) -> tuple[int, str, str]:
+        _, stderr = self.process.communicate(timeout=timeout)
+        self.reader.join(timeout=10)
+        return self.process.returncode, "".join(line for _, line in self.lines), stderr
+
+    def stderr_tail(self) -> str:
+        return "" if self.process.poll() is None else self.process.stderr.read()[-3000:]
+
+
+def elastic_args(cluster: Cluster, metrics: str, *extra: str, epochs: int = 30) -> list[str]:
+    return [*start_args(cluster, "--push-image", "--elastic", "--min-nodes", "1", *extra), "--", "--dataset",
+            "synthetic", "--epochs", str(epochs), "--metrics-file", f"/shared/runs/{metrics}"]
+
+
+def kill_worker(cluster: Cluster, node_name: str) -> float:
+    node = next(n for n in cluster.nodes if n.name == node_name)
+    node.client().containers.list(filters={"label": f"horovod-stack.node={node_name}"})[0].kill()
+    return time.monotonic()
+
+
+def world_sizes(cluster: Cluster, metrics: str) -> list[int]:
+    return [json.loads(line)["world_size"]
+            for line in node_file(cluster, "node_1", f"/shared/runs/{metrics}").splitlines()]
+
+
+def test_elastic_job_goes_on_without_a_killed_worker(cluster):
+    """--elastic --min-nodes 1: node_2's worker killed mid-run; training finishes on node_1 alone."""
+    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-drop.jsonl"))
+    run.wait_for("epoch 2/30:")
+    killed = kill_worker(cluster, "node_2")
+    resumed = run.wait_for("first step at world size 1", timeout=120)
+    print(f"\nelastic (launcher): from docker kill to the first step at world size 1: {resumed - killed:.1f} s")
+    status, output, stderr = run.finish()
+    assert status == 0, stderr[-3000:] + output[-3000:]
+    assert "world size 2 -> 1" in output and "node_2: its worker container stopped (killed)" in stderr
+    sizes = world_sizes(cluster, "elastic-drop.jsonl")
+    assert len(sizes) == 30 and sizes[0] == 2 and sizes[-1] == 1 and sizes == sorted(sizes, reverse=True), sizes
+    assert_nothing_left(cluster)
+
+
+def test_elastic_job_takes_a_restarted_worker_back(cluster):
+    """--restart-workers: the launcher starts node_2's killed worker again and it rejoins (2 -> 1 -> 2)."""
+    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-rejoin.jsonl", "--restart-workers", epochs=60))
+    run.wait_for("epoch 2/60:")
+    killed = kill_worker(cluster, "node_2")
+    run.wait_for("world size 2 -> 1", timeout=120)
+    rejoined = run.wait_for("world size 1 -> 2", timeout=300)
+    print(f"\nelastic (launcher): node_2 back in training {rejoined - killed:.1f} s after it was killed")
+    status, output, stderr = run.finish()
+    assert status == 0, stderr[-3000:] + output[-3000:]
+    assert "node_2: worker started again" in stderr
+    sizes = world_sizes(cluster, "elastic-rejoin.jsonl")
+    changes = [size for i, size in enumerate(sizes) if i == 0 or size != sizes[i - 1]]
+    assert changes == [2, 1, 2], sizes
+    assert_nothing_left(cluster)
+
+
+def test_elastic_job_below_its_minimum_fails_naming_the_lost_node(cluster):
+    env_file = cluster.root / "elastic.env"
+    env_file.write_text(cluster.env_file().read_text() + "ELASTIC_TIMEOUT=10\n")
+    args = ["start", "--env-file", str(env_file), "--push-image", "--elastic", "--min-nodes", "2", "--",
+            "--dataset", "synthetic", "--epochs", "200"]
+    run = BackgroundLaunch(cluster, *args)
+    run.wait_for("epoch 1/200:")
+    kill_worker(cluster, "node_2")
+    status, _, stderr = run.finish(timeout=300)
+    assert status == 1
+    assert error_lines(run_result(stderr)) == [
+        "error: the elastic job fell below --min-nodes 2 for 10 s: lost node_2 (its worker container stopped "
+        "(killed))"], stderr[-3000:]
+    assert_nothing_left(cluster)
+
+
+def run_result(stderr: str) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess([], 1, "", stderr)
