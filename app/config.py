@@ -7,6 +7,7 @@ a half-started job. Each error names the flag and what to pass instead.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import tempfile
 from dataclasses import dataclass
@@ -161,6 +162,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     for flag, folder in (("--checkpoint-dir", config.checkpoint_dir), ("--tensorboard-dir", config.tensorboard_dir)):
         if folder is not None:
             check_writable_dir(folder, flag)
+    if config.tensorboard_dir is not None and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--tensorboard-dir (and --run-dir) need the tensorboard package: pip install tensorboard")
     for flag, path in (("--metrics-file", config.metrics_file), ("--summary-file", config.summary_file)):
         if path is not None:
             check_writable_file(path, flag)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from app import checkpoint, consistency, data, metrics
+from app import checkpoint, consistency, data, metrics, observe
 from app.config import ConfigError, TrainConfig, parse_config
 from app.model import SimpleNet
 from app.schedule import learning_rate, scaled_lr
@@ -84,12 +84,12 @@ def make_loader(dataset: Dataset, config: TrainConfig, shuffle: bool) -> tuple[D
 
 
 def train_epoch(epoch: int, model, optimizer, loader: DataLoader, sampler: DistributedSampler,
-                config: TrainConfig, device: torch.device, target_lr: float) -> tuple[float, int]:
+                config: TrainConfig, device: torch.device, target_lr: float,
+                observer: observe.Observer) -> tuple[float, int]:
     """One pass over this rank's shard. Returns (mean loss over all ranks, samples seen by all ranks)."""
     model.train()
     sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
     steps = len(loader)
-    interval = config.log_interval or max(1, steps // 4)
     loss_sum, seen = 0.0, 0
     for step, (images, labels) in enumerate(loader):
         global_step = (epoch - 1) * steps + step
@@ -102,9 +102,8 @@ def train_epoch(epoch: int, model, optimizer, loader: DataLoader, sampler: Distr
         optimizer.step()
         loss_sum += loss.item() * len(labels)
         seen += len(labels)
-        if (step + 1) % interval == 0 or step + 1 == steps:
-            log.info("epoch %d [%d/%d batches] loss %.4f lr %.4f", epoch, step + 1, steps, loss.item(),
-                     optimizer.param_groups[0]["lr"])
+        observer.step(epoch=epoch, step=step + 1, steps=steps, global_step=global_step + 1, loss=loss.item(),
+                      lr=optimizer.param_groups[0]["lr"])
     totals = hvd.allreduce(torch.tensor([loss_sum, float(seen)], dtype=torch.float64), op=hvd.Sum,
                            name="train_totals")
     return (totals[0] / totals[1]).item(), int(totals[1].item())
@@ -201,11 +200,12 @@ def run(config: TrainConfig) -> EpochResult:
              config.warmup_epochs, "adasum" if config.use_adasum else "average",
              ", fp16 allreduce" if config.fp16_allreduce else "")
 
+    observer = observe.Observer(config, enabled=hvd.rank() == 0)
     result = None
     for epoch in range(start_epoch, config.epochs + 1):
         started = time.perf_counter()
         train_loss, samples = train_epoch(epoch, model, optimizer, train_loader, train_sampler, config, device,
-                                          target_lr)
+                                          target_lr, observer)
         train_seconds = time.perf_counter() - started
         val_sampler.set_epoch(epoch)
         val_loss, val_accuracy = evaluate(model, val_loader, device)
@@ -215,12 +215,15 @@ def run(config: TrainConfig) -> EpochResult:
             log.info("epoch %d/%d: train loss %.4f, val loss %.4f, val accuracy %.4f, %.0f samples/s, %.1f s",
                      epoch, config.epochs, train_loss, val_loss, val_accuracy, result.samples_per_sec,
                      result.seconds)
+            record = {**result.__dict__, "world_size": hvd.size(), "lr": optimizer.param_groups[0]["lr"]}
             if config.metrics_file is not None:
-                metrics.append_record(config.metrics_file, {**result.__dict__, "world_size": hvd.size()})
+                metrics.append_record(config.metrics_file, record)
+            observer.epoch(record)
             if config.checkpoint_dir is not None:
                 checkpoint.save_checkpoint(config.checkpoint_dir, {
                     "epoch": epoch, "dataset": config.dataset, "model": model.state_dict(),
                     "optimizer": optimizer.state_dict()})
+    observer.finish()
 
     ranks = verify_identical_parameters(model)
     if hvd.rank() == 0:
