@@ -11,7 +11,8 @@ import typer
 
 from launcher import jobstate, session
 from launcher.driver import NodeDriver, NodeError
-from launcher.plan import JOB_LOG, JOB_STATUS, LABEL_CLUSTER, LABEL_ROLE, NIC_SETTING, job_command, nic_problem
+from launcher.plan import (JOB_LOG, JOB_STATUS, LABEL_CLUSTER, LABEL_ROLE, NIC_SETTING, job_command, nic_problem,
+                           run_dir)
 from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -118,7 +119,8 @@ def status(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
             cluster = container.labels.get(LABEL_CLUSTER)
             members = [(d, c, d.container_state(c)) for d in drivers for c in d.cluster_containers(cluster)]
             state = jobstate.describe(driver.container_state(container), driver.read_file(container, JOB_STATUS),
-                                      driver.read_file(container, JOB_LOG) or "", [m[2] for m in members])
+                                      driver.read_file(container, JOB_LOG) or "", [m[2] for m in members],
+                                      metrics=driver.read_file(container, f"{run_dir(cluster)}/metrics.jsonl"))
             typer.echo(f"cluster {cluster}: {state}")
             for member_driver, member, member_state in members:
                 ended = "" if member_state.running else f" (exit status {member_state.exit_code})"
