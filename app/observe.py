@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, TextIO
 
-from app import curves, metrics
+from app import metrics
 from app.config import TrainConfig
 
 log = logging.getLogger("app.observe")
@@ -92,6 +92,8 @@ class Observer:
         if self.config.curves_file is None or not self.config.metrics_file.exists():
             return
         try:
+            from app import curves  # matplotlib: rank 0 alone, once, at the end
+
             curves.draw(metrics.read_records(self.config.metrics_file), self.config.curves_file)
         except Exception as error:  # the training itself succeeded; a missing picture must not fail the run
             log.warning("curves.png not drawn (%s: %s); `python -m app.report %s` draws it", type(error).__name__,
