@@ -108,8 +108,9 @@ class NodeDriver:
         """Whether something on the node already listens on `port`, and the node's NICs, from one short-lived
         host-network container of the image (what the workers will see, whatever the launcher's machine has)."""
         output = self.client.containers.run(
+            # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
             image, ["bash", "-c", f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo taken || echo free; "
-                                  "ls /sys/class/net"],
+                                  "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print $2}'"],
             network_mode="host", remove=True, user="mpiuser")
         port_state, *nics = output.decode().split()
         return HostView(port_taken=port_state == "taken", nics=tuple(nics))
