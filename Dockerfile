@@ -64,6 +64,8 @@ COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horov
 ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     SSH_PORT=12345 PIP_FIND_LINKS=
 USER mpiuser
+# matplotlib's font cache, made once here rather than by every job's rank 0 (curves.png) in a fresh container.
+RUN python -c "import matplotlib.font_manager"
 WORKDIR /home/mpiuser
 ENTRYPOINT ["/opt/horovod-stack/docker/entrypoint.sh"]
 CMD ["worker"]

@@ -7,12 +7,17 @@ a half-started job. Each error names the flag and what to pass instead.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 DATASETS = ("mnist", "digits", "synthetic")
+PROGRESS_MODES = ("auto", "bar", "lines")
+RUN_DIR_LAYOUT = {"metrics_file": "metrics.jsonl", "summary_file": "summary.json",
+                  "checkpoint_dir": "checkpoints", "tensorboard_dir": "tb"}
+"""What --run-dir puts where, for each setting not given by its own flag."""
 
 
 class ConfigError(ValueError):
@@ -45,8 +50,14 @@ class TrainConfig:
     """At the end rank 0 writes one JSON object: final metrics and, per rank, host and parameter digest."""
     checkpoint_dir: Path | None = None
     resume: bool = False
+    run_dir: Path | None = None
+    """One run's folder: metrics, summary, checkpoints, TensorBoard events and curves.png default to it."""
+    tensorboard_dir: Path | None = None
+    """Rank 0 writes TensorBoard scalars here, per logging step and per epoch."""
     log_interval: int = 0
     """Batches between progress lines within an epoch; 0 means about four lines per epoch."""
+    progress: str = "auto"
+    """bar (tqdm, one per epoch), lines (plain log lines) or auto: a bar when rank 0 writes to a terminal."""
     no_cuda: bool = False
     elastic: bool = False
     """Elastic Horovod (run under `horovodrun --min-np/--max-np --host-discovery-script`): a lost worker rolls
@@ -68,7 +79,14 @@ class TrainConfig:
         _require(self.log_interval >= 0, f"--log-interval must be 0 or more (got {self.log_interval})")
         _require(self.commit_every >= 1, f"--commit-every must be at least 1 (got {self.commit_every})")
         _require(not (self.resume and self.checkpoint_dir is None),
-                 "--resume needs --checkpoint-dir: pass the folder the interrupted run wrote to")
+                 "--resume needs --checkpoint-dir (or --run-dir): pass the folder the interrupted run wrote to")
+        _require(self.progress in PROGRESS_MODES,
+                 f"--progress must be one of {', '.join(PROGRESS_MODES)} (got {self.progress!r})")
+
+    @property
+    def curves_file(self) -> Path | None:
+        """The training-curve picture rank 0 draws at the end, beside the metrics it is drawn from."""
+        return self.metrics_file.with_name("curves.png") if self.metrics_file is not None else None
 
 
 def _require(condition: bool, message: str) -> None:
@@ -126,8 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", type=Path, help="rank 0 saves a checkpoint here every epoch")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --checkpoint-dir")
+    parser.add_argument("--run-dir", type=Path,
+                        help="one run's folder: metrics.jsonl, summary.json, checkpoints/, tb/ and curves.png go "
+                             "there unless their own flags say otherwise")
+    parser.add_argument("--tensorboard-dir", type=Path, help="rank 0 writes TensorBoard scalars here")
     parser.add_argument("--log-interval", type=int, default=defaults.log_interval,
                         help="batches between progress lines (default: about four per epoch)")
+    parser.add_argument("--progress", default=defaults.progress,
+                        help="bar, lines or auto: a bar when rank 0's output is a terminal; under mpirun every "
+                             "rank writes to Open MPI's own pty, so auto means lines there (default: %(default)s)")
     parser.add_argument("--no-cuda", action="store_true", help="train on the CPU even where CUDA is available")
     parser.add_argument("--elastic", action="store_true",
                         help="elastic training: keep going when workers leave or join (start under horovodrun "
@@ -139,10 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Parses and validates; raises ConfigError (argparse's own errors still exit with status 2)."""
-    args = build_parser().parse_args(argv)
-    config = TrainConfig(**vars(args))
-    if config.checkpoint_dir is not None:
-        check_writable_dir(config.checkpoint_dir, "--checkpoint-dir")
+    values = vars(build_parser().parse_args(argv))
+    if values["run_dir"] is not None:
+        check_writable_dir(values["run_dir"], "--run-dir")
+        for key, name in RUN_DIR_LAYOUT.items():
+            if values[key] is None:
+                values[key] = values["run_dir"] / name
+    config = TrainConfig(**values)
+    for flag, folder in (("--checkpoint-dir", config.checkpoint_dir), ("--tensorboard-dir", config.tensorboard_dir)):
+        if folder is not None:
+            check_writable_dir(folder, flag)
+    if config.tensorboard_dir is not None and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--tensorboard-dir (and --run-dir) need the tensorboard package: pip install tensorboard")
     for flag, path in (("--metrics-file", config.metrics_file), ("--summary-file", config.summary_file)):
         if path is not None:
             check_writable_file(path, flag)

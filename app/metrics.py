@@ -2,6 +2,7 @@
 
 A resumed run first drops the records of epochs after its checkpoint (a run killed after logging an epoch but
 before checkpointing it would otherwise list that epoch twice); a fresh run starts the file empty.
+`lr` is the learning rate at the epoch's end (files written before it was recorded lack it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-FIELDS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_sec", "world_size", "seconds")
+FIELDS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_sec", "world_size", "seconds", "lr")
 
 
 def keep_epochs_up_to(path: Path, last_epoch: int) -> None:
@@ -32,3 +33,16 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         raise ValueError(f"metrics record lacks {sorted(missing)}")
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps({field: record[field] for field in FIELDS}) + "\n")
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records in `path`; a last line cut short (the run was killed while writing it) is left out."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{path}: line {number} is not a JSON record") from None
+    return records

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from app import checkpoint, consistency, data, metrics
+from app import checkpoint, consistency, data, metrics, observe
 from app.config import ConfigError, TrainConfig, parse_config
 from app.model import SimpleNet
 from app.schedule import learning_rate, rate_at, scaled_lr
@@ -104,20 +104,20 @@ def train_step(model, optimizer, images: torch.Tensor, labels: torch.Tensor, lr:
 
 
 def train_epoch(epoch: int, model, optimizer, loader: DataLoader, sampler: DistributedSampler,
-                config: TrainConfig, device: torch.device, target_lr: float) -> tuple[float, int]:
+                config: TrainConfig, device: torch.device, target_lr: float,
+                observer: observe.Observer) -> tuple[float, int]:
     """One pass over this rank's shard. Returns (mean loss over all ranks, samples seen by all ranks)."""
     model.train()
     sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
     steps = len(loader)
-    interval = config.log_interval or max(1, steps // 4)
     loss_sum, seen = 0.0, 0
     for step, (images, labels) in enumerate(loader):
-        lr = learning_rate((epoch - 1) * steps + step, steps, config.base_lr, target_lr, config.warmup_epochs)
+        global_step = (epoch - 1) * steps + step
+        lr = learning_rate(global_step, steps, config.base_lr, target_lr, config.warmup_epochs)
         loss = train_step(model, optimizer, images.to(device), labels.to(device), lr)
         loss_sum += loss * len(labels)
         seen += len(labels)
-        if (step + 1) % interval == 0 or step + 1 == steps:
-            log.info("epoch %d [%d/%d batches] loss %.4f lr %.4f", epoch, step + 1, steps, loss, lr)
+        observer.step(epoch=epoch, step=step + 1, steps=steps, global_step=global_step + 1, loss=loss, lr=lr)
     return sum_over_ranks(loss_sum, seen)
 
 
@@ -192,6 +192,8 @@ class ResetLog:
     def __init__(self) -> None:
         self.world_size = hvd.size()
         self.last_step = time.monotonic()
+        self.steps = 0
+        """Steps this process has taken (rolled-back ones included): TensorBoard's x-axis for step scalars."""
         self.pending: dict | None = None
         self.events: list[dict] = []
 
@@ -211,15 +213,18 @@ class ResetLog:
                      event["to_size"], event["seconds_without_a_step"], event["from_size"])
             self.pending = None
         self.last_step = now
+        self.steps += 1
 
 
-def record_epoch(config: TrainConfig, result: EpochResult, model, optimizer) -> None:
-    """Rank 0, after each epoch: the log line, the metrics record and the checkpoint."""
+def record_epoch(config: TrainConfig, result: EpochResult, model, optimizer, observer: observe.Observer) -> None:
+    """Rank 0, after each epoch: the log line, the metrics record, TensorBoard's scalars and the checkpoint."""
     log.info("epoch %d/%d: train loss %.4f, val loss %.4f, val accuracy %.4f, %.0f samples/s, %.1f s, %d ranks",
              result.epoch, config.epochs, result.train_loss, result.val_loss, result.val_accuracy,
              result.samples_per_sec, result.seconds, hvd.size())
+    record = {**result.__dict__, "world_size": hvd.size(), "lr": optimizer.param_groups[0]["lr"]}
     if config.metrics_file is not None:
-        metrics.append_record(config.metrics_file, {**result.__dict__, "world_size": hvd.size()})
+        metrics.append_record(config.metrics_file, record)
+    observer.epoch(record)
     if config.checkpoint_dir is not None:
         checkpoint.save_checkpoint(config.checkpoint_dir, {
             "epoch": result.epoch, "dataset": config.dataset, "model": model.state_dict(),
@@ -227,7 +232,7 @@ def record_epoch(config: TrainConfig, result: EpochResult, model, optimizer) -> 
 
 
 def fixed_size_training(config: TrainConfig, model, optimizer, train_set: Dataset, val_set: Dataset,
-                        device: torch.device, start_epoch: int) -> EpochResult | None:
+                        device: torch.device, start_epoch: int, observer: observe.Observer) -> EpochResult | None:
     train_loader, train_sampler = make_loader(train_set, config, shuffle=True)
     val_loader, val_sampler = make_loader(val_set, config, shuffle=False)
     target_lr = scaled_lr(config.base_lr, hvd.size(), config.use_adasum)
@@ -235,19 +240,20 @@ def fixed_size_training(config: TrainConfig, model, optimizer, train_set: Datase
     for epoch in range(start_epoch, config.epochs + 1):
         started = time.perf_counter()
         train_loss, samples = train_epoch(epoch, model, optimizer, train_loader, train_sampler, config, device,
-                                          target_lr)
+                                          target_lr, observer)
         train_seconds = time.perf_counter() - started
         val_sampler.set_epoch(epoch)
         val_loss, val_accuracy = evaluate(model, val_loader, device)
         result = EpochResult(epoch, train_loss, val_loss, val_accuracy, samples / train_seconds,
                              time.perf_counter() - started)
         if hvd.rank() == 0:
-            record_epoch(config, result, model, optimizer)
+            record_epoch(config, result, model, optimizer, observer)
     return result
 
 
 def elastic_training(config: TrainConfig, model, optimizer, train_set: Dataset, val_set: Dataset,
-                     device: torch.device, start_epoch: int, resets: ResetLog) -> EpochResult | None:
+                     device: torch.device, start_epoch: int, resets: ResetLog,
+                     observer: observe.Observer) -> EpochResult | None:
     """The epoch loop under `hvd.elastic.run`. The elastic sampler hands out only the samples of the epoch not
     yet trained on, re-sharded over whoever is there after each reset; an epoch's loss and throughput cover the
     part of it run since the last reset."""
@@ -259,6 +265,7 @@ def elastic_training(config: TrainConfig, model, optimizer, train_set: Dataset, 
 
     def on_reset() -> None:
         setup_logging(hvd.rank())  # ranks are renumbered: whoever is rank 0 now speaks for the job
+        observer.set_enabled(hvd.rank() == 0)
         sampler.reset()  # re-shard the rest of the epoch over the new world (a removal skips the state sync)
         resets.on_reset(state.epoch)
 
@@ -269,7 +276,6 @@ def elastic_training(config: TrainConfig, model, optimizer, train_set: Dataset, 
         while state.epoch <= config.epochs:
             epoch, started = state.epoch, time.perf_counter()
             model.train()
-            interval = config.log_interval or max(1, len(loader) // 4)
             loss_sum, seen = 0.0, 0
             for step, (images, labels) in enumerate(loader):
                 target_lr = scaled_lr(config.base_lr, hvd.size(), config.use_adasum)
@@ -280,9 +286,8 @@ def elastic_training(config: TrainConfig, model, optimizer, train_set: Dataset, 
                 resets.stepped()
                 loss_sum += loss * len(labels)
                 seen += len(labels)
-                if (step + 1) % interval == 0 or step + 1 == len(loader):
-                    log.info("epoch %d [%d/%d batches] loss %.4f lr %.4f, %d ranks", epoch, step + 1, len(loader),
-                             loss, lr, hvd.size())
+                observer.step(epoch=epoch, step=step + 1, steps=len(loader), global_step=resets.steps, loss=loss,
+                              lr=lr)
                 if (step + 1) % config.commit_every == 0:
                     state.commit()
             train_loss, samples = sum_over_ranks(loss_sum, seen)
@@ -296,7 +301,7 @@ def elastic_training(config: TrainConfig, model, optimizer, train_set: Dataset, 
             # is recorded twice.
             state.save()
             if hvd.rank() == 0:
-                record_epoch(config, state.result, model, optimizer)
+                record_epoch(config, state.result, model, optimizer, observer)
             state.check_host_updates()
         return state.result
 
@@ -336,11 +341,13 @@ def run(config: TrainConfig) -> EpochResult | None:
              "adasum" if config.use_adasum else "average", ", fp16 allreduce" if config.fp16_allreduce else "",
              f", elastic (commit every {config.commit_every} batches)" if config.elastic else "")
 
-    resets = ResetLog()
+    resets, observer = ResetLog(), observe.Observer(config, enabled=hvd.rank() == 0)
     if config.elastic:
-        result = elastic_training(config, model, optimizer, train_set, val_set, device, start_epoch, resets)
+        result = elastic_training(config, model, optimizer, train_set, val_set, device, start_epoch, resets,
+                                  observer)
     else:
-        result = fixed_size_training(config, model, optimizer, train_set, val_set, device, start_epoch)
+        result = fixed_size_training(config, model, optimizer, train_set, val_set, device, start_epoch, observer)
+    observer.finish()
 
     ranks = verify_identical_parameters(model)
     if hvd.rank() == 0:

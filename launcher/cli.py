@@ -11,13 +11,15 @@ import typer
 
 from launcher import jobstate, session
 from launcher.driver import NodeDriver, NodeError
-from launcher.plan import JOB_LOG, JOB_STATUS, LABEL_CLUSTER, LABEL_ROLE, job_command
+from launcher.plan import (JOB_LOG, JOB_STATUS, LABEL_CLUSTER, LABEL_ROLE, NIC_SETTING, job_command, nic_problem,
+                           run_dir)
 from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run Horovod training across Docker hosts: one worker container per node, mpirun from rank 0.")
 
 NODES_HELP = "Comma-separated hosts, rank 0 first (default: NODES in .env)."
+NIC_HELP = f"NIC every node has, for Open MPI, NCCL and Gloo traffic (default: {NIC_SETTING} in .env)."
 ENV_FILE_HELP = "Settings file (default: ./.env if present)."
 
 
@@ -53,7 +55,7 @@ def start(
     gpus_per_node: Optional[int] = typer.Option(None, help="Ranks per node, one GPU each (NVIDIA Container Toolkit)."),
     image: Optional[str] = typer.Option(None, help="Image to run (default horovod-stack:latest)."),
     ssh_port: Optional[int] = typer.Option(None, help="Port of the workers' sshd (default 12345)."),
-    network_interface: Optional[str] = typer.Option(None, help="NIC for Open MPI, NCCL and Gloo traffic."),
+    network_interface: Optional[str] = typer.Option(None, help=NIC_HELP),
     env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP),
     push_image: bool = typer.Option(False, help="Copy the image from this machine's engine to nodes that lack it."),
     detach: bool = typer.Option(False, help="Return once training runs; follow with `launcher logs --follow`; "
@@ -133,7 +135,8 @@ def status(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
             cluster = container.labels.get(LABEL_CLUSTER)
             members = [(d, c, d.container_state(c)) for d in drivers for c in d.cluster_containers(cluster)]
             state = jobstate.describe(driver.container_state(container), driver.read_file(container, JOB_STATUS),
-                                      driver.read_file(container, JOB_LOG) or "", [m[2] for m in members])
+                                      driver.read_file(container, JOB_LOG) or "", [m[2] for m in members],
+                                      metrics=driver.read_file(container, f"{run_dir(cluster)}/metrics.jsonl"))
             typer.echo(f"cluster {cluster}: {state}")
             for member_driver, member, member_state in members:
                 ended = "" if member_state.running else f" (exit status {member_state.exit_code})"
@@ -178,12 +181,14 @@ def doctor(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
            image: Optional[str] = typer.Option(None, help="Image to check (default horovod-stack:latest)."),
            ssh_port: Optional[int] = typer.Option(None, help="Port the workers' sshd will use."),
            gpus_per_node: Optional[int] = typer.Option(None, help="Check for GPUs too."),
+           network_interface: Optional[str] = typer.Option(None, help=NIC_HELP),
            env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
-    """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, clock skew.
+    """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, NIC there, clock skew.
 
-    Example: launcher doctor --nodes node_1,node_2
+    Example: launcher doctor --nodes node_1,node_2 --network-interface ens5
     """
-    settings = settings_from(nodes, env_file, image=image, ssh_port=ssh_port, gpus_per_node=gpus_per_node)
+    settings = settings_from(nodes, env_file, image=image, ssh_port=ssh_port, gpus_per_node=gpus_per_node,
+                             network_interface=network_interface)
     problems, image_ids = [], {}
     for node in settings.plan(cluster_id="-").nodes:
         try:
@@ -199,10 +204,17 @@ def doctor(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
             typer.echo(f"{node.name}: image         FAIL {settings.image} missing (launcher start --push-image copies it)")
         else:
             typer.echo(f"{node.name}: image         ok ({image_ids[node.name][7:19]})")
-            taken = driver.port_in_use(settings.image, settings.ssh_port)
-            if taken:
+            view = driver.host_view(settings.image, settings.ssh_port)
+            if view.port_taken:
                 problems.append(f"{node.name}: port {settings.ssh_port} in use")
-            typer.echo(f"{node.name}: ssh port      {'FAIL in use' if taken else 'ok free'} ({settings.ssh_port})")
+            typer.echo(f"{node.name}: ssh port      {'FAIL in use' if view.port_taken else 'ok free'} "
+                       f"({settings.ssh_port})")
+            if settings.network_interface:
+                nic = nic_problem(settings.network_interface, view.nics)
+                if nic:
+                    problems.append(f"{node.name}: {nic}")
+                typer.echo(f"{node.name}: network iface {'FAIL ' + nic if nic else 'ok'} "
+                           f"({settings.network_interface})")
         if settings.gpus_per_node:
             gpus = driver.has_nvidia_runtime()
             if not gpus:

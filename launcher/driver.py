@@ -10,6 +10,7 @@ import io
 import tarfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import docker
@@ -45,6 +46,13 @@ def _tolerate_closed_ssh_pipe() -> None:
 
 
 _tolerate_closed_ssh_pipe()
+
+
+@dataclass(frozen=True)
+class HostView:
+    """The node as its host-network workers will see it."""
+    port_taken: bool
+    nics: tuple[str, ...]
 
 
 class NodeError(RuntimeError):
@@ -96,12 +104,16 @@ class NodeDriver:
     def has_nvidia_runtime(self) -> bool:
         return "nvidia" in (self.client.info().get("Runtimes") or {})
 
-    def port_in_use(self, image: str, port: int) -> bool:
-        """Whether something on the node already listens on `port` (probed from a host-network container)."""
+    def host_view(self, image: str, port: int) -> HostView:
+        """Whether something on the node already listens on `port`, and the node's NICs, from one short-lived
+        host-network container of the image (what the workers will see, whatever the launcher's machine has)."""
         output = self.client.containers.run(
-            image, ["bash", "-c", f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo taken || echo free"],
+            # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
+            image, ["bash", "-c", f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo taken || echo free; "
+                                  "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print $2}'"],
             network_mode="host", remove=True, user="mpiuser")
-        return output.decode().strip() == "taken"
+        port_state, *nics = output.decode().split()
+        return HostView(port_taken=port_state == "taken", nics=tuple(nics))
 
     # --- the image --------------------------------------------------------------------------------------------
     def push_image_from(self, source: NodeDriver, image: str, progress: Callable[[str], None]) -> None:

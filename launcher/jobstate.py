@@ -1,11 +1,13 @@
 """A cluster's job state, from what its containers hold: pure parsing, for `launcher status`.
 
 Inputs are read by the driver (rank 0's container state, JOB_STATUS and the tail of JOB_LOG, each worker's
-state); this module only decides what they mean and words it in one line.
+state, and the bundled trainer's metrics file in the cluster's run folder when there is one); this module only
+decides what they mean and words it in one line.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,9 +33,27 @@ def _ago(finished_at: str | None, now: datetime) -> str:
     return f", ended {seconds // 60} min {seconds % 60} s ago" if seconds >= 60 else f", ended {seconds} s ago"
 
 
-def progress(job_log: str) -> str:
-    """'epoch 3 of 5, val accuracy 0.93, 6500 samples/s' from the trainer's last epoch line, if any."""
+def latest_record(metrics_text: str | None) -> dict | None:
+    """The last complete record of a metrics file (a line being written as it is read is skipped)."""
+    for line in reversed((metrics_text or "").splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and {"epoch", "val_accuracy", "samples_per_sec"} <= set(record):
+            return record
+    return None
+
+
+def progress(job_log: str, metrics_text: str | None = None) -> str:
+    """'epoch 3 of 5, val accuracy 0.93, 6500 samples/s': the latest metrics record where the trainer writes one,
+    else its last epoch line in the log (which also gives the planned epochs)."""
     matches = EPOCH_LINE.findall(job_log)
+    record = latest_record(metrics_text)
+    if record:
+        of = f" of {matches[-1][1]}" if matches else ""
+        return (f"epoch {record['epoch']}{of}, val accuracy {record['val_accuracy']:.4f}, "
+                f"{record['samples_per_sec']:.0f} samples/s")
     if not matches:
         return "no epoch finished yet"
     epoch, epochs, accuracy, rate = matches[-1]
@@ -52,16 +72,16 @@ def root_cause(job_log: str, workers: list[ContainerState]) -> str:
 
 
 def describe(rank0: ContainerState, job_status: str | None, job_log: str, workers: list[ContainerState],
-             now: datetime | None = None) -> str:
+             now: datetime | None = None, metrics: str | None = None) -> str:
     now = now or datetime.now(timezone.utc)
     status = job_status.strip() if job_status else ""
     if not status:
         if rank0.running:
-            return f"running: {progress(job_log)}"
+            return f"running: {progress(job_log, metrics)}"
         return f"failed: rank 0's container stopped (exit status {rank0.exit_code}) before the job ended" + \
             _ago(rank0.finished_at, now)
     ended = _ago(rank0.finished_at, now)
     if status == "0":
-        return f"succeeded (exit status 0): {progress(job_log)}{ended}"
+        return f"succeeded (exit status 0): {progress(job_log, metrics)}{ended}"
     cause = root_cause(job_log, workers)
     return f"failed (exit status {status}){': ' + cause if cause else ''}{ended}"

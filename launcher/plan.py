@@ -24,6 +24,10 @@ JOB_STATUS = "/home/mpiuser/job.status"
 JOB_END_FILE = "/cluster/ssh/job-ended"
 """Seen by each worker's entrypoint: when it appears the worker's sshd exits and its container stops."""
 SHARED_MOUNT = "/shared"
+RUNS_DIR = f"{SHARED_MOUNT}/runs"
+"""Each cluster's trainer run writes into RUNS_DIR/<cluster id> (run_dir): metrics, checkpoints, TensorBoard."""
+NIC_SETTING = "NODE_NETWORK_INTERFACE"
+"""The launcher's .env key for the NIC; compose's NETWORK_INTERFACE names a NIC of its containers, not the nodes'."""
 WORKDIR = "/workdir"
 """Where the user's code sits in every container (--workdir, compose's WORKDIR); the job's working directory."""
 TRAINER = ("python", "-m", "app.train")
@@ -59,6 +63,20 @@ def job_command(args: tuple[str, ...] | list[str]) -> list[str]:
     if args and not args[0].startswith("-"):
         return args
     return [*TRAINER, *args]
+
+
+def run_dir(cluster_id: str) -> str:
+    """The bundled trainer's --run-dir for a cluster, in the shared mount."""
+    return f"{RUNS_DIR}/{cluster_id}"
+
+
+def nic_problem(wanted: str | None, nics: list[str] | tuple[str, ...]) -> str | None:
+    """Why a node cannot use the NIC `wanted`, given the NICs it has; None if it can, or if none is asked for.
+    Gloo and Horovod take one exact name (no prefix or subnet, as NCCL and Open MPI would), so it must match."""
+    if not wanted or wanted in nics:
+        return None
+    return (f"no network interface {wanted} there (it has {', '.join(sorted(nics)) or 'none'}); pass "
+            f"--network-interface with one of them, or set {NIC_SETTING} in .env")
 
 
 def check_env_assignment(item: str) -> str:

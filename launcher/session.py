@@ -16,7 +16,7 @@ import docker
 
 from launcher import sshtrust, workdir
 from launcher.driver import NodeDriver
-from launcher.plan import JOB_LOG, LABEL_CLUSTER, WORKDIR, ClusterPlan, Node, command_probe
+from launcher.plan import JOB_LOG, LABEL_CLUSTER, WORKDIR, ClusterPlan, Node, command_probe, nic_problem
 from launcher.settings import LaunchSettings
 
 Say = Callable[[str], None]
@@ -54,10 +54,15 @@ def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, 
                 f"`launcher stop --nodes {node_list} --cluster {cluster}` removes it")
     ensure_image_everywhere(plan, drivers, push_image, say)
     for driver in drivers:
-        if driver.port_in_use(plan.image, plan.ssh_port):
+        view = driver.host_view(plan.image, plan.ssh_port)
+        problem = nic_problem(plan.network_interface, view.nics)
+        if problem:  # else mpirun fails after every container started, in paragraphs that never name the NIC
+            raise LaunchError(f"{driver.node.name}: {problem}")
+        if view.port_taken:
             raise LaunchError(f"{driver.node.name}: port {plan.ssh_port} is already in use there; free it or pass "
                               "--ssh-port with a free port")
-        say(f"{driver.node.name}: port {plan.ssh_port} free")
+        nic = f", NIC {plan.network_interface} present" if plan.network_interface else ""
+        say(f"{driver.node.name}: port {plan.ssh_port} free{nic}")
 
 
 def ensure_image_everywhere(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say) -> None:

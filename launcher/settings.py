@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
-from launcher.plan import NODE_NAME, TRAINER, ClusterPlan, Node, check_env_assignment
+from launcher.plan import NIC_SETTING, NODE_NAME, TRAINER, ClusterPlan, Node, check_env_assignment
 from launcher.workdir import payload_bytes
 
 WORKDIR_LIMIT_BYTES = 256 * 1024**2
@@ -39,6 +39,7 @@ class LaunchSettings:
     image: str = "horovod-stack:latest"
     ssh_port: int = 12345
     network_interface: str | None = None
+    """A NIC every node has (workers use host networking), for Open MPI, NCCL and Gloo; None: each chooses."""
     shared_dir: str = "horovod-stack-shared"
     """Mounted at /shared in every worker: a volume name (default; one per node) or a host folder, such as the
     same NFS mount on every node, writable by uid 1000."""
@@ -167,7 +168,8 @@ def resolve_settings(env: dict[str, str], *, nodes: str | None, slots: int | Non
                      env_vars: tuple[str, ...] = (), workdir: Path | None = None,
                      elastic_min_nodes: int | None = None, elastic_max_nodes: int | None = None,
                      restart_workers: bool = False) -> LaunchSettings:
-    """Flags win over the .env file, which wins over the defaults."""
+    """Flags win over the .env file, which wins over the defaults. Compose's keys (NETWORK_INTERFACE, WORKERS, ...)
+    are not read: they describe compose's containers, not the nodes."""
     node_list = tuple(n.strip() for n in (nodes or env.get("NODES", "")).split(",") if n.strip())
     chosen = {
         "slots": slots if slots is not None else _as_int(env, "SLOTS_PER_WORKER", "--slots"),
@@ -175,7 +177,7 @@ def resolve_settings(env: dict[str, str], *, nodes: str | None, slots: int | Non
                                                                                   "--gpus-per-node"),
         "image": image or env.get("IMAGE"),
         "ssh_port": ssh_port if ssh_port is not None else _as_int(env, "SSH_PORT", "--ssh-port"),
-        "network_interface": network_interface or env.get("NETWORK_INTERFACE") or None,
+        "network_interface": network_interface or env.get(NIC_SETTING) or None,
         "shared_dir": env.get("SHARED_DIR"),
         "shm_size": env.get("SHM_SIZE"),
         "ready_timeout": _as_int(env, "READY_TIMEOUT", "READY_TIMEOUT in .env"),

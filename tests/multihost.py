@@ -161,7 +161,7 @@ class Cluster:
 
     def env_file(self) -> Path:
         path = self.root / "launcher.env"
-        lines = [f"NODES={','.join(n.name for n in self.nodes)}", f"NETWORK_INTERFACE={NIC}", "READY_TIMEOUT=120"]
+        lines = [f"NODES={','.join(n.name for n in self.nodes)}", f"NODE_NETWORK_INTERFACE={NIC}", "READY_TIMEOUT=120"]
         lines += [f"DOCKER_HOST_{node.name.upper()}={node.engine_url}" for node in self.nodes[1:]]
         path.write_text("\n".join(lines) + "\n")
         return path

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
     (["--threads", "0"], "--threads"),
     (["--warmup-epochs", "-1"], "--warmup-epochs"),
     (["--resume"], "--checkpoint-dir"),
+    (["--progress", "fancy"], "--progress"),
 ])
 def test_bad_values_are_refused_naming_the_flag(argv, flag):
     with pytest.raises(ConfigError, match=flag):
@@ -32,6 +33,30 @@ def test_unwritable_checkpoint_dir_is_refused(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(ConfigError, match="--checkpoint-dir .* is not writable"):
         parse_config(["--checkpoint-dir", str(blocker / "ckpt")])
+
+
+@pytest.mark.parametrize("flag", ["--run-dir", "--tensorboard-dir"])
+def test_unwritable_run_and_tensorboard_dirs_are_refused(tmp_path, flag):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match=f"{flag} .* is not writable"):
+        parse_config([flag, str(blocker / "run")])
+
+
+def test_run_dir_holds_every_output_unless_a_flag_says_otherwise(tmp_path):
+    run = tmp_path / "runs" / "3f9a1c2e"
+    config = parse_config(["--run-dir", str(run), "--summary-file", str(tmp_path / "elsewhere.json")])
+    assert (config.metrics_file, config.summary_file, config.checkpoint_dir, config.tensorboard_dir) == (
+        run / "metrics.jsonl", tmp_path / "elsewhere.json", run / "checkpoints", run / "tb")
+    assert config.curves_file == run / "curves.png"
+    assert (run / "checkpoints").is_dir() and (run / "tb").is_dir()
+
+
+def test_without_run_dir_only_what_is_asked_for_is_written(tmp_path):
+    config = parse_config(["--metrics-file", str(tmp_path / "m" / "metrics.jsonl")])
+    assert (config.checkpoint_dir, config.tensorboard_dir, config.summary_file) == (None, None, None)
+    assert config.curves_file == tmp_path / "m" / "curves.png"
+    assert parse_config([]).curves_file is None
 
 
 def test_good_values_parse(tmp_path):

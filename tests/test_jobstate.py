@@ -17,6 +17,8 @@ TRACEBACK = ("Traceback (most recent call last):\n  File \"train.py\", line 3\n"
 RUNNING = ContainerState("node_1", running=True)
 ENDED = ContainerState("node_1", running=False, exit_code=0, finished_at="2026-12-01T11:59:48.123456789Z")
 KILLED = ContainerState("node_2", running=False, exit_code=137, finished_at="2026-12-01T11:58:00Z")
+METRICS = ('{"epoch": 1, "train_loss": 0.9, "val_loss": 0.5, "val_accuracy": 0.81, "samples_per_sec": 6100.4}\n'
+           '{"epoch": 2, "train_loss": 0.3, "val_loss": 0.2, "val_accuracy": 0.93251, "samples_per_sec": 6499.6}\n')
 
 
 @pytest.mark.parametrize("rank0, job_status, log, workers, expected", [
@@ -34,3 +36,17 @@ KILLED = ContainerState("node_2", running=False, exit_code=137, finished_at="202
 ])
 def test_job_state_line(rank0, job_status, log, workers, expected):
     assert describe(rank0, job_status, log, workers, now=NOW) == expected
+
+
+@pytest.mark.parametrize("rank0, job_status, log, metrics, expected", [
+    # the metrics file is read first; the log's epoch line still gives the planned epochs
+    (RUNNING, None, LOG.splitlines()[0], METRICS, "running: epoch 2 of 2, val accuracy 0.9325, 6500 samples/s"),
+    (RUNNING, None, "", METRICS, "running: epoch 2, val accuracy 0.9325, 6500 samples/s"),
+    (RUNNING, None, "", METRICS + '{"epoch": 3, "train_lo', "running: epoch 2, val accuracy 0.9325, 6500 samples/s"),
+    (RUNNING, None, LOG, "", "running: epoch 2 of 2, val accuracy 0.9325, 6500 samples/s"),
+    (RUNNING, None, "", None, "running: no epoch finished yet"),
+    (ENDED, "0\n", "", METRICS,
+     "succeeded (exit status 0): epoch 2, val accuracy 0.9325, 6500 samples/s, ended 12 s ago"),
+])
+def test_job_state_line_from_the_metrics_file(rank0, job_status, log, metrics, expected):
+    assert describe(rank0, job_status, log, [], now=NOW, metrics=metrics) == expected

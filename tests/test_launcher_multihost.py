@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -377,3 +378,49 @@ def test_elastic_job_below_its_minimum_fails_naming_the_lost_node(cluster):
 
 def run_result(stderr: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([], 1, "", stderr)
+
+
+# --- checks before start, and status while a job runs (appended: they need the image on both nodes, as the tests
+# above leave them, and leave no container behind) ---
+
+
+def test_missing_nic_is_refused_before_any_container_starts(cluster):
+    result = launcher(cluster, *start_args(cluster, "--network-interface", "nosuchnic0"), *TRAIN)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert error_lines(result) == ["error: node_1: no network interface nosuchnic0 there (it has hst0, lo); pass "
+                                   "--network-interface with one of them, or set NODE_NETWORK_INTERFACE in .env"]
+    assert "worker horovod-stack-" not in result.stderr  # refused before any worker started
+    assert_nothing_left(cluster)
+
+
+def test_doctor_checks_the_nic_on_every_node(cluster):
+    result = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()))  # hst0, from the env file
+    assert result.returncode == 0, result.stdout + result.stderr
+    for node in ("node_1", "node_2"):
+        assert f"{node}: network iface ok (hst0)" in result.stdout
+    missing = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--network-interface", "eth0")
+    assert missing.returncode == 1
+    assert "node_2: network iface FAIL no network interface eth0 there (it has hst0, lo)" in missing.stdout
+    assert error_lines(missing)[0].startswith("error: 2 problem(s): node_1: no network interface eth0 there")
+    assert_nothing_left(cluster)
+
+
+def test_status_during_a_detached_run_shows_its_latest_epoch(cluster):
+    detached = launcher(cluster, *start_args(cluster, "--detach"), *LONG_TRAIN)
+    assert detached.returncode == 0, detached.stderr[-3000:]
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
+            first = status.stdout.splitlines()[0] if status.stdout else ""
+            if "running: epoch " in first:
+                break
+            assert "running: no epoch finished yet" in first, status.stdout + status.stderr
+            assert time.monotonic() < deadline, status.stdout
+            time.sleep(3)
+        print(f"\n{status.stdout}")
+        assert re.search(r"running: epoch \d+( of 200)?, val accuracy [0-9.]+, \d+ samples/s$", first), first
+        assert [line.split()[-1] for line in status.stdout.splitlines()[1:]] == ["running", "running"]
+    finally:
+        launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
+    assert_nothing_left(cluster)

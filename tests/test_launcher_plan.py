@@ -8,7 +8,7 @@ import pytest
 import subprocess
 
 from launcher import job_argv, workdir
-from launcher.plan import ClusterPlan, Node, command_probe, job_command, mpi_host, mpirun_argv
+from launcher.plan import ClusterPlan, Node, command_probe, job_command, mpi_host, mpirun_argv, nic_problem, run_dir
 from launcher.settings import LaunchSettings, SettingsError, engine_override_key, load_env_file, resolve_settings
 
 
@@ -194,6 +194,32 @@ def test_env_file_values_and_flag_overrides():
     assert engine_override_key("gpu-box.lan") == "DOCKER_HOST_GPU_BOX_LAN"
 
 
+def test_launcher_reads_its_own_nic_key_not_composes():
+    compose_only = {"NODES": "node_1", "NETWORK_INTERFACE": "eth0", "WORKERS": "4"}
+    assert resolve_settings(compose_only, nodes=None).network_interface is None
+    both = {**compose_only, "NODE_NETWORK_INTERFACE": "ens5"}
+    assert resolve_settings(both, nodes=None).network_interface == "ens5"
+    assert resolve_settings(both, nodes=None, network_interface="ib0").network_interface == "ib0"
+
+
+@pytest.mark.parametrize("wanted, nics, expected", [
+    (None, ("lo", "ens5"), None),
+    ("ens5", ("lo", "ens5"), None),
+    ("eth0", ("lo", "ens5", "docker0"), "no network interface eth0 there (it has docker0, ens5, lo); pass "
+                                        "--network-interface with one of them, or set NODE_NETWORK_INTERFACE in .env"),
+    ("ens", ("lo", "ens5"), "no network interface ens there (it has ens5, lo); pass --network-interface with one of "
+                            "them, or set NODE_NETWORK_INTERFACE in .env"),  # no prefix match: Gloo needs the name
+    ("eth0", (), "no network interface eth0 there (it has none); pass --network-interface with one of them, or set "
+                 "NODE_NETWORK_INTERFACE in .env"),
+])
+def test_nic_problem(wanted, nics, expected):
+    assert nic_problem(wanted, nics) == expected
+
+
+def test_each_cluster_runs_in_its_own_folder():
+    assert run_dir("3f9a1c2e") == "/shared/runs/3f9a1c2e"
+
+
 def test_bad_env_value_names_the_key():
     with pytest.raises(SettingsError, match="SSH_PORT='twelve' in the .env file"):
         resolve_settings({"SSH_PORT": "twelve"}, nodes="node_1")
@@ -202,6 +228,7 @@ def test_bad_env_value_names_the_key():
 def test_env_example_is_a_valid_settings_file():
     settings = resolve_settings(load_env_file(Path(__file__).parents[1] / ".env.example"), nodes=None)
     assert settings.nodes == ("node_1", "node_2") and settings.ssh_port == 12345
+    assert settings.network_interface is None  # compose's eth0 is not the nodes' NIC
 
 
 def test_workdir_too_big_to_copy_is_refused(tmp_path, monkeypatch):

@@ -18,3 +18,14 @@ def test_resume_keeps_only_epochs_covered_by_the_checkpoint(tmp_path):
 def test_record_must_be_complete(tmp_path):
     with pytest.raises(ValueError, match="val_accuracy"):
         metrics.append_record(tmp_path / "m.jsonl", {"epoch": 1})
+
+
+def test_a_last_line_cut_short_is_left_out_of_the_records(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    metrics.append_record(path, {field: 1 for field in metrics.FIELDS})
+    with open(path, "a") as handle:
+        handle.write('{"epoch": 2, "train_lo')
+    assert [record["epoch"] for record in metrics.read_records(path)] == [1]
+    path.write_text('{"epoch": 1\n{"epoch": 2}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        metrics.read_records(path)

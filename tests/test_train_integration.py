@@ -13,6 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from app.observe import EPOCH_SCALARS, STEP_SCALARS
+from tests.png import png_size
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +34,19 @@ def trainer_env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
 
 
-def start_training(launcher: str, run_dir: Path, *args: str) -> subprocess.Popen:
-    command = LAUNCHERS[launcher] + TRAINER + [
-        "--metrics-file", str(run_dir / "metrics.jsonl"), "--summary-file", str(run_dir / "summary.json"), *args]
+def start_training(launcher: str, run_dir: Path, *args: str, output_flags: bool = True) -> subprocess.Popen:
+    """The trainer under `launcher`, its output in run_dir/output.log; output_flags: metrics and summary files
+    in run_dir by their own flags (else the test's args say where)."""
+    outputs = ["--metrics-file", str(run_dir / "metrics.jsonl"), "--summary-file", str(run_dir / "summary.json")]
+    command = LAUNCHERS[launcher] + TRAINER + (outputs if output_flags else []) + list(args)
     log = open(run_dir / "output.log", "a")
     return subprocess.Popen(command, cwd=REPO, env=trainer_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
 
-def train(launcher: str, run_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    process = start_training(launcher, run_dir, *args)
+def train(launcher: str, run_dir: Path, *args: str, timeout: float = 300,
+          output_flags: bool = True) -> subprocess.CompletedProcess:
+    process = start_training(launcher, run_dir, *args, output_flags=output_flags)
     try:
         process.wait(timeout=timeout)
     finally:
@@ -61,7 +68,7 @@ def test_two_ranks_learn_digits_and_agree(launcher, tmp_path):
     assert [m["epoch"] for m in metrics] == [1, 2, 3, 4, 5]
     for record in metrics:
         assert set(record) == {"epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_sec",
-                               "world_size", "seconds"}
+                               "world_size", "seconds", "lr"}
         assert record["world_size"] == 2 and record["samples_per_sec"] > 0 and record["seconds"] > 0
     assert metrics[-1]["val_accuracy"] >= 0.90, metrics
     assert metrics[-1]["val_loss"] < metrics[0]["val_loss"]
@@ -70,6 +77,31 @@ def test_two_ranks_learn_digits_and_agree(launcher, tmp_path):
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
     assert len({r["digest"] for r in summary["ranks"]}) == 1, "ranks ended with different parameters"
     print(f"{launcher}: final val accuracy {metrics[-1]['val_accuracy']:.4f}")
+
+
+def test_run_dir_holds_tensorboard_events_curves_and_metrics(tmp_path):
+    run_dir = tmp_path / "runs" / "first"
+    started = time.monotonic()
+    result = train("gloo", tmp_path, "--dataset", "digits", "--epochs", "2", "--run-dir", str(run_dir),
+                   output_flags=False)
+    print(f"2 ranks, 2 epochs with --run-dir: {time.monotonic() - started:.1f} s")
+    assert result.returncode == 0, result.stdout
+    assert [m["epoch"] for m in read_metrics(run_dir)] == [1, 2]
+    assert (run_dir / "summary.json").is_file() and (run_dir / "checkpoints" / "latest.pt").is_file()
+    assert f"training curves in {run_dir / 'curves.png'}" in result.stdout
+    width, height = png_size(run_dir / "curves.png")
+    assert 800 <= width <= 2000 and 250 <= height <= 1000
+
+    [event_file] = (run_dir / "tb").iterdir()  # rank 0 alone writes events
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {*EPOCH_SCALARS, *STEP_SCALARS}, event_file
+    for tag in EPOCH_SCALARS:
+        assert [e.step for e in events.Scalars(tag)] == [1, 2], tag
+    assert [e.value for e in events.Scalars("epoch/world_size")] == [2, 2]
+    for tag in STEP_SCALARS:
+        steps = [e.step for e in events.Scalars(tag)]
+        assert len(steps) >= 8 and steps == sorted(set(steps)), (tag, steps)
 
 
 def test_resume_after_interrupted_run_continues_from_next_epoch(tmp_path):

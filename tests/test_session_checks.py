@@ -1,0 +1,51 @@
+"""The launch's checks before any worker starts, against stand-in drivers (no Docker)."""
+
+import pytest
+
+from launcher import session
+from launcher.driver import HostView
+from launcher.plan import Node
+from launcher.settings import LaunchSettings
+
+
+class StandInDriver:
+    def __init__(self, name: str, nics: tuple[str, ...], port_taken: bool = False) -> None:
+        self.node = Node(name, f"ssh://{name}")
+        self.view = HostView(port_taken=port_taken, nics=nics)
+        self.started = []
+
+    def cluster_containers(self, cluster_id=None):
+        return []
+
+    def image_id(self, image):
+        return "sha256:0123456789abcdef"
+
+    def host_view(self, image, port):
+        return self.view
+
+    def start_worker(self, plan):
+        self.started.append(plan.cluster_id)
+        raise AssertionError("a worker started")
+
+
+@pytest.mark.parametrize("nic, node_2_nics, port_taken, error", [
+    ("ens5", ("lo", "ens5", "docker0"), False, None),
+    (None, ("lo", "eth0"), False, None),
+    ("ens5", ("lo", "eth0", "docker0"), False, "node_2: no network interface ens5 there (it has docker0, eth0, lo); "
+                                               "pass --network-interface with one of them, or set "
+                                               "NODE_NETWORK_INTERFACE in .env"),
+    ("ens5", ("lo", "ens5"), True, "node_2: port 12345 is already in use there"),
+])
+def test_nic_and_port_are_checked_before_any_worker_starts(nic, node_2_nics, port_taken, error, monkeypatch):
+    drivers = [StandInDriver("node_1", ("lo", "ens5")), StandInDriver("node_2", node_2_nics, port_taken)]
+    monkeypatch.setattr(session, "connect_all", lambda plan, say: drivers)
+    said = []
+    settings = LaunchSettings(nodes=("node_1", "node_2"), network_interface=nic)
+    if error is None:
+        session.check_nodes(settings.plan(), drivers, push_image=False, say=said.append)
+        assert said[-1] == "node_2: port 12345 free" + (f", NIC {nic} present" if nic else "")
+        return
+    with pytest.raises(session.LaunchError) as refused:
+        session.launch(settings, say=said.append)
+    assert str(refused.value).startswith(error)
+    assert [d.started for d in drivers] == [[], []]
