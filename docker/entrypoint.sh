@@ -18,7 +18,9 @@
 #   TRAIN_ARGS          extra trainer flags, split on spaces
 #   TRAIN_COMMAND       launcher: a command line every rank runs instead of python -m app.train ARGS
 #   WORKDIR             launcher: when set, the ranks run in /workdir (compose mounts the user's folder there)
-#   RESULTS_HINT        launcher: where the job's metrics can be read, printed as its last line
+#   RUN_ID              launcher: the bundled trainer's run folder is /shared/runs/RUN_ID (default: a new ID per
+#                       run; /shared/runs/latest points at the newest)
+#   RESULTS_HINT        launcher: where the job's results can be read, printed as its last line
 #   ELASTIC_MIN_WORKERS launcher: elastic training (horovodrun, Gloo) that goes on while this many workers remain
 #   ELASTIC_TIMEOUT     launcher, elastic: seconds to wait below the minimum before the job fails (default 60)
 #
@@ -170,6 +172,10 @@ run_launcher() {
     elastic=(--elastic-min-ranks $((ELASTIC_MIN_WORKERS * slots)) --slots-per-host "$slots" --ssh-port "$SSH_PORT"
              --elastic-timeout "${ELASTIC_TIMEOUT:-60}")
   fi
+  if [ -z "${TRAIN_COMMAND:-}" ]; then
+    RUN_DIR="/shared/runs/${RUN_ID:-$(date -u +%Y%m%d-%H%M%S)-$(od -An -N2 -tx1 /dev/urandom | tr -d ' \n')}"
+    mkdir -p "$RUN_DIR" && ln -sfn "$(basename "$RUN_DIR")" /shared/runs/latest
+  fi
   make_cluster_key
   wait_for_workers "$expected"
   : > "$hostfile"
@@ -179,6 +185,7 @@ run_launcher() {
   local plan_args=(--ranks $((expected * slots)) --hostfile "$hostfile" --network-interface "${NETWORK_INTERFACE:-}"
                    "${elastic[@]}")
   if [ -n "${WORKDIR:-}" ]; then plan_args+=(--workdir /workdir); fi
+  if [ -n "${RUN_DIR:-}" ]; then plan_args+=(--run-dir "$RUN_DIR"); fi
   local job=()
   if [ -n "${TRAIN_COMMAND:-}" ]; then
     job=(--command-line "$TRAIN_COMMAND")
@@ -227,7 +234,11 @@ end_job() {
   else
     log "job FAILED (exit status $status); the workers stop now"
   fi
-  if [ -n "${RESULTS_HINT:-}" ]; then log "results: $RESULTS_HINT"; fi
+  if [ -n "${RUN_DIR:-}" ]; then
+    log "results: $RUN_DIR (metrics.jsonl, curves.png, tb/, checkpoints/)${RESULTS_HINT:+ in $RESULTS_HINT}"
+  elif [ -n "${RESULTS_HINT:-}" ]; then
+    log "results: $RESULTS_HINT"
+  fi
   exit "$status"
 }
 

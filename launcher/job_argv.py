@@ -8,6 +8,7 @@ is then the most ranks, and --slots-per-host, --ssh-port and --elastic-timeout a
 
 --command-line (compose's TRAIN_COMMAND) is what every rank runs; without it, ARGS go through job_command, as
 after `launcher start --`. The flags themselves come from launcher.plan.mpirun_argv, the multi-host launcher's.
+--run-dir gives the bundled trainer its run folder (launcher.plan.with_run_dir).
 --probe prints instead the check that a rank can start that command (launcher.plan.command_probe).
 """
 
@@ -17,7 +18,7 @@ import argparse
 import shlex
 import sys
 
-from launcher.plan import command_probe, horovodrun_argv, job_command, mpirun_argv
+from launcher.plan import command_probe, horovodrun_argv, job_command, mpirun_argv, with_run_dir
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -29,6 +30,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--command-line", default="")
     parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--run-dir", default="", help="the bundled trainer's run folder (plan.with_run_dir)")
     parser.add_argument("--elastic-min-ranks", type=int, default=0)
     parser.add_argument("--slots-per-host", type=int, default=1)
     parser.add_argument("--ssh-port", type=int, default=12345)
@@ -40,6 +42,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def build(argv: list[str]) -> list[str]:
     options = parse(argv)
     command = shlex.split(options.command_line) if options.command_line.strip() else job_command(options.args)
+    if options.run_dir:
+        command = with_run_dir(command, options.run_dir)
     if options.probe:
         return command_probe(command)
     if options.elastic_min_ranks:

@@ -70,6 +70,15 @@ def run_dir(cluster_id: str) -> str:
     return f"{RUNS_DIR}/{cluster_id}"
 
 
+def with_run_dir(command: list[str] | tuple[str, ...], folder: str) -> list[str]:
+    """The bundled trainer writes each run into a folder of its own (metrics, checkpoints, TensorBoard, curves),
+    so a second run never overwrites the first's; a --run-dir of the user's, or a command of the user's, stays."""
+    command = list(command)
+    if command[:len(TRAINER)] != list(TRAINER) or any(word.split("=")[0] == "--run-dir" for word in command):
+        return command
+    return [*command, "--run-dir", folder]
+
+
 def nic_problem(wanted: str | None, nics: list[str] | tuple[str, ...]) -> str | None:
     """Why a node cannot use the NIC `wanted`, given the NICs it has; None if it can, or if none is asked for.
     Gloo and Horovod take one exact name (no prefix or subnet, as NCCL and Open MPI would), so it must match."""

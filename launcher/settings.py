@@ -12,7 +12,8 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
-from launcher.plan import NIC_SETTING, NODE_NAME, TRAINER, ClusterPlan, Node, check_env_assignment
+from launcher.plan import (NIC_SETTING, NODE_NAME, TRAINER, ClusterPlan, Node, check_env_assignment, run_dir,
+                           with_run_dir)
 from launcher.workdir import payload_bytes
 
 WORKDIR_LIMIT_BYTES = 256 * 1024**2
@@ -122,8 +123,9 @@ class LaunchSettings:
         return self.engines.get(node) or f"ssh://{node}"
 
     def plan(self, cluster_id: str | None = None) -> ClusterPlan:
+        cluster_id = cluster_id or secrets.token_hex(4)
         return ClusterPlan(
-            cluster_id=cluster_id or secrets.token_hex(4),
+            cluster_id=cluster_id,
             nodes=tuple(Node(name, self.engine_url(name)) for name in self.nodes),
             image=self.image,
             slots_per_node=self.gpus_per_node or self.slots,
@@ -132,7 +134,7 @@ class LaunchSettings:
             network_interface=self.network_interface,
             shared_dir=self.shared_dir,
             shm_size=self.shm_size,
-            command=self.command,
+            command=tuple(with_run_dir(self.command, run_dir(cluster_id))),
             env=self.env,
             workdir=str(self.workdir) if self.workdir else None,
             elastic_min_nodes=self.elastic_min_nodes,

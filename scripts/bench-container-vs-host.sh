@@ -19,7 +19,7 @@ echo "[bench] containers: docker compose up, 2 workers, $dataset, $epochs epochs
 COMPOSE_PROJECT_NAME="$project" DATASET="$dataset" EPOCHS="$epochs" WORKERS=2 \
   docker compose up --exit-code-from launcher > "$work/compose.log" 2>&1
 docker run --rm -v "${project}_shared:/shared" --entrypoint cat "${IMAGE:-horovod-stack:latest}" \
-  /shared/runs/metrics.jsonl > "$work/containers.jsonl"
+  /shared/runs/latest/metrics.jsonl > "$work/containers.jsonl"
 
 .venv/bin/python - "$work/host.jsonl" "$work/containers.jsonl" <<'PY'
 import json, statistics, sys

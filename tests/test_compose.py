@@ -66,9 +66,9 @@ class ComposeRun:
         return subprocess.Popen(["docker", "compose", *args], cwd=self.workdir, env=self.env,
                                 stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
-    def read_shared(self, path: str) -> str:
+    def read_shared(self, path: str, binary: bool = False) -> str | bytes:
         return subprocess.run(["docker", "run", "--rm", "-v", f"{self.project}_shared:/shared", "--entrypoint",
-                               "cat", IMAGE, f"/shared/{path}"], capture_output=True, text=True,
+                               "cat", IMAGE, f"/shared/{path}"], capture_output=True, text=not binary,
                               check=True).stdout
 
     def down(self) -> None:
@@ -99,12 +99,15 @@ def test_plain_compose_up_trains_across_containers_and_returns(engine, compose_r
     assert "2/2 workers answer over ssh" in output
     launcher_lines = [line for line in output.splitlines() if line.startswith("launcher-1") and "|" in line]
     assert "job succeeded (exit status 0)" in launcher_lines[-2], launcher_lines[-3:]
-    assert "/shared/runs/metrics.jsonl" in launcher_lines[-1], launcher_lines[-3:]
+    assert "results: /shared/runs/" in launcher_lines[-1] and "curves.png" in launcher_lines[-1], launcher_lines[-3:]
+    run_folder = launcher_lines[-1].split("results: ")[1].split()[0]
+    print(f"\ncompose run folder: {run_folder} (volume {run.project}_shared)")
+    assert run.read_shared("runs/latest/curves.png", binary=True)[:8] == b"\x89PNG\r\n\x1a\n"
 
-    epochs = [json.loads(line) for line in run.read_shared("runs/metrics.jsonl").splitlines()]
+    epochs = [json.loads(line) for line in run.read_shared("runs/latest/metrics.jsonl").splitlines()]
     assert [epoch["epoch"] for epoch in epochs] == [1, 2, 3, 4, 5]
     assert epochs[-1]["val_accuracy"] >= 0.90, epochs[-1]
-    summary = json.loads(run.read_shared("runs/summary.json"))
+    summary = json.loads(run.read_shared("runs/latest/summary.json"))
     assert summary["world_size"] == 2
     hosts = [rank["host"] for rank in summary["ranks"]]
     assert len(set(hosts)) == 2, f"both ranks ran in one container: {hosts}"
@@ -235,12 +238,12 @@ def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, com
                         for c in project_containers(engine, run.project))
     assert exit_codes == [("launcher", 0), ("worker", 0), ("worker", 0), ("worker", 137)], exit_codes
 
-    epochs = [json.loads(line) for line in run.read_shared("runs/metrics.jsonl").splitlines()]
+    epochs = [json.loads(line) for line in run.read_shared("runs/latest/metrics.jsonl").splitlines()]
     sizes = [epoch["world_size"] for epoch in epochs]
     assert [epoch["epoch"] for epoch in epochs] == list(range(1, 11)), epochs
     assert sizes[0] == 3 and sizes[-1] == 2 and sizes == sorted(sizes, reverse=True), sizes
     assert epochs[-1]["val_accuracy"] >= 0.90, epochs[-1]
-    summary = json.loads(run.read_shared("runs/summary.json"))
+    summary = json.loads(run.read_shared("runs/latest/summary.json"))
     assert len({rank["digest"] for rank in summary["ranks"]}) == 1 and summary["world_size"] == 2
     assert project_containers(engine, run.project, status="running") == []
 

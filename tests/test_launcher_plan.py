@@ -8,7 +8,8 @@ import pytest
 import subprocess
 
 from launcher import job_argv, workdir
-from launcher.plan import ClusterPlan, Node, command_probe, job_command, mpi_host, mpirun_argv, nic_problem, run_dir
+from launcher.plan import (ClusterPlan, Node, command_probe, horovodrun_argv, job_command, mpi_host, mpirun_argv,
+                           nic_problem, run_dir, with_run_dir)
 from launcher.settings import LaunchSettings, SettingsError, engine_override_key, load_env_file, resolve_settings
 
 
@@ -63,7 +64,7 @@ def test_mpirun_argv_carries_the_seed_flags_and_trainer_args():
     assert argv[:5] == ["mpirun", "-np", "4", "--hostfile", "/home/mpiuser/hostfile"]
     assert argv[5:9] == ["-bind-to", "none", "-map-by", "slot"]
     assert ["-x", "NCCL_DEBUG=INFO"] == argv[argv.index("NCCL_DEBUG=INFO") - 1:argv.index("NCCL_DEBUG=INFO") + 1]
-    assert argv[-5:] == ["python", "-m", "app.train", "--dataset", "digits"]
+    assert argv[-7:] == ["python", "-m", "app.train", "--dataset", "digits", "--run-dir", "/shared/runs/c0ffee00"]
     assert "btl_tcp_if_include" not in argv
 
 
@@ -236,3 +237,79 @@ def test_workdir_too_big_to_copy_is_refused(tmp_path, monkeypatch):
     (tmp_path / "data.bin").write_bytes(b"0" * 5000)
     with pytest.raises(SettingsError, match="more than the 0 MB copied to every node: put data in SHARED_DIR"):
         LaunchSettings(nodes=("node_1",), workdir=tmp_path)
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["python", "-m", "app.train"], ["python", "-m", "app.train", "--run-dir", "/r"]),
+    (["python", "-m", "app.train", "--run-dir", "/mine"], ["python", "-m", "app.train", "--run-dir", "/mine"]),
+    (["python", "-m", "app.train", "--run-dir=/mine"], ["python", "-m", "app.train", "--run-dir=/mine"]),
+    (["python", "train.py"], ["python", "train.py"]),  # the user's script decides where it writes
+])
+def test_the_bundled_trainer_gets_a_run_folder_of_its_own(command, expected):
+    assert with_run_dir(command, "/r") == expected
+
+
+def elastic_plan(**overrides) -> ClusterPlan:
+    settings = {"nodes": ("gpu-a", "gpu-b", "gpu-c"), "network_interface": "ens5", "elastic_min_nodes": 2}
+    return make_plan(**{**settings, **overrides})
+
+
+def test_elastic_job_runs_horovodrun_with_discovery_over_the_nodes_rank0_first():
+    argv = elastic_plan(slots=2, env=("SEED=3",)).job_argv()
+    assert argv[:2] == ["env", "WORKER_HOSTS=gpu-a,gpu-b,gpu-c"]
+    assert "SLOTS_PER_WORKER=2" in argv and "SSH_PORT=12345" in argv and "SEED=3" in argv
+    assert "HOROVOD_GLOO_TIMEOUT_SECONDS=10" in argv and "GLOO_SOCKET_IFNAME=ens5" in argv
+    run = argv[argv.index("horovodrun"):]
+    flags = " ".join(run[:run.index("python")])
+    for expected in ("--gloo", "-np 6", "--min-np 4", "--max-np 6", "--slots-per-host 2",
+                     "--host-discovery-script /opt/horovod-stack/docker/discover-hosts.sh",
+                     "--network-interface ens5", "--ssh-port 12345", "--elastic-timeout 60",
+                     "--blacklist-cooldown-range 2 30"):
+        assert expected in flags
+    assert run[run.index("python"):] == ["python", "-m", "app.train", "--run-dir", "/shared/runs/c0ffee00",
+                                         "--elastic"]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"elastic_max_nodes": 2}, ["-np", "2", "--min-np", "2", "--max-np", "2"]),
+    ({"elastic_min_nodes": 1, "elastic_timeout": 15}, ["-np", "3", "--min-np", "1", "--max-np", "3"]),
+])
+def test_elastic_sizes(overrides, expected):
+    argv = elastic_plan(**overrides).job_argv()
+    start = argv.index("-np")
+    assert argv[start:start + 6] == expected
+    assert argv[argv.index("--elastic-timeout") + 1] == str(overrides.get("elastic_timeout", 60))
+
+
+def test_elastic_users_script_keeps_its_own_words_and_timeout_override():
+    argv = horovodrun_argv(min_ranks=1, max_ranks=2, slots_per_host=1, network_interface="eth0", ssh_port=22,
+                           elastic_timeout=30, command=["python", "train.py"], workdir="/workdir",
+                           env=("HOROVOD_GLOO_TIMEOUT_SECONDS=45",))
+    assert argv[:3] == ["env", "-C", "/workdir"] and argv[-2:] == ["python", "train.py"]
+    assert [item for item in argv if item.startswith("HOROVOD_GLOO_TIMEOUT")] == ["HOROVOD_GLOO_TIMEOUT_SECONDS=45"]
+    with pytest.raises(ValueError, match="pass --network-interface"):
+        horovodrun_argv(min_ranks=1, max_ranks=2, slots_per_host=1, network_interface=None, ssh_port=22,
+                        elastic_timeout=30, command=["python", "train.py"])
+
+
+def test_compose_role_builds_the_elastic_command_line_from_the_same_plan():
+    argv = job_argv.build(["--ranks", "3", "--hostfile", "/h", "--network-interface", "eth0",
+                           "--elastic-min-ranks", "2", "--run-dir", "/shared/runs/x", "--", "--epochs=2"])
+    assert argv[argv.index("--min-np") + 1] == "2" and argv[argv.index("--max-np") + 1] == "3"
+    assert argv[argv.index("python"):] == ["python", "-m", "app.train", "--epochs=2", "--run-dir", "/shared/runs/x",
+                                           "--elastic"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"elastic_min_nodes": 0}, "--min-nodes must be from 1 to the 3 node(s)"),
+    ({"elastic_min_nodes": 4}, "--min-nodes must be from 1 to the 3 node(s)"),
+    ({"elastic_max_nodes": 1}, "--max-nodes must be from --min-nodes (2)"),
+    ({"elastic_timeout": 0}, "ELASTIC_TIMEOUT must be positive"),
+    ({"network_interface": None}, "--elastic needs the NIC the nodes reach each other on"),
+    ({"elastic_min_nodes": None, "restart_workers": True}, "add --elastic"),
+])
+def test_bad_elastic_settings_are_refused(overrides, message):
+    settings = {"nodes": ("a", "b", "c"), "network_interface": "ens5", "elastic_min_nodes": 2, **overrides}
+    with pytest.raises(SettingsError) as error:
+        LaunchSettings(**settings)
+    assert message in str(error.value)

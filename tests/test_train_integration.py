@@ -153,3 +153,21 @@ def test_bad_value_under_mpirun_fails_before_training(tmp_path):
     assert result.returncode != 0
     assert "error: --batch-size must be a positive integer (got -4)" in result.stdout
     assert "epoch" not in result.stdout
+
+
+def test_elastic_mode_trains_under_horovodrun_with_host_discovery(tmp_path):
+    """--elastic under horovodrun's elastic driver (Gloo), the way both front doors start it; losing and regaining
+    workers is shown across containers and hosts (test_compose.py, test_launcher_multihost.py)."""
+    discovery = tmp_path / "hosts.sh"
+    discovery.write_text("#!/bin/sh\necho localhost:2\n")
+    discovery.chmod(0o755)
+    command = ["horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
+               str(discovery), "--network-interface", "lo", *TRAINER, "--elastic", "--dataset", "digits",
+               "--epochs", "3", "--commit-every", "5", "--run-dir", str(tmp_path / "run")]
+    result = subprocess.run(command, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3] and {m["world_size"] for m in metrics} == {2}
+    assert metrics[-1]["val_accuracy"] >= 0.85, metrics[-1]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["elastic_resets"] == [] and len({r["digest"] for r in summary["ranks"]}) == 1
