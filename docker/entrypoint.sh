@@ -123,12 +123,18 @@ pin_host_key() {
 
 # Elastic Horovod's host discovery (horovodrun runs it about once a second): one ADDRESS:SLOTS line per worker
 # whose sshd answers right now, in a stable order. A lost worker drops out; a new or restarted one comes in.
+# Horovod gives the lowest ranks to the hosts it has known longest, but takes the hosts of its first discovery
+# as a set, in no order: so a job's first answer names the first candidate alone (the multi-host launcher's
+# rank-0 node, whose volume holds the run's metrics) and later answers name them all.
 discover_hosts() {
-  local address
+  local address first_answered="/tmp/.elastic-discovery-${ELASTIC_JOB:-job}"
   while read -r address; do
     [ -n "$address" ] || continue
     pin_host_key "$address" || true  # the multi-host launcher pinned its nodes' keys at start
-    if ssh -o ConnectTimeout=2 "$address" true < /dev/null 2>/dev/null; then echo "$address:${SLOTS_PER_WORKER:-1}"; fi
+    if ssh -o ConnectTimeout=2 "$address" true < /dev/null 2>/dev/null; then
+      echo "$address:${SLOTS_PER_WORKER:-1}"
+      [ -e "$first_answered" ] || { touch "$first_answered"; break; }
+    fi
   done < <(worker_addresses)
 }
 
@@ -170,7 +176,7 @@ run_launcher() {
       exit 2
     fi
     elastic=(--elastic-min-ranks $((ELASTIC_MIN_WORKERS * slots)) --slots-per-host "$slots" --ssh-port "$SSH_PORT"
-             --elastic-timeout "${ELASTIC_TIMEOUT:-60}")
+             --elastic-timeout "${ELASTIC_TIMEOUT:-60}" --job-id "$(date +%s)-$$")
   fi
   if [ -z "${TRAIN_COMMAND:-}" ]; then
     RUN_DIR="/shared/runs/${RUN_ID:-$(date -u +%Y%m%d-%H%M%S)-$(od -An -N2 -tx1 /dev/urandom | tr -d ' \n')}"

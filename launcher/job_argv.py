@@ -35,6 +35,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--slots-per-host", type=int, default=1)
     parser.add_argument("--ssh-port", type=int, default=12345)
     parser.add_argument("--elastic-timeout", type=int, default=60)
+    parser.add_argument("--job-id", default="compose")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
 
@@ -50,7 +51,8 @@ def build(argv: list[str]) -> list[str]:
         return horovodrun_argv(min_ranks=options.elastic_min_ranks, max_ranks=options.ranks,
                                slots_per_host=options.slots_per_host,
                                network_interface=options.network_interface or None, ssh_port=options.ssh_port,
-                               elastic_timeout=options.elastic_timeout, command=command, env=tuple(options.env),
+                               elastic_timeout=options.elastic_timeout, command=command, job_id=options.job_id,
+                               env=tuple(options.env),
                                workdir=options.workdir or None)
     return mpirun_argv(ranks=options.ranks, hostfile=options.hostfile, command=command,
                        network_interface=options.network_interface or None, env=tuple(options.env),

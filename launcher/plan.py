@@ -135,12 +135,13 @@ def nic_variables(network_interface: str | None) -> list[str]:
 
 def horovodrun_argv(*, min_ranks: int, max_ranks: int, slots_per_host: int, network_interface: str | None,
                     ssh_port: int, elastic_timeout: int, command: list[str] | tuple[str, ...],
-                    env: tuple[str, ...] = (), workdir: str | None = None,
+                    job_id: str, env: tuple[str, ...] = (), workdir: str | None = None,
                     discovery_env: tuple[str, ...] = ()) -> list[str]:
     """The one horovodrun command line of an elastic job (Gloo): it starts max_ranks ranks on the hosts that
     DISCOVERY_SCRIPT lists, carries on while at least min_ranks remain, takes returning hosts back, and gives up
     after elastic_timeout seconds below the minimum. horovodrun hands its own environment to every rank and runs
-    them in its own working directory, hence `env -C WORKDIR VARIABLES...` in front."""
+    them in its own working directory, hence `env -C WORKDIR VARIABLES...` in front. job_id (ELASTIC_JOB) lets
+    the discovery script tell this job's first call from later ones (docker/entrypoint.sh, discover_hosts)."""
     if not network_interface:
         # Without it horovodrun probes every host pair for common NICs and, with all slots on one host, waits for
         # that probe until it times out.
@@ -151,7 +152,8 @@ def horovodrun_argv(*, min_ranks: int, max_ranks: int, slots_per_host: int, netw
     user_names = {check_env_assignment(item).partition("=")[0] for item in env}
     timeout = ([f"HOROVOD_GLOO_TIMEOUT_SECONDS={ELASTIC_GLOO_TIMEOUT_SECONDS}"]
                if "HOROVOD_GLOO_TIMEOUT_SECONDS" not in user_names else [])
-    variables = [*discovery_env, "NCCL_DEBUG=INFO", *nic_variables(network_interface), *timeout, *env]
+    variables = [*discovery_env, f"ELASTIC_JOB={job_id}", "NCCL_DEBUG=INFO", *nic_variables(network_interface),
+                 *timeout, *env]
     return ["env", *(["-C", workdir] if workdir else []), *variables,
             "horovodrun", "--gloo", "-np", str(max_ranks), "--min-np", str(min_ranks), "--max-np", str(max_ranks),
             "--slots-per-host", str(slots_per_host), "--host-discovery-script", DISCOVERY_SCRIPT,
@@ -253,7 +255,8 @@ class ClusterPlan:
             min_ranks=self.elastic_min_nodes * self.slots_per_node,
             max_ranks=(self.elastic_max_nodes or len(self.nodes)) * self.slots_per_node,
             slots_per_host=self.slots_per_node, network_interface=self.network_interface, ssh_port=self.ssh_port,
-            elastic_timeout=self.elastic_timeout, command=self.command, env=self.env, workdir=workdir,
+            elastic_timeout=self.elastic_timeout, command=self.command, job_id=self.cluster_id, env=self.env,
+            workdir=workdir,
             discovery_env=(f"WORKER_HOSTS={hosts}", f"SLOTS_PER_WORKER={self.slots_per_node}",
                            f"SSH_PORT={self.ssh_port}"))
 

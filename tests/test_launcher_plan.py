@@ -259,6 +259,7 @@ def test_elastic_job_runs_horovodrun_with_discovery_over_the_nodes_rank0_first()
     assert argv[:2] == ["env", "WORKER_HOSTS=gpu-a,gpu-b,gpu-c"]
     assert "SLOTS_PER_WORKER=2" in argv and "SSH_PORT=12345" in argv and "SEED=3" in argv
     assert "HOROVOD_GLOO_TIMEOUT_SECONDS=10" in argv and "GLOO_SOCKET_IFNAME=ens5" in argv
+    assert "ELASTIC_JOB=c0ffee00" in argv  # the discovery script knows the job's first call
     run = argv[argv.index("horovodrun"):]
     flags = " ".join(run[:run.index("python")])
     for expected in ("--gloo", "-np 6", "--min-np 4", "--max-np 6", "--slots-per-host 2",
@@ -283,13 +284,13 @@ def test_elastic_sizes(overrides, expected):
 
 def test_elastic_users_script_keeps_its_own_words_and_timeout_override():
     argv = horovodrun_argv(min_ranks=1, max_ranks=2, slots_per_host=1, network_interface="eth0", ssh_port=22,
-                           elastic_timeout=30, command=["python", "train.py"], workdir="/workdir",
+                           elastic_timeout=30, command=["python", "train.py"], job_id="j1", workdir="/workdir",
                            env=("HOROVOD_GLOO_TIMEOUT_SECONDS=45",))
     assert argv[:3] == ["env", "-C", "/workdir"] and argv[-2:] == ["python", "train.py"]
     assert [item for item in argv if item.startswith("HOROVOD_GLOO_TIMEOUT")] == ["HOROVOD_GLOO_TIMEOUT_SECONDS=45"]
     with pytest.raises(ValueError, match="pass --network-interface"):
         horovodrun_argv(min_ranks=1, max_ranks=2, slots_per_host=1, network_interface=None, ssh_port=22,
-                        elastic_timeout=30, command=["python", "train.py"])
+                        elastic_timeout=30, command=["python", "train.py"], job_id="j1")
 
 
 def test_compose_role_builds_the_elastic_command_line_from_the_same_plan():
