@@ -31,6 +31,7 @@ from app import checkpoint, consistency, data, metrics
 from app.config import ConfigError, TrainConfig, parse_config
 from app.model import SimpleNet
 from app.schedule import learning_rate, scaled_lr
+from launcher.plan import HOROVOD_DEFAULTS
 
 log = logging.getLogger("app.train")
 
@@ -167,6 +168,8 @@ def verify_identical_parameters(model) -> list[dict]:
 
 
 def run(config: TrainConfig) -> EpochResult:
+    for name, value in HOROVOD_DEFAULTS.items():  # the stack's fast settings, under any launcher; env wins
+        os.environ.setdefault(name, value)
     hvd.init()
     setup_logging(hvd.rank())
     torch.manual_seed(config.seed)

@@ -26,6 +26,8 @@ SHARED_MOUNT = "/shared"
 WORKDIR = "/workdir"
 """Where the user's code sits in every container (--workdir, compose's WORKDIR); the job's working directory."""
 TRAINER = ("python", "-m", "app.train")
+HOROVOD_DEFAULTS: dict[str, str] = {"HOROVOD_CYCLE_TIME": "0.2"}
+"""Horovod settings every job gets unless the user's --env sets them (README "Performance", app.bench peers)."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
@@ -75,7 +77,8 @@ def mpirun_argv(*, ranks: int, hostfile: str, command: list[str] | tuple[str, ..
                 network_interface: str | None = None, env: tuple[str, ...] = (),
                 workdir: str | None = None) -> list[str]:
     """The one mpirun command line of a job: the seed article's flags, NIC selection for Open MPI, NCCL and
-    Gloo, the user's variables (-x) and working directory, then the command every rank runs."""
+    Gloo, the user's variables (-x), the stack's Horovod defaults the user did not set, the working directory,
+    then the command every rank runs."""
     argv = ["mpirun", "-np", str(ranks), "--hostfile", hostfile, "-bind-to", "none", "-map-by", "slot",
             # Only the launching container holds the cluster's private key, so it starts every remote daemon.
             "--mca", "plm_rsh_no_tree_spawn", "1",
@@ -87,6 +90,8 @@ def mpirun_argv(*, ranks: int, hostfile: str, command: list[str] | tuple[str, ..
                  "-x", f"HOROVOD_GLOO_IFACE={nic}"]
     for item in env:
         argv += ["-x", check_env_assignment(item)]
+    argv += [word for name, value in HOROVOD_DEFAULTS.items() if not any(item.startswith(f"{name}=") for item in env)
+             for word in ("-x", f"{name}={value}")]
     if workdir:
         argv += ["-wdir", workdir]
     return argv + list(command)

@@ -8,7 +8,7 @@ import pytest
 import subprocess
 
 from launcher import job_argv, workdir
-from launcher.plan import ClusterPlan, Node, command_probe, job_command, mpi_host, mpirun_argv
+from launcher.plan import HOROVOD_DEFAULTS, ClusterPlan, Node, command_probe, job_command, mpi_host, mpirun_argv
 from launcher.settings import LaunchSettings, SettingsError, engine_override_key, load_env_file, resolve_settings
 
 
@@ -75,6 +75,20 @@ def test_users_command_env_and_workdir_reach_mpirun():
     joined = " ".join(argv)
     assert "-x NCCL_DEBUG=WARN" in joined and "-x SEED=3" in joined
     assert "app.train" not in joined
+
+
+@pytest.mark.parametrize("env, expected", [
+    ((), [f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items()]),
+    (("SEED=3",), ["SEED=3", *(f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items())]),
+    (("HOROVOD_CYCLE_TIME=7",), ["HOROVOD_CYCLE_TIME=7", *(f"{name}={value}" for name, value
+                                                            in HOROVOD_DEFAULTS.items() if name != "HOROVOD_CYCLE_TIME")]),
+    (tuple(f"{name}=9" for name in HOROVOD_DEFAULTS), [f"{name}=9" for name in HOROVOD_DEFAULTS]),
+])
+def test_horovod_defaults_reach_every_rank_unless_the_user_sets_them(env, expected):
+    argv = mpirun_argv(ranks=2, hostfile="/h", command=["python", "t.py"], env=env)
+    passed = [argv[i + 1] for i, word in enumerate(argv) if word == "-x" and "=" in argv[i + 1]
+              and not argv[i + 1].startswith("NCCL_DEBUG=")]
+    assert passed == expected
 
 
 def test_compose_role_builds_the_same_command_line_as_the_launcher():
