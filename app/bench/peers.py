@@ -63,25 +63,27 @@ def rank_main(argv: list[str]) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
 
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(args.threads)
-    peer = launch.Peer(args.peer)
+    peer = launch.Peer(args.peer, args.device)
     torch.manual_seed(0)
-    model = build_model(args.model)
+    model = build_model(args.model).to(peer.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if args.peer == "ddp":
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        device_ids = [peer.device] if args.device == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     else:
         import horovod.torch as hvd
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    images = torch.randn(args.batch, *MODELS[args.model])
-    labels = torch.randint(0, 10, (args.batch,))
+    images = torch.randn(args.batch, *MODELS[args.model], device=peer.device)
+    labels = torch.randint(0, 10, (args.batch,), device=peer.device)
     timings = []
     for _ in range(args.warmup + args.steps):
         started = time.perf_counter()
@@ -90,6 +92,8 @@ def rank_main(argv: list[str]) -> None:
         loss = F.nll_loss(output, labels) if args.model == "simplenet" else F.cross_entropy(output, labels)
         loss.backward()
         optimizer.step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         timings.append(time.perf_counter() - started)
     per_rank = peer.gather(timings[args.warmup:])
     per_step = [max(steps) for steps in zip(*per_rank)]
@@ -105,6 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank, DDP over NCCL, Horovod's NCCL ops (needs the GPU build)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all configurations")
     parser.add_argument("--steps-scale", type=float, default=1.0, help="multiplies each model's step counts")
     parser.add_argument("--variant", type=parse_variant, action="append", default=[],
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
             for label, peer, env in variants:
                 job = launch.run_job(peer, args.ranks, "peers", [
                     "--model", model, "--batch", str(args.batch), "--threads", str(args.threads),
-                    "--warmup", str(warmup), "--steps", str(steps)], env)
+                    "--device", args.device, "--warmup", str(warmup), "--steps", str(steps)], env)
                 results.setdefault((model, label), []).append(job)
                 print(f"[peers] round {round_ + 1}/{args.repeats} {model:<9} {label:<18} "
                       f"{job['samples_per_sec']:8.0f} samples/s", flush=True)
@@ -133,10 +139,11 @@ def main(argv: list[str] | None = None) -> dict:
                ("samples_min", "min", ".0f"), ("samples_max", "max", ".0f"), ("step_ms", "step ms", ".2f"),
                ("ratio_to_ddp", "/ DDP", ".2f"), ("ratio_min", "min", ".2f"), ("ratio_max", "max", ".2f")]
     env_text = ", ".join(f"{k}={v}" for k, v in HOROVOD_DEFAULTS.items())
-    title = (f"Horovod vs torch DDP: {args.ranks} ranks x {args.threads} thread(s), batch {args.batch}, "
+    title = (f"Horovod vs torch DDP ({'NCCL, GPU' if args.device == 'cuda' else 'CPU'}): {args.ranks} ranks x "
+             f"{args.threads} thread(s), batch {args.batch}, "
              f"median of {args.repeats} round(s)")
     write_report(args.out, "peers", title, columns, rows, draw=lambda fig: draw(fig, rows, args.models),
-                 extra={"ranks": args.ranks, "batch": args.batch, "threads": args.threads,
+                 extra={"ranks": args.ranks, "batch": args.batch, "threads": args.threads, "device": args.device,
                         "repeats": args.repeats, "stack_defaults": HOROVOD_DEFAULTS},
                  notes=[f"stack = the stack's defaults ({env_text}); untuned = Horovod 0.28.1's own; "
                         "min/max: spread over rounds."])

@@ -107,18 +107,27 @@ def wait_all(processes: list[subprocess.Popen], timeout: float) -> list[int | No
 class Peer:
     """The rank side: which framework joined the group, this rank, the world size, and gathering results."""
 
-    def __init__(self, peer: str):
+    def __init__(self, peer: str, device: str = "cpu"):
+        """device 'cuda': one GPU per rank (the local rank's), and DDP over NCCL instead of Gloo."""
+        import torch
+
         self.name = peer
         if peer == "ddp":
             import torch.distributed as dist
 
-            dist.init_process_group("gloo")
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+            if device == "cuda":
+                torch.cuda.set_device(local_rank)
+            dist.init_process_group("nccl" if device == "cuda" else "gloo")
             self.rank, self.size = dist.get_rank(), dist.get_world_size()
         else:
             import horovod.torch as hvd
 
             hvd.init()
-            self.rank, self.size = hvd.rank(), hvd.size()
+            self.rank, self.size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+            if device == "cuda":
+                torch.cuda.set_device(local_rank)
+        self.device = torch.device(f"cuda:{local_rank}" if device == "cuda" else "cpu")
 
     def gather(self, value) -> list:
         """Every rank's value, on every rank."""
