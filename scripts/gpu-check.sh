@@ -28,7 +28,7 @@ step "venv $venv: torch (CUDA build from PyPI), then Horovod with NCCL ops"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q torch==2.14.1 torchvision==0.29.1
 "$venv/bin/python" -m pip install -q -r docker/requirements-build.txt
-"$venv/bin/python" -m pip install -q -r docker/requirements-runtime.txt matplotlib pytest
+"$venv/bin/python" -m pip install -q -r docker/requirements-runtime.txt pytest
 PATH="$PWD/$venv/bin:$PATH" PYTHON="$PWD/$venv/bin/python" \
   HOROVOD_WHEEL_CACHE="${HOROVOD_WHEEL_CACHE:-$HOME/.cache/horovod-stack/wheels}" docker/install-horovod.sh gpu
 
