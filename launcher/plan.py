@@ -26,8 +26,10 @@ SHARED_MOUNT = "/shared"
 WORKDIR = "/workdir"
 """Where the user's code sits in every container (--workdir, compose's WORKDIR); the job's working directory."""
 TRAINER = ("python", "-m", "app.train")
-HOROVOD_DEFAULTS: dict[str, str] = {"HOROVOD_CYCLE_TIME": "0.2"}
-"""Horovod settings every job gets unless the user's --env sets them (README "Performance", app.bench peers)."""
+HOROVOD_DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+"""Settings for Horovod and the MPI under it that every job gets unless the user's --env sets them (README
+"Performance", measured with `python -m app.bench peers`): Open MPI yields the core while it waits, instead of
+spinning against the rank's own compute threads (Horovod's background thread polls MPI every cycle)."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).

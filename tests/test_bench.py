@@ -62,7 +62,7 @@ def test_parse_variant_rejects_unknown_peer():
 
 
 def test_peer_rows_take_the_ratio_within_each_round():
-    jobs = lambda *rates: [{"samples_per_sec": r, "step_s": 128 / r} for r in rates]
+    jobs = lambda *rates: [{"samples_per_sec": r, "step_s": 128 / r, "cpu_s_per_step": 0.01} for r in rates]
     rows = peer_rows({("m", "ddp"): jobs(100, 50), ("m", "hvd"): jobs(90, 50)}, ["m"], ["ddp", "hvd"])
     hvd = rows[1]
     assert (hvd["ratio_min"], hvd["ratio_max"], hvd["ratio_to_ddp"]) == (0.9, 1.0, pytest.approx(0.95))

@@ -80,8 +80,9 @@ def test_users_command_env_and_workdir_reach_mpirun():
 @pytest.mark.parametrize("env, expected", [
     ((), [f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items()]),
     (("SEED=3",), ["SEED=3", *(f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items())]),
-    (("HOROVOD_CYCLE_TIME=7",), ["HOROVOD_CYCLE_TIME=7", *(f"{name}={value}" for name, value
-                                                            in HOROVOD_DEFAULTS.items() if name != "HOROVOD_CYCLE_TIME")]),
+    (("OMPI_MCA_mpi_yield_when_idle=0",), ["OMPI_MCA_mpi_yield_when_idle=0", *(
+        f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items() if name != "OMPI_MCA_mpi_yield_when_idle")]),
+    (("OMPI_MCA_mpi_yield_when_idle_x=1",), ["OMPI_MCA_mpi_yield_when_idle_x=1", "OMPI_MCA_mpi_yield_when_idle=1"]),
     (tuple(f"{name}=9" for name in HOROVOD_DEFAULTS), [f"{name}=9" for name in HOROVOD_DEFAULTS]),
 ])
 def test_horovod_defaults_reach_every_rank_unless_the_user_sets_them(env, expected):

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in (["4K", "64K"] if args.short else args.sizes)]
-    env = {k: str(v) for k, v in HOROVOD_DEFAULTS.items()}
+    env = dict(HOROVOD_DEFAULTS)
     measured = {}
     for peer in args.peers:
         job = launch.run_job(peer, args.ranks, "allreduce", ["--sizes", *map(str, sizes)]

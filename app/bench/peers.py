@@ -7,7 +7,7 @@ all of them under the same machine load; a row gives the median over rounds and 
 the ratio to DDP is taken within each round before its median is taken.
 
     python -m app.bench peers [--models simplenet resnet18] [--ranks 2] [--repeats 3] [--out bench-out]
-    python -m app.bench peers --variant cycle0.2=hvd-gloo:HOROVOD_CYCLE_TIME=0.2   (extra configurations)
+    python -m app.bench peers --variant c5=hvd-gloo:HOROVOD_CYCLE_TIME=5   (extra configurations, e.g. to tune)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ STEPS = {"simplenet": (20, 200), "resnet18": (3, 15)}
 
 def default_variants() -> list[tuple[str, str, dict[str, str]]]:
     """(label, peer, env): DDP, then each Horovod peer untuned and with the stack's defaults."""
-    stack = {k: str(v) for k, v in HOROVOD_DEFAULTS.items()}
+    stack = dict(HOROVOD_DEFAULTS)
     return [("ddp", "ddp", {}),
             ("hvd-mpi untuned", "hvd-mpi", {}), ("hvd-mpi stack", "hvd-mpi", stack),
             ("hvd-gloo untuned", "hvd-gloo", {}), ("hvd-gloo stack", "hvd-gloo", stack)]
@@ -84,8 +84,10 @@ def rank_main(argv: list[str]) -> None:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     images = torch.randn(args.batch, *MODELS[args.model], device=peer.device)
     labels = torch.randint(0, 10, (args.batch,), device=peer.device)
-    timings = []
-    for _ in range(args.warmup + args.steps):
+    timings, cpu_started = [], 0.0
+    for index in range(args.warmup + args.steps):
+        if index == args.warmup:
+            cpu_started = time.process_time()  # all of this process's threads: compute, Horovod's, the transport's
         started = time.perf_counter()
         optimizer.zero_grad()
         output = model(images)
@@ -95,10 +97,12 @@ def rank_main(argv: list[str]) -> None:
         if args.device == "cuda":
             torch.cuda.synchronize()
         timings.append(time.perf_counter() - started)
-    per_rank = peer.gather(timings[args.warmup:])
-    per_step = [max(steps) for steps in zip(*per_rank)]
+    cpu_per_step = (time.process_time() - cpu_started) / args.steps
+    per_rank = peer.gather((timings[args.warmup:], cpu_per_step))
+    per_step = [max(steps) for steps in zip(*(steps for steps, _ in per_rank))]
     step = statistics.median(per_step)
     peer.finish(args.result, {"step_s": step, "samples_per_sec": peer.size * args.batch / step,
+                              "cpu_s_per_step": statistics.mean(cpu for _, cpu in per_rank),
                               "gradient_mb": sum(p.numel() for p in model.parameters()) * 4 / 1e6})
 
 
@@ -122,6 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.short:
         args.models, args.repeats, args.steps_scale = ["simplenet"], 1, 0.05
     variants = ([default_variants()[0]] if args.only_variants else default_variants()) + args.variant
+    if args.short:  # the stack's own configurations only
+        variants = [variant for variant in variants if "untuned" not in variant[0]]
 
     results: dict[tuple[str, str], list[dict]] = {}
     for round_ in range(args.repeats):
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = peer_rows(results, args.models, [v[0] for v in variants])
     columns = [("model", "model", ""), ("config", "config", ""), ("samples_per_sec", "samples/s", ".0f"),
                ("samples_min", "min", ".0f"), ("samples_max", "max", ".0f"), ("step_ms", "step ms", ".2f"),
+               ("cpu_ms_per_step", "CPU ms/step", ".2f"),
                ("ratio_to_ddp", "/ DDP", ".2f"), ("ratio_min", "min", ".2f"), ("ratio_max", "max", ".2f")]
     env_text = ", ".join(f"{k}={v}" for k, v in HOROVOD_DEFAULTS.items())
     title = (f"Horovod vs torch DDP ({'NCCL, GPU' if args.device == 'cuda' else 'CPU'}): {args.ranks} ranks x "
@@ -146,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
                  extra={"ranks": args.ranks, "batch": args.batch, "threads": args.threads, "device": args.device,
                         "repeats": args.repeats, "stack_defaults": HOROVOD_DEFAULTS},
                  notes=[f"stack = the stack's defaults ({env_text}); untuned = Horovod 0.28.1's own; "
-                        "min/max: spread over rounds."])
+                        "min/max: spread over rounds; CPU ms/step: CPU time of one rank's process (all its threads) per step."])
     return {"rows": rows}
 
 
@@ -164,6 +171,7 @@ def peer_rows(results: dict[tuple[str, str], list[dict]], models: list[str], lab
             ratio, ratio_low, ratio_high = median_spread(ratios)
             rows.append({"model": model, "config": label, "samples_per_sec": rate, "samples_min": low,
                          "samples_max": high, "step_ms": statistics.median(j["step_s"] for j in jobs) * 1e3,
+                         "cpu_ms_per_step": statistics.median(j["cpu_s_per_step"] for j in jobs) * 1e3,
                          "ratio_to_ddp": ratio, "ratio_min": ratio_low, "ratio_max": ratio_high})
     return rows
 

@@ -26,7 +26,8 @@ VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 PEERS = ("ddp", "hvd-mpi", "hvd-gloo")
 HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY",
-                 "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER", "HOROVOD_AUTOTUNE", "HOROVOD_THREAD_AFFINITY")
+                 "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER", "HOROVOD_AUTOTUNE", "HOROVOD_THREAD_AFFINITY",
+                 "OMPI_MCA_mpi_yield_when_idle")
 """Settings a bench controls itself: removed from the inherited environment so 'untuned' means Horovod's own."""
 
 
