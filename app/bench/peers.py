@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
                  extra={"ranks": args.ranks, "batch": args.batch, "threads": args.threads, "device": args.device,
                         "repeats": args.repeats, "stack_defaults": HOROVOD_DEFAULTS},
                  notes=[f"stack = the stack's defaults ({env_text}); untuned = Horovod 0.28.1's own; "
-                        "min/max: spread over rounds; CPU ms/step: CPU time of one rank's process (all its threads) per step."])
+                        "min/max: spread over rounds; CPU ms/step: CPU time of one rank's process (all its "
+                        "threads) per step."])
     return {"rows": rows}
 
 

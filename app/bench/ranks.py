@@ -73,11 +73,11 @@ def run_job(peer: str, ranks: int, bench: str, args: list[str], env: dict[str, s
         with open(log, "w") as out:
             if peer == "ddp":
                 port = str(free_port())
-                processes = [subprocess.Popen([*(rank_prefix(r) if rank_prefix else []), *command], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                              start_new_session=True, env={
-                                                  **full_env, "RANK": str(r), "LOCAL_RANK": str(r),
-                                                  "WORLD_SIZE": str(ranks), "MASTER_ADDR": master_addr,
-                                                  "MASTER_PORT": port}) for r in range(ranks)]
+                processes = [subprocess.Popen(
+                    [*(rank_prefix(r) if rank_prefix else []), *command], cwd=REPO, stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**full_env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(ranks),
+                         "MASTER_ADDR": master_addr, "MASTER_PORT": port}) for r in range(ranks)]
             else:
                 processes = [subprocess.Popen(launcher_argv(peer, ranks, env) + command, cwd=REPO, stdout=out,
                                               stderr=subprocess.STDOUT, start_new_session=True, env=full_env)]
