@@ -37,6 +37,7 @@ from app import checkpoint, consistency, data, metrics, observe
 from app.config import ConfigError, TrainConfig, parse_config
 from app.model import SimpleNet
 from app.schedule import learning_rate, rate_at, scaled_lr
+from launcher.plan import HOROVOD_DEFAULTS
 
 log = logging.getLogger("app.train")
 
@@ -309,6 +310,8 @@ def elastic_training(config: TrainConfig, model, optimizer, train_set: Dataset, 
 
 
 def run(config: TrainConfig) -> EpochResult | None:
+    for name, value in HOROVOD_DEFAULTS.items():  # the stack's fast settings, under any launcher; env wins
+        os.environ.setdefault(name, value)
     hvd.init()
     setup_logging(hvd.rank())
     torch.manual_seed(config.seed)

@@ -39,6 +39,10 @@ peers often get no TCP reset, so this bounds how soon an elastic job notices the
 HOROVOD_GLOO_TIMEOUT_SECONDS=N overrides it for steps where ranks legitimately wait longer."""
 BLACKLIST_COOLDOWN_SECONDS = (2, 30)
 """A host whose worker failed may rejoin after 4-6 s, doubling on each further failure (horovodrun's range)."""
+HOROVOD_DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+"""Settings for Horovod and the MPI under it that every job gets unless the user's --env sets them (README
+"Performance", measured with `python -m app.bench peers`): Open MPI yields the core while it waits, instead of
+spinning against the rank's own compute threads (Horovod's background thread polls MPI every cycle)."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
@@ -111,7 +115,8 @@ def mpirun_argv(*, ranks: int, hostfile: str, command: list[str] | tuple[str, ..
                 network_interface: str | None = None, env: tuple[str, ...] = (),
                 workdir: str | None = None) -> list[str]:
     """The one mpirun command line of a job: the seed article's flags, NIC selection for Open MPI, NCCL and
-    Gloo, the user's variables (-x) and working directory, then the command every rank runs."""
+    Gloo, the user's variables (-x), the stack's Horovod defaults the user did not set, the working directory,
+    then the command every rank runs."""
     argv = ["mpirun", "-np", str(ranks), "--hostfile", hostfile, "-bind-to", "none", "-map-by", "slot",
             # Only the launching container holds the cluster's private key, so it starts every remote daemon.
             "--mca", "plm_rsh_no_tree_spawn", "1",
@@ -122,6 +127,8 @@ def mpirun_argv(*, ranks: int, hostfile: str, command: list[str] | tuple[str, ..
             argv += ["-x", variable]
     for item in env:
         argv += ["-x", check_env_assignment(item)]
+    argv += [word for name, value in HOROVOD_DEFAULTS.items() if not any(item.startswith(f"{name}=") for item in env)
+             for word in ("-x", f"{name}={value}")]
     if workdir:
         argv += ["-wdir", workdir]
     return argv + list(command)

@@ -8,8 +8,8 @@ import pytest
 import subprocess
 
 from launcher import job_argv, workdir
-from launcher.plan import (ClusterPlan, Node, command_probe, horovodrun_argv, job_command, mpi_host, mpirun_argv,
-                           nic_problem, run_dir, with_run_dir)
+from launcher.plan import (HOROVOD_DEFAULTS, ClusterPlan, Node, command_probe, horovodrun_argv, job_command, mpi_host,
+                           mpirun_argv, nic_problem, run_dir, with_run_dir)
 from launcher.settings import LaunchSettings, SettingsError, engine_override_key, load_env_file, resolve_settings
 
 
@@ -76,6 +76,21 @@ def test_users_command_env_and_workdir_reach_mpirun():
     joined = " ".join(argv)
     assert "-x NCCL_DEBUG=WARN" in joined and "-x SEED=3" in joined
     assert "app.train" not in joined
+
+
+@pytest.mark.parametrize("env, expected", [
+    ((), [f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items()]),
+    (("SEED=3",), ["SEED=3", *(f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items())]),
+    (("OMPI_MCA_mpi_yield_when_idle=0",), ["OMPI_MCA_mpi_yield_when_idle=0", *(
+        f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items() if name != "OMPI_MCA_mpi_yield_when_idle")]),
+    (("OMPI_MCA_mpi_yield_when_idle_x=1",), ["OMPI_MCA_mpi_yield_when_idle_x=1", "OMPI_MCA_mpi_yield_when_idle=1"]),
+    (tuple(f"{name}=9" for name in HOROVOD_DEFAULTS), [f"{name}=9" for name in HOROVOD_DEFAULTS]),
+])
+def test_horovod_defaults_reach_every_rank_unless_the_user_sets_them(env, expected):
+    argv = mpirun_argv(ranks=2, hostfile="/h", command=["python", "t.py"], env=env)
+    passed = [argv[i + 1] for i, word in enumerate(argv) if word == "-x" and "=" in argv[i + 1]
+              and not argv[i + 1].startswith("NCCL_DEBUG=")]
+    assert passed == expected
 
 
 def test_compose_role_builds_the_same_command_line_as_the_launcher():

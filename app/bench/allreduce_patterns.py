@@ -1,41 +1,40 @@
-"""Parameter server vs ring-allreduce, measured: one gradient exchange per step, both patterns built on the
-same point-to-point sends (torch.distributed, Gloo over TCP), so only the communication pattern differs.
-
-    python -m app.bench.allreduce_patterns [--workers 2 4] [--megabytes 16] [--steps 10]
+"""The two gradient-exchange patterns `python -m app.bench ps-vs-ring` measures, both built on the same
+point-to-point sends (torch.distributed send/recv, Gloo over TCP), so only the communication pattern differs.
 
 - Parameter server: every worker sends its whole gradient to one server process, which sums them and sends
-  the sum back. The server's link carries 2·N·M bytes per step: it grows with the number of workers N.
+  the sum back. The server's link carries 2·(N-1)·M bytes per step (N-1 workers): it grows with N.
 - Ring-allreduce: the gradient is cut into N chunks; N-1 reduce-scatter steps then N-1 allgather steps pass one
   chunk to the right-hand neighbour. Every link carries 2·(N-1)/N·M bytes: nearly flat in N, no hot spot.
 
-All processes run on this machine over loopback TCP: the figures show how each pattern scales with N here,
-not a network's absolute bandwidth. Each configuration runs in one go, side by side, as the machine is noisy.
+With N ranks both patterns use the same N processes: for the parameter server rank 0 is the server and ranks
+1..N-1 the workers.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import socket
-import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 
-def ring_allreduce(tensor: torch.Tensor, rank: int, world: int) -> None:
-    """In-place sum over all ranks: reduce-scatter then allgather around the ring."""
+def ring_allreduce(tensor: torch.Tensor, rank: int, world: int, groups: tuple | None = None) -> None:
+    """In-place sum over all ranks: reduce-scatter then allgather around the ring.
+
+    groups: two process groups over all ranks; a message from an even rank travels on the first, from an odd
+    rank on the second. With 2 ranks a rank's two neighbours are the same rank, and Gloo moves one pair's two
+    directions one after the other; on two groups (two connections) both directions flow at once, as on every
+    link of a longer ring."""
+    groups = groups or (None, None)
     chunks = list(tensor.chunk(world))
     right, left = (rank + 1) % world, (rank - 1) % world
     incoming = torch.empty_like(chunks[0])
 
     def pass_right(send_index: int, recv_index: int) -> torch.Tensor:
         """Sends one chunk to the right-hand neighbour while receiving one from the left."""
-        request = dist.isend(chunks[send_index].contiguous(), right)
+        request = dist.isend(chunks[send_index].contiguous(), right, group=groups[rank % 2])
         received = incoming[: chunks[recv_index].numel()]
-        dist.recv(received, left)
+        dist.recv(received, left, group=groups[left % 2])
         request.wait()
         return received
 
@@ -64,65 +63,26 @@ def parameter_server_exchange(tensor: torch.Tensor, rank: int, world: int) -> No
         dist.recv(tensor, 0)
 
 
-def run_rank(rank: int, world: int, pattern: str, numel: int, steps: int, port: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    gradient = torch.full((numel,), float(rank))
-    workers = world - 1 if pattern == "ps" else world
-    exchange = parameter_server_exchange if pattern == "ps" else ring_allreduce
+def step_timings(pattern: str, rank: int, world: int, numel: int, steps: int, warmup: int = 2) -> list[float]:
+    """Seconds per exchange on this rank, after `warmup` untimed ones; the ranks meet at a barrier before each
+    step. The process group must be up (torch.distributed, any backend with send/recv). Checks the sum."""
+    gradient = torch.empty(numel)
+    groups = (dist.group.WORLD, dist.new_group(list(range(world))))
+
+    def exchange(tensor: torch.Tensor, rank: int, world: int) -> None:
+        if pattern == "ps":
+            parameter_server_exchange(tensor, rank, world)
+        else:
+            ring_allreduce(tensor, rank, world, groups)
     timings = []
-    for step in range(steps + 2):  # two warm-up steps
+    for step in range(warmup + steps):
         gradient.fill_(float(rank))
         dist.barrier()
         started = time.perf_counter()
         exchange(gradient, rank, world)
-        elapsed = time.perf_counter() - started
-        if step >= 2:
-            timings.append(elapsed)
+        if step >= warmup:
+            timings.append(time.perf_counter() - started)
     expected = sum(range(1, world)) if pattern == "ps" else sum(range(world))
-    assert torch.all(gradient == expected), f"{pattern}: wrong sum on rank {rank}"
-    all_timings = [None] * world
-    dist.all_gather_object(all_timings, timings)
-    if rank == 0:
-        # A step ends when the slowest process is done.
-        per_step = [max(t[i] for t in all_timings) for i in range(steps)]
-        results[(pattern, workers)] = statistics.median(per_step)
-    dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def measure(pattern: str, workers: int, numel: int, steps: int, results) -> None:
-    world = workers + 1 if pattern == "ps" else workers
-    mp.spawn(run_rank, args=(world, pattern, numel, steps, free_port(), results), nprocs=world, join=True)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--megabytes", type=float, default=16.0, help="gradient size per worker")
-    parser.add_argument("--steps", type=int, default=10)
-    args = parser.parse_args(argv)
-    numel = int(args.megabytes * 1e6 / 4)
-    results = mp.Manager().dict()
-    for workers in args.workers:
-        for pattern in ("ps", "ring"):
-            measure(pattern, workers, numel, args.steps, results)
-    megabytes = numel * 4 / 1e6
-    print(f"gradient {megabytes:.1f} MB per worker, median of {args.steps} steps, Gloo over loopback TCP, "
-          f"{os.cpu_count()} CPU cores")
-    print(f"{'workers':>7} | {'PS step ms':>10} | {'ring step ms':>12} | {'PS / ring':>9} | "
-          f"{'PS server MB/step':>17} | {'ring busiest MB/step':>20}")
-    for workers in args.workers:
-        ps, ring = results[("ps", workers)], results[("ring", workers)]
-        print(f"{workers:>7} | {ps * 1e3:>10.1f} | {ring * 1e3:>12.1f} | {ps / ring:>9.2f} | "
-              f"{2 * workers * megabytes:>17.1f} | {2 * (workers - 1) / workers * megabytes:>20.1f}")
-
-
-if __name__ == "__main__":
-    main()
+    if not bool(torch.all(gradient == expected)):
+        raise RuntimeError(f"{pattern}: wrong sum on rank {rank}")
+    return timings

@@ -1,0 +1,146 @@
+"""`python -m app.bench allreduce`: one allreduce of a float32 tensor, 4 KB to 256 MB, timed on each peer:
+Horovod over MPI and over Gloo (with the stack's defaults), and torch.distributed.all_reduce over Gloo.
+
+    python -m app.bench allreduce [--ranks 2] [--sizes 4K 64K 1M 16M 256M] [--out bench-out]
+
+Reported per size, as nccl-tests does: time (the slowest rank's, median over iterations), algorithm bandwidth
+algbw = bytes / time, and bus bandwidth busbw = algbw x 2(n-1)/n: the rate each link carries in a ring, so
+figures for different rank counts compare with each other and with the link's own speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from app.bench import ranks as launch
+from app.bench.report import write_report
+from launcher.plan import HOROVOD_DEFAULTS
+
+DEFAULT_SIZES = ["4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M", "256M"]
+PEERS = {"hvd-mpi": "Horovod MPI", "hvd-gloo": "Horovod Gloo", "ddp": "torch Gloo"}
+UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'4K' -> 4096, '256M' -> 268435456, '100' -> 100 (bytes)."""
+    text = text.strip().upper().removesuffix("B")
+    if text and text[-1] in UNITS:
+        return int(float(text[:-1]) * UNITS[text[-1]])
+    return int(text)
+
+
+def size_label(size: int) -> str:
+    for unit in ("G", "M", "K"):
+        if size >= UNITS[unit] and size % UNITS[unit] == 0:
+            return f"{size // UNITS[unit]} {unit}B"
+    return f"{size} B"
+
+
+def bus_bandwidth(algbw: float, ranks: int) -> float:
+    """busbw = algbw x 2(n-1)/n: what each link of a ring carries for an allreduce of that algbw."""
+    return algbw * 2 * (ranks - 1) / ranks
+
+
+def iterations_for(size: int, short: bool) -> int:
+    """Enough iterations for a stable median, fewer for big tensors (about 1 GB moved per size, 3 to 50)."""
+    if short:
+        return 2
+    return max(3, min(50, (1 << 30) // size))
+
+
+# --- rank side ------------------------------------------------------------------------------------------------
+def rank_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--peer", required=True)
+    parser.add_argument("--result", required=True)
+    parser.add_argument("--sizes", nargs="+", type=int, required=True)
+    parser.add_argument("--short", action="store_true")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    peer = launch.Peer(args.peer)
+    if args.peer == "ddp":
+        import torch.distributed as dist
+
+        def allreduce(tensor, name):
+            dist.all_reduce(tensor)
+    else:
+        import horovod.torch as hvd
+
+        def allreduce(tensor, name):
+            hvd.allreduce_(tensor, op=hvd.Sum, name=name)
+    seconds = []
+    for size in args.sizes:
+        tensor = torch.empty(size // 4)
+        timings = []
+        for index in range(2 + iterations_for(size, args.short)):  # two warm-up calls
+            tensor.fill_(1.0)
+            started = time.perf_counter()
+            allreduce(tensor, f"allreduce.{size}")
+            if index >= 2:
+                timings.append(time.perf_counter() - started)
+        if not bool((tensor == peer.size).all()):
+            raise RuntimeError(f"{args.peer}: wrong allreduce sum for {size} bytes")
+        per_rank = peer.gather(timings)
+        seconds.append(statistics.median(max(values) for values in zip(*per_rank)))
+        del tensor
+    peer.finish(args.result, {"sizes": args.sizes, "seconds": seconds})
+
+
+# --- driver ---------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m app.bench allreduce", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, help="bytes, K/M/G suffixes (powers of 2)")
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    parser.add_argument("--short", action="store_true", help="CI: two small sizes, two iterations")
+    parser.add_argument("--out", default="bench-out")
+    args = parser.parse_args(argv)
+    sizes = [parse_size(s) for s in (["4K", "64K"] if args.short else args.sizes)]
+    env = dict(HOROVOD_DEFAULTS)
+    measured = {}
+    for peer in args.peers:
+        job = launch.run_job(peer, args.ranks, "allreduce", ["--sizes", *map(str, sizes)]
+                             + (["--short"] if args.short else []), env if peer != "ddp" else {})
+        measured[peer] = job["seconds"]
+        print(f"[allreduce] {PEERS[peer]} done", flush=True)
+    rows = allreduce_rows(sizes, measured, args.ranks)
+    columns = [("size", "size", "")]
+    for peer in args.peers:
+        columns += [(f"{peer}_us", f"{PEERS[peer]} us", ".0f"), (f"{peer}_algbw", "algbw GB/s", ".3f"),
+                    (f"{peer}_busbw", "busbw GB/s", ".3f")]
+    title = f"allreduce, float32 sum, {args.ranks} ranks on one host (1 thread each), median time of the slowest rank"
+    write_report(args.out, "allreduce", title, columns, rows, draw=lambda fig: draw(fig, rows, args.peers),
+                 extra={"ranks": args.ranks, "horovod_env": env},
+                 notes=["busbw = algbw x 2(n-1)/n; GB = 1e9 bytes. Horovod runs with the stack's defaults."])
+    return {"rows": rows}
+
+
+def allreduce_rows(sizes: list[int], measured: dict[str, list[float]], ranks: int) -> list[dict]:
+    rows = []
+    for index, size in enumerate(sizes):
+        row = {"size": size_label(size), "bytes": size}
+        for peer, seconds in measured.items():
+            algbw = size / seconds[index] / 1e9
+            row.update({f"{peer}_us": seconds[index] * 1e6, f"{peer}_algbw": algbw,
+                        f"{peer}_busbw": bus_bandwidth(algbw, ranks)})
+        rows.append(row)
+    return rows
+
+
+def draw(figure, rows: list[dict], peers: list[str]) -> None:
+    left, right = figure.subplots(1, 2)
+    sizes = [row["bytes"] for row in rows]
+    for peer in peers:
+        left.plot(sizes, [row[f"{peer}_us"] for row in rows], marker="o", label=PEERS[peer])
+        right.plot(sizes, [row[f"{peer}_busbw"] for row in rows], marker="o", label=PEERS[peer])
+    for axes, label in ((left, "time (us)"), (right, "bus bandwidth (GB/s)")):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("bytes")
+        axes.set_ylabel(label)
+        axes.legend(fontsize=8)
+    left.set_yscale("log")

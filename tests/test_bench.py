@@ -1,0 +1,151 @@
+"""The benches (`python -m app.bench NAME`): their pure parts table-driven, and each bench's --short run, checked
+only for well-formed output (a markdown table, JSON with the expected keys, a PNG), never for a speed."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.bench import netns
+from app.bench.allreduce import bus_bandwidth, parse_size, size_label
+from app.bench.peers import parse_variant, peer_rows
+from app.bench.ps_vs_ring import model_ratio, model_seconds, within_tolerance
+from app.bench.report import markdown_table, write_report
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("algbw, ranks, busbw", [(1.0, 2, 1.0), (1.0, 4, 1.5), (2.0, 8, 3.5), (1.0, 1, 0.0)])
+def test_bus_bandwidth(algbw, ranks, busbw):
+    assert bus_bandwidth(algbw, ranks) == pytest.approx(busbw)
+
+
+@pytest.mark.parametrize("text, size, label", [
+    ("4K", 4096, "4 KB"), ("256M", 256 << 20, "256 MB"), ("1G", 1 << 30, "1 GB"), ("100", 100, "100 B"),
+    ("64kb", 65536, "64 KB")])
+def test_sizes(text, size, label):
+    assert parse_size(text) == size
+    assert size_label(size) == label
+
+
+@pytest.mark.parametrize("ranks, ps_ms, ring_ms, ratio", [
+    (2, 640.0, 320.0, 2.0), (4, 1920.0, 480.0, 4.0), (8, 4480.0, 560.0, 8.0)])
+def test_cost_model_8mb_at_200mbit(ranks, ps_ms, ring_ms, ratio):
+    assert model_seconds("ps", ranks, 8, 200) * 1e3 == pytest.approx(ps_ms)
+    assert model_seconds("ring", ranks, 8, 200) * 1e3 == pytest.approx(ring_ms)
+    assert model_ratio(ranks) == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize("ratio, expected, ok", [(1.96, 2, True), (3.41, 4, True), (3.39, 4, False),
+                                                 (9.19, 8, True), (9.21, 8, False)])
+def test_within_tolerance(ratio, expected, ok):
+    assert within_tolerance(ratio, expected) is ok
+
+
+@pytest.mark.parametrize("text, variant", [
+    ("c=hvd-gloo:HOROVOD_CYCLE_TIME=0.2", ("c", "hvd-gloo", {"HOROVOD_CYCLE_TIME": "0.2"})),
+    ("plain=hvd-mpi", ("plain", "hvd-mpi", {})),
+    ("two=ddp:A=1,B=x=y", ("two", "ddp", {"A": "1", "B": "x=y"}))])
+def test_parse_variant(text, variant):
+    assert parse_variant(text) == variant
+
+
+def test_parse_variant_rejects_unknown_peer():
+    with pytest.raises(Exception, match="PEER one of"):
+        parse_variant("x=nccl")
+
+
+def test_peer_rows_take_the_ratio_within_each_round():
+    jobs = lambda *rates: [{"samples_per_sec": r, "step_s": 128 / r, "cpu_s_per_step": 0.01} for r in rates]
+    rows = peer_rows({("m", "ddp"): jobs(100, 50), ("m", "hvd"): jobs(90, 50)}, ["m"], ["ddp", "hvd"])
+    hvd = rows[1]
+    assert (hvd["ratio_min"], hvd["ratio_max"], hvd["ratio_to_ddp"]) == (0.9, 1.0, pytest.approx(0.95))
+    assert (hvd["samples_min"], hvd["samples_max"]) == (50, 90)
+
+
+def test_markdown_table_right_aligns_numbers_and_marks_missing_values():
+    table = markdown_table([("name", "name", ""), ("ms", "ms", ".1f")], [{"name": "a", "ms": 1.25}, {"name": "b"}])
+    assert table.splitlines() == ["| name | ms |", "|---|---:|", "| a | 1.2 |", "| b | - |"]
+
+
+def test_write_report_writes_table_json_and_png(tmp_path, capsys):
+    paths = write_report(tmp_path, "x", "title", [("a", "A", "d")], [{"a": 1}], extra={"k": 2})
+    assert_report(tmp_path, "x", ["a"])
+    assert json.loads(paths["json"].read_text())["k"] == 2
+    assert "| A |" in capsys.readouterr().out
+
+
+def assert_report(out: Path, name: str, row_keys: list[str]) -> list[dict]:
+    """NAME.md is a markdown table, NAME.json holds rows with row_keys, NAME.png is a PNG."""
+    lines = (out / f"{name}.md").read_text().splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    assert len(table) >= 3 and set(table[1]) <= set("|-:")
+    assert len({line.count("|") for line in table}) == 1
+    rows = json.loads((out / f"{name}.json").read_text())["rows"]
+    assert rows and all(key in row for row in rows for key in row_keys)
+    assert len(table) == len(rows) + 2
+    assert (out / f"{name}.png").read_bytes()[:8] == PNG_SIGNATURE
+    return rows
+
+
+def run_bench(name: str, out: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "app.bench", name, "--short", "--out", str(out), *args],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.integration
+def test_peers_short(tmp_path):
+    run_bench("peers", tmp_path)
+    rows = assert_report(tmp_path, "peers", ["model", "config", "samples_per_sec", "ratio_to_ddp"])
+    assert {row["config"] for row in rows} >= {"ddp", "hvd-mpi stack", "hvd-gloo stack"}
+
+
+@pytest.mark.integration
+def test_allreduce_short(tmp_path):
+    run_bench("allreduce", tmp_path)
+    rows = assert_report(tmp_path, "allreduce", ["size", "bytes"])
+    for peer in ("hvd-mpi", "hvd-gloo", "ddp"):
+        assert all(row[f"{peer}_busbw"] > 0 for row in rows)
+
+
+@pytest.mark.integration
+def test_ps_vs_ring_loopback_short(tmp_path):
+    run_bench("ps-vs-ring", tmp_path, "--loopback")
+    assert_report(tmp_path, "ps-vs-ring", ["ranks", "ps_ms", "ring_ms", "ratio", "model_ratio"])
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(netns.unavailable() is not None, reason=f"ps-vs-ring in namespaces {netns.unavailable()}")
+def test_ps_vs_ring_in_namespaces_short(tmp_path):
+    run_bench("ps-vs-ring", tmp_path)
+    rows = assert_report(tmp_path, "ps-vs-ring", ["ranks", "ps_ms", "ring_ms", "ratio", "model_ratio",
+                                                  "within_tolerance"])
+    assert [row["ranks"] for row in rows] == [2, 3]
+    assert not any(line.startswith(netns.NAMESPACE_PREFIX) for line in
+                   subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines())
+
+
+def docker_image_missing() -> str | None:
+    if shutil.which("docker") is None:
+        return "needs Docker"
+    image = os.environ.get("IMAGE", "horovod-stack:latest")
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode:
+        return f"needs the image {image} (scripts/build-images.sh)"
+    return None
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(docker_image_missing() is not None, reason=f"container-vs-host {docker_image_missing()}")
+def test_container_vs_host_short(tmp_path):
+    """A real run when Docker and the image are there (CI): host, then one `docker run` of the image."""
+    run_bench("container-vs-host", tmp_path, "--containers", "run")
+    assert_report(tmp_path, "container-vs-host", ["run", "samples_per_sec", "ratio_to_host"])
