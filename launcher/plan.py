@@ -127,11 +127,18 @@ def mpirun_argv(*, ranks: int, hostfile: str, command: list[str] | tuple[str, ..
             argv += ["-x", variable]
     for item in env:
         argv += ["-x", check_env_assignment(item)]
-    argv += [word for name, value in HOROVOD_DEFAULTS.items() if not any(item.startswith(f"{name}=") for item in env)
-             for word in ("-x", f"{name}={value}")]
+    for item in defaults_unless_set(env):
+        argv += ["-x", item]
     if workdir:
         argv += ["-wdir", workdir]
     return argv + list(command)
+
+
+def defaults_unless_set(env: tuple[str, ...], extra: dict[str, str] | None = None) -> list[str]:
+    """KEY=VALUE for each of the stack's defaults (HOROVOD_DEFAULTS, then `extra`) that the user's --env pairs do
+    not set themselves."""
+    chosen = {check_env_assignment(item).partition("=")[0] for item in env}
+    return [f"{name}={value}" for name, value in {**HOROVOD_DEFAULTS, **(extra or {})}.items() if name not in chosen]
 
 
 def nic_variables(network_interface: str | None) -> list[str]:
@@ -156,11 +163,9 @@ def horovodrun_argv(*, min_ranks: int, max_ranks: int, slots_per_host: int, netw
                          "(e.g. eth0; `ip -br addr` on a node lists them)")
     if list(command[:len(TRAINER)]) == list(TRAINER) and "--elastic" not in command:
         command = [*command, "--elastic"]  # the bundled trainer's elastic loop; a user's script brings its own
-    user_names = {check_env_assignment(item).partition("=")[0] for item in env}
-    timeout = ([f"HOROVOD_GLOO_TIMEOUT_SECONDS={ELASTIC_GLOO_TIMEOUT_SECONDS}"]
-               if "HOROVOD_GLOO_TIMEOUT_SECONDS" not in user_names else [])
+    defaults = defaults_unless_set(env, {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS)})
     variables = [*discovery_env, f"ELASTIC_JOB={job_id}", "NCCL_DEBUG=INFO", *nic_variables(network_interface),
-                 *timeout, *env]
+                 *defaults, *(check_env_assignment(item) for item in env)]
     return ["env", *(["-C", workdir] if workdir else []), *variables,
             "horovodrun", "--gloo", "-np", str(max_ranks), "--min-np", str(min_ranks), "--max-np", str(max_ranks),
             "--slots-per-host", str(slots_per_host), "--host-discovery-script", DISCOVERY_SCRIPT,
