@@ -243,6 +243,7 @@ def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, com
     assert [epoch["epoch"] for epoch in epochs] == list(range(1, 11)), epochs
     assert sizes[0] == 3 and sizes[-1] == 2 and sizes == sorted(sizes, reverse=True), sizes
     assert epochs[-1]["val_accuracy"] >= 0.90, epochs[-1]
+    print(f"elastic (compose): world sizes {sizes}, final val accuracy {epochs[-1]['val_accuracy']:.4f}")
     summary = json.loads(run.read_shared("runs/latest/summary.json"))
     assert len({rank["digest"] for rank in summary["ranks"]}) == 1 and summary["world_size"] == 2
     assert project_containers(engine, run.project, status="running") == []
