@@ -63,8 +63,8 @@ class Observer:
         elif logging_step:
             log.info("epoch %d [%d/%d batches] loss %.4f lr %.4f", epoch, step, steps, loss, lr)
         if self.writer is not None and logging_step:
-            self.writer.add_scalar("step/loss", loss, global_step)
-            self.writer.add_scalar("step/lr", lr, global_step)
+            for tag, value in zip(STEP_SCALARS, (loss, lr)):
+                self.writer.add_scalar(tag, value, global_step)
 
     def _advance_bar(self, epoch: int, step: int, steps: int, loss: float, lr: float) -> None:
         if self.bar is None:

@@ -188,7 +188,8 @@ def verify_identical_parameters(model) -> list[dict]:
 
 
 class ResetLog:
-    """Rank 0's account of elastic resets: each world-size change, and how long training went without a step."""
+    """Each rank's account of elastic resets (rank 0 logs it): each world-size change, and how long training went
+    without a step; whoever is rank 0 at the end writes it to summary.json."""
 
     def __init__(self) -> None:
         self.world_size = hvd.size()

@@ -18,7 +18,8 @@ import argparse
 import shlex
 import sys
 
-from launcher.plan import command_probe, horovodrun_argv, job_command, mpirun_argv, with_run_dir
+from launcher.plan import (ELASTIC_TIMEOUT_SECONDS, command_probe, horovodrun_argv, job_command, mpirun_argv,
+                           with_run_dir)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -34,7 +35,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--elastic-min-ranks", type=int, default=0)
     parser.add_argument("--slots-per-host", type=int, default=1)
     parser.add_argument("--ssh-port", type=int, default=12345)
-    parser.add_argument("--elastic-timeout", type=int, default=60)
+    parser.add_argument("--elastic-timeout", type=int, default=ELASTIC_TIMEOUT_SECONDS)
     parser.add_argument("--job-id", default="compose")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)

@@ -37,6 +37,8 @@ ELASTIC_GLOO_TIMEOUT_SECONDS = 10
 """How long a rank waits on a silent peer before its collective fails (Horovod's default: 30 s). A killed worker's
 peers often get no TCP reset, so this bounds how soon an elastic job notices the loss; --env
 HOROVOD_GLOO_TIMEOUT_SECONDS=N overrides it for steps where ranks legitimately wait longer."""
+ELASTIC_TIMEOUT_SECONDS = 60
+"""How long an elastic job waits below its minimum for workers to come back (ELASTIC_TIMEOUT) before it fails."""
 BLACKLIST_COOLDOWN_SECONDS = (2, 30)
 """A host whose worker failed may rejoin after 4-6 s, doubling on each further failure (horovodrun's range)."""
 HOROVOD_DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1"}
@@ -74,13 +76,19 @@ def run_dir(cluster_id: str) -> str:
     return f"{RUNS_DIR}/{cluster_id}"
 
 
+def trainer_with(command: list[str] | tuple[str, ...], flag: str, *value: str) -> list[str]:
+    """`command` with `flag` (and its value) added when it runs the bundled trainer without that flag already
+    (as `--flag V` or `--flag=V`); a command of the user's is theirs and stays as it is."""
+    command = list(command)
+    if command[:len(TRAINER)] != list(TRAINER) or any(word.split("=")[0] == flag for word in command):
+        return command
+    return [*command, flag, *value]
+
+
 def with_run_dir(command: list[str] | tuple[str, ...], folder: str) -> list[str]:
     """The bundled trainer writes each run into a folder of its own (metrics, checkpoints, TensorBoard, curves),
-    so a second run never overwrites the first's; a --run-dir of the user's, or a command of the user's, stays."""
-    command = list(command)
-    if command[:len(TRAINER)] != list(TRAINER) or any(word.split("=")[0] == "--run-dir" for word in command):
-        return command
-    return [*command, "--run-dir", folder]
+    so a second run never overwrites the first's."""
+    return trainer_with(command, "--run-dir", folder)
 
 
 def nic_problem(wanted: str | None, nics: list[str] | tuple[str, ...]) -> str | None:
@@ -161,8 +169,7 @@ def horovodrun_argv(*, min_ranks: int, max_ranks: int, slots_per_host: int, netw
         # that probe until it times out.
         raise ValueError("elastic training needs the NIC the nodes reach each other on: pass --network-interface "
                          "(e.g. eth0; `ip -br addr` on a node lists them)")
-    if list(command[:len(TRAINER)]) == list(TRAINER) and "--elastic" not in command:
-        command = [*command, "--elastic"]  # the bundled trainer's elastic loop; a user's script brings its own
+    command = trainer_with(command, "--elastic")  # the bundled trainer's loop; a user's script brings its own
     defaults = defaults_unless_set(env, {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS)})
     variables = [*discovery_env, f"ELASTIC_JOB={job_id}", "NCCL_DEBUG=INFO", *nic_variables(network_interface),
                  *defaults, *(check_env_assignment(item) for item in env)]
@@ -206,7 +213,7 @@ class ClusterPlan:
     """Elastic training (horovodrun, Gloo) when set: the job goes on while this many nodes' workers remain."""
     elastic_max_nodes: int | None = None
     """Elastic: the most nodes training at once (default: all of them)."""
-    elastic_timeout: int = 60
+    elastic_timeout: int = ELASTIC_TIMEOUT_SECONDS
     """Elastic: seconds the job waits below the minimum for nodes to come back before it fails."""
 
     @property
@@ -273,7 +280,7 @@ class ClusterPlan:
                            f"SSH_PORT={self.ssh_port}"))
 
     def detached_job_script(self, keep_running: bool = False) -> str:
-        """The bash script rank 0 runs for a detached job: the job (job_argv) into JOB_LOG, its status into JOB_STATUS, then
+        """The bash script rank 0 runs for a detached job: job_argv into JOB_LOG, its status into JOB_STATUS, then
         (unless keep_running) JOB_END_FILE on every other node over ssh and on rank 0 itself, so every worker's
         container stops once the job ends, success or failure, with no launcher process needed."""
         lines = [f"{shlex.join(self.job_argv())} > {JOB_LOG} 2>&1", "status=$?",
@@ -291,7 +298,8 @@ class ClusterPlan:
         code = f", code {self.workdir} -> {WORKDIR}" if self.workdir else ""
         elastic = (f", elastic: at least {self.elastic_min_nodes} of {self.elastic_max_nodes or len(self.nodes)} "
                    f"nodes (waits {self.elastic_timeout} s below that)" if self.elastic else "")
+        program = "horovodrun" if self.elastic else "mpirun"
         return (f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.nodes)} nodes [{nodes}], "
                 f"{self.slots_per_node} slot(s) per node{', GPUs' if self.gpus_per_node else ''}, image "
                 f"{self.image}, ssh port {self.ssh_port}, NIC {self.network_interface or 'any'}, shared "
-                f"{self.shared_dir}{code}{elastic}\n{'horovodrun' if self.elastic else 'mpirun'}: {' '.join(self.job_argv())}")
+                f"{self.shared_dir}{code}{elastic}\n{program}: {' '.join(self.job_argv())}")

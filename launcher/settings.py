@@ -12,8 +12,8 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
-from launcher.plan import (NIC_SETTING, NODE_NAME, TRAINER, ClusterPlan, Node, check_env_assignment, run_dir,
-                           with_run_dir)
+from launcher.plan import (ELASTIC_TIMEOUT_SECONDS, NIC_SETTING, NODE_NAME, TRAINER, ClusterPlan, Node,
+                           check_env_assignment, run_dir, with_run_dir)
 from launcher.workdir import payload_bytes
 
 WORKDIR_LIMIT_BYTES = 256 * 1024**2
@@ -58,7 +58,7 @@ class LaunchSettings:
     """Elastic training (--elastic): the job goes on while at least this many nodes' workers remain."""
     elastic_max_nodes: int | None = None
     """Elastic: the most nodes that train at once (default: all of --nodes)."""
-    elastic_timeout: int = 60
+    elastic_timeout: int = ELASTIC_TIMEOUT_SECONDS
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
     restart_workers: bool = False
     """Elastic: the launcher starts a node's worker again when it stops; it rejoins at the next discovery."""

@@ -143,8 +143,11 @@ def docker_image_missing() -> str | None:
     return None
 
 
+DOCKER_IMAGE_MISSING = docker_image_missing()
+
+
 @pytest.mark.integration
-@pytest.mark.skipif(docker_image_missing() is not None, reason=f"container-vs-host {docker_image_missing()}")
+@pytest.mark.skipif(DOCKER_IMAGE_MISSING is not None, reason=f"container-vs-host {DOCKER_IMAGE_MISSING}")
 def test_container_vs_host_short(tmp_path):
     """A real run when Docker and the image are there (CI): host, then one `docker run` of the image."""
     run_bench("container-vs-host", tmp_path, "--containers", "run")

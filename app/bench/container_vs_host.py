@@ -24,9 +24,7 @@ from pathlib import Path
 
 from app.bench import ranks as launch
 from app.bench.report import write_report
-from launcher.plan import HOROVOD_DEFAULTS
-
-TRAINER = ["python", "-m", "app.train"]
+from launcher.plan import HOROVOD_DEFAULTS, TRAINER
 
 
 def median_rate(lines: list[str]) -> tuple[float, float]:
@@ -67,7 +65,7 @@ def run_containers_compose(args, work: Path) -> list[str]:
         run(["docker", "compose", "up", "--exit-code-from", "launcher"], work / "compose.log", env=env,
             cwd=launch.REPO)
         return subprocess.run(["docker", "run", "--rm", "-v", f"{project}_shared:/shared", "--entrypoint", "cat",
-                               args.image, "/shared/runs/metrics.jsonl"], check=True, capture_output=True,
+                               args.image, "/shared/runs/latest/metrics.jsonl"], check=True, capture_output=True,
                               text=True).stdout.splitlines()
     finally:
         subprocess.run(["docker", "compose", "-p", project, "down", "-v"], cwd=launch.REPO, capture_output=True)
