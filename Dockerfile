@@ -58,11 +58,11 @@ RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
  && mkdir -p /cluster/ssh /cluster/hostkeys /shared /workdir \
  && chown -R mpiuser:mpiuser /cluster /shared /workdir
 COPY app /opt/horovod-stack/app
-# The launch plan (launcher/plan.py) builds the compose job's mpirun command line, as it does the launcher's.
+# The job agent (launcher/agent.py) runs every job from the rank-0 container, whichever door started it.
 COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
 ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    SSH_PORT=12345 PIP_FIND_LINKS=
+    PIP_FIND_LINKS=
 USER mpiuser
 # matplotlib's font cache, made once here rather than by every job's rank 0 (curves.png) in a fresh container.
 RUN python -c "import matplotlib.font_manager"

@@ -15,8 +15,12 @@ from pathlib import Path
 
 DATASETS = ("mnist", "digits", "synthetic")
 PROGRESS_MODES = ("auto", "bar", "lines")
-RUN_DIR_LAYOUT = {"metrics_file": "metrics.jsonl", "summary_file": "summary.json",
-                  "checkpoint_dir": "checkpoints", "tensorboard_dir": "tb"}
+RUN_DIR_LAYOUT = {
+    "metrics_file": "metrics.jsonl",
+    "summary_file": "summary.json",
+    "checkpoint_dir": "checkpoints",
+    "tensorboard_dir": "tb",
+}
 """What --run-dir puts where, for each setting not given by its own flag."""
 
 
@@ -68,8 +72,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
-            raise ConfigError(
-                f"unknown dataset {self.dataset!r}: pass --dataset with one of {', '.join(DATASETS)}")
+            raise ConfigError(f"unknown dataset {self.dataset!r}: pass --dataset with one of {', '.join(DATASETS)}")
         _require(self.epochs >= 1, f"--epochs must be at least 1 (got {self.epochs})")
         _require(self.batch_size >= 1, f"--batch-size must be a positive integer (got {self.batch_size})")
         _require(self.base_lr > 0, f"--lr must be positive (got {self.base_lr})")
@@ -78,10 +81,14 @@ class TrainConfig:
         _require(self.threads >= 1, f"--threads must be at least 1 (got {self.threads})")
         _require(self.log_interval >= 0, f"--log-interval must be 0 or more (got {self.log_interval})")
         _require(self.commit_every >= 1, f"--commit-every must be at least 1 (got {self.commit_every})")
-        _require(not (self.resume and self.checkpoint_dir is None),
-                 "--resume needs --checkpoint-dir (or --run-dir): pass the folder the interrupted run wrote to")
-        _require(self.progress in PROGRESS_MODES,
-                 f"--progress must be one of {', '.join(PROGRESS_MODES)} (got {self.progress!r})")
+        _require(
+            not (self.resume and self.checkpoint_dir is None),
+            "--resume needs --checkpoint-dir (or --run-dir): pass the folder the interrupted run wrote to",
+        )
+        _require(
+            self.progress in PROGRESS_MODES,
+            f"--progress must be one of {', '.join(PROGRESS_MODES)} (got {self.progress!r})",
+        )
 
     @property
     def curves_file(self) -> Path | None:
@@ -102,7 +109,8 @@ def check_writable_dir(path: Path, flag: str) -> None:
             pass
     except OSError as error:
         raise ConfigError(
-            f"{flag} {path} is not writable ({error.strerror}): pass a folder this user can write to") from None
+            f"{flag} {path} is not writable ({error.strerror}): pass a folder this user can write to"
+        ) from None
 
 
 def check_writable_file(path: Path, flag: str) -> None:
@@ -117,48 +125,81 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m app.train",
         description="Data-parallel MNIST-style training with Horovod. Start it under horovodrun or mpirun, "
-                    "e.g. 'horovodrun -np 2 -H localhost:2 --gloo python -m app.train --dataset digits'.")
-    parser.add_argument("--dataset", default=defaults.dataset,
-                        help="mnist, digits (offline, real handwritten digits) or synthetic "
-                             f"(default: {defaults.dataset})")
-    parser.add_argument("--data-dir", type=Path, default=defaults.data_dir,
-                        help="folder holding torchvision's MNIST layout (default: %(default)s)")
+        "e.g. 'horovodrun -np 2 -H localhost:2 --gloo python -m app.train --dataset digits'.",
+    )
+    parser.add_argument(
+        "--dataset",
+        default=defaults.dataset,
+        help=f"mnist, digits (offline, real handwritten digits) or synthetic (default: {defaults.dataset})",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=defaults.data_dir,
+        help="folder holding torchvision's MNIST layout (default: %(default)s)",
+    )
     parser.add_argument("--epochs", type=int, default=defaults.epochs, help="default: %(default)s")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size,
-                        help="per-rank batch size (default: %(default)s)")
-    parser.add_argument("--lr", dest="base_lr", type=float, default=defaults.base_lr,
-                        help="single-rank learning rate, scaled by world size (default: %(default)s)")
+    parser.add_argument(
+        "--batch-size", type=int, default=defaults.batch_size, help="per-rank batch size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--lr",
+        dest="base_lr",
+        type=float,
+        default=defaults.base_lr,
+        help="single-rank learning rate, scaled by world size (default: %(default)s)",
+    )
     parser.add_argument("--momentum", type=float, default=defaults.momentum, help="default: %(default)s")
-    parser.add_argument("--warmup-epochs", type=float, default=defaults.warmup_epochs,
-                        help="linear learning-rate warm-up length (default: %(default)s)")
+    parser.add_argument(
+        "--warmup-epochs",
+        type=float,
+        default=defaults.warmup_epochs,
+        help="linear learning-rate warm-up length (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
-    parser.add_argument("--threads", type=int, default=defaults.threads,
-                        help="torch threads per rank (default: %(default)s)")
-    parser.add_argument("--fp16-allreduce", action="store_true",
-                        help="compress gradients to fp16 for the allreduce")
-    parser.add_argument("--use-adasum", action="store_true",
-                        help="combine gradients with Adasum instead of averaging")
+    parser.add_argument(
+        "--threads", type=int, default=defaults.threads, help="torch threads per rank (default: %(default)s)"
+    )
+    parser.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the allreduce")
+    parser.add_argument("--use-adasum", action="store_true", help="combine gradients with Adasum instead of averaging")
     parser.add_argument("--metrics-file", type=Path, help="append one JSON line per epoch here")
-    parser.add_argument("--summary-file", type=Path,
-                        help="write the run's final summary (per-rank hosts and parameter digests) here")
+    parser.add_argument(
+        "--summary-file", type=Path, help="write the run's final summary (per-rank hosts and parameter digests) here"
+    )
     parser.add_argument("--checkpoint-dir", type=Path, help="rank 0 saves a checkpoint here every epoch")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in --checkpoint-dir")
-    parser.add_argument("--run-dir", type=Path,
-                        help="one run's folder: metrics.jsonl, summary.json, checkpoints/, tb/ and curves.png go "
-                             "there unless their own flags say otherwise")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="one run's folder: metrics.jsonl, summary.json, checkpoints/, tb/ and curves.png go "
+        "there unless their own flags say otherwise",
+    )
     parser.add_argument("--tensorboard-dir", type=Path, help="rank 0 writes TensorBoard scalars here")
-    parser.add_argument("--log-interval", type=int, default=defaults.log_interval,
-                        help="batches between progress lines (default: about four per epoch)")
-    parser.add_argument("--progress", default=defaults.progress,
-                        help="bar, lines or auto: a bar when rank 0's output is a terminal; under mpirun every "
-                             "rank writes to Open MPI's own pty, so auto means lines there (default: %(default)s)")
+    parser.add_argument(
+        "--log-interval",
+        type=int,
+        default=defaults.log_interval,
+        help="batches between progress lines (default: about four per epoch)",
+    )
+    parser.add_argument(
+        "--progress",
+        default=defaults.progress,
+        help="bar, lines or auto: a bar when rank 0's output is a terminal; under mpirun every "
+        "rank writes to Open MPI's own pty, so auto means lines there (default: %(default)s)",
+    )
     parser.add_argument("--no-cuda", action="store_true", help="train on the CPU even where CUDA is available")
-    parser.add_argument("--elastic", action="store_true",
-                        help="elastic training: keep going when workers leave or join (start under horovodrun "
-                             "with --min-np/--max-np and --host-discovery-script)")
-    parser.add_argument("--commit-every", type=int, default=defaults.commit_every,
-                        help="elastic: batches between state commits (default: %(default)s)")
+    parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="elastic training: keep going when workers leave or join (start under horovodrun "
+        "with --min-np/--max-np and --host-discovery-script)",
+    )
+    parser.add_argument(
+        "--commit-every",
+        type=int,
+        default=defaults.commit_every,
+        help="elastic: batches between state commits (default: %(default)s)",
+    )
     return parser
 
 

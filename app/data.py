@@ -57,8 +57,10 @@ def prepare_mnist(data_dir: Path) -> str | None:
 
 
 def mnist_unavailable_message(data_dir: Path, reason: str) -> str:
-    return (f"MNIST is not under --data-dir {data_dir} and could not be downloaded ({reason}); "
-            f"put torchvision's MNIST folder there, or pass --dataset digits to train offline")
+    return (
+        f"MNIST is not under --data-dir {data_dir} and could not be downloaded ({reason}); "
+        f"put torchvision's MNIST folder there, or pass --dataset digits to train offline"
+    )
 
 
 def load_mnist(data_dir: Path) -> tuple[Dataset, Dataset]:
@@ -81,8 +83,9 @@ def load_digits(seed: int, val_fraction: float = 0.2) -> tuple[Dataset, Dataset]
     return _split(images, labels, seed, val_fraction)
 
 
-def make_synthetic(seed: int, size: int = 4096, val_fraction: float = 0.2,
-                   num_classes: int = 10, noise: float = 0.8) -> tuple[Dataset, Dataset]:
+def make_synthetic(
+    seed: int, size: int = 4096, val_fraction: float = 0.2, num_classes: int = 10, noise: float = 0.8
+) -> tuple[Dataset, Dataset]:
     generator = torch.Generator().manual_seed(seed)
     prototypes = torch.randn(num_classes, 1, 28, 28, generator=generator)
     labels = torch.randint(0, num_classes, (size,), generator=generator)
@@ -90,8 +93,7 @@ def make_synthetic(seed: int, size: int = 4096, val_fraction: float = 0.2,
     return _split(images, labels, seed, val_fraction)
 
 
-def _split(images: torch.Tensor, labels: torch.Tensor, seed: int,
-           val_fraction: float) -> tuple[Dataset, Dataset]:
+def _split(images: torch.Tensor, labels: torch.Tensor, seed: int, val_fraction: float) -> tuple[Dataset, Dataset]:
     """A seeded shuffle and split: identical on every rank, so no sample is in both halves on any rank."""
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     n_val = int(len(labels) * val_fraction)

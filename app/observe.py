@@ -10,16 +10,25 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from app import metrics
 from app.config import TrainConfig
 
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+    from tqdm import tqdm
+
 log = logging.getLogger("app.observe")
 
-EPOCH_SCALARS = {"epoch/train_loss": "train_loss", "epoch/val_loss": "val_loss",
-                 "epoch/val_accuracy": "val_accuracy", "epoch/lr": "lr",
-                 "epoch/samples_per_sec": "samples_per_sec", "epoch/world_size": "world_size"}
+EPOCH_SCALARS = {
+    "epoch/train_loss": "train_loss",
+    "epoch/val_loss": "val_loss",
+    "epoch/val_accuracy": "val_accuracy",
+    "epoch/lr": "lr",
+    "epoch/samples_per_sec": "samples_per_sec",
+    "epoch/world_size": "world_size",
+}
 """TensorBoard tag -> metrics record field, written with step = epoch."""
 STEP_SCALARS = ("step/loss", "step/lr")
 """Written at every logging step, with step = global batch number (1-based)."""
@@ -39,8 +48,8 @@ class Observer:
         self.enabled = enabled
         self.stream = stream or sys.stdout
         self.use_bar = enabled and wants_bar(config.progress, self.stream)
-        self.bar = None
-        self.writer = None
+        self.bar: tqdm | None = None
+        self.writer: SummaryWriter | None = None
         if enabled and config.tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
 
@@ -49,7 +58,7 @@ class Observer:
     def set_enabled(self, enabled: bool) -> None:
         """Elastic jobs renumber ranks on a reset: whoever is rank 0 now records."""
         if enabled and not self.enabled:
-            self.__init__(self.config, True, self.stream)
+            Observer.__init__(self, self.config, True, self.stream)
         self.enabled = enabled
 
     def step(self, *, epoch: int, step: int, steps: int, global_step: int, loss: float, lr: float) -> None:
@@ -63,15 +72,21 @@ class Observer:
         elif logging_step:
             log.info("epoch %d [%d/%d batches] loss %.4f lr %.4f", epoch, step, steps, loss, lr)
         if self.writer is not None and logging_step:
-            for tag, value in zip(STEP_SCALARS, (loss, lr)):
+            for tag, value in zip(STEP_SCALARS, (loss, lr), strict=True):
                 self.writer.add_scalar(tag, value, global_step)
 
     def _advance_bar(self, epoch: int, step: int, steps: int, loss: float, lr: float) -> None:
         if self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=steps, desc=f"epoch {epoch}/{self.config.epochs}", unit="batch",
-                            file=self.stream, dynamic_ncols=True, leave=True)
+            self.bar = tqdm(
+                total=steps,
+                desc=f"epoch {epoch}/{self.config.epochs}",
+                unit="batch",
+                file=self.stream,
+                dynamic_ncols=True,
+                leave=True,
+            )
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.4f}", refresh=False)
         self.bar.update(1)
         if step == steps:
@@ -95,14 +110,19 @@ class Observer:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
-        if self.config.curves_file is None or not self.config.metrics_file.exists():
+        metrics_file, curves_file = self.config.metrics_file, self.config.curves_file
+        if metrics_file is None or curves_file is None or not metrics_file.exists():
             return
         try:
             from app import curves  # matplotlib: rank 0 alone, once, at the end
 
-            curves.draw(metrics.read_records(self.config.metrics_file), self.config.curves_file)
+            curves.draw(metrics.read_records(metrics_file), curves_file)
         except Exception as error:  # the training itself succeeded; a missing picture must not fail the run
-            log.warning("curves.png not drawn (%s: %s); `python -m app.report %s` draws it", type(error).__name__,
-                        error, self.config.curves_file.parent)
+            log.warning(
+                "curves.png not drawn (%s: %s); `python -m app.report %s` draws it",
+                type(error).__name__,
+                error,
+                curves_file.parent,
+            )
             return
-        log.info("training curves in %s", self.config.curves_file)
+        log.info("training curves in %s", curves_file)

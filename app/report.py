@@ -16,9 +16,16 @@ from typing import Any
 
 from app import curves, metrics
 
-COLUMNS = (("epoch", "epoch", "d"), ("train loss", "train_loss", ".4f"), ("val loss", "val_loss", ".4f"),
-           ("val acc", "val_accuracy", ".4f"), ("lr", "lr", ".4f"), ("samples/s", "samples_per_sec", ".0f"),
-           ("seconds", "seconds", ".1f"), ("ranks", "world_size", "d"))
+COLUMNS = (
+    ("epoch", "epoch", "d"),
+    ("train loss", "train_loss", ".4f"),
+    ("val loss", "val_loss", ".4f"),
+    ("val acc", "val_accuracy", ".4f"),
+    ("lr", "lr", ".4f"),
+    ("samples/s", "samples_per_sec", ".0f"),
+    ("seconds", "seconds", ".1f"),
+    ("ranks", "world_size", "d"),
+)
 """(title, metrics field, format); a field an older metrics file lacks shows as '-'."""
 
 
@@ -28,27 +35,35 @@ class ReportError(RuntimeError):
 
 def table(records: list[dict[str, Any]]) -> str:
     widths = [max(len(title), 7) for title, _, _ in COLUMNS]
-    lines = ["  ".join(f"{title:>{width}}" for (title, _, _), width in zip(COLUMNS, widths))]
+    lines = ["  ".join(f"{title:>{width}}" for (title, _, _), width in zip(COLUMNS, widths, strict=True))]
     for record in records:
-        lines.append("  ".join(f"{'-':>{width}}" if record.get(field) is None else f"{record[field]:>{width}{spec}}"
-                               for (_, field, spec), width in zip(COLUMNS, widths)))
+        lines.append(
+            "  ".join(
+                f"{'-':>{width}}" if record.get(field) is None else f"{record[field]:>{width}{spec}}"
+                for (_, field, spec), width in zip(COLUMNS, widths, strict=True)
+            )
+        )
     return "\n".join(lines)
 
 
 def closing_line(records: list[dict[str, Any]], summary: dict[str, Any] | None) -> str:
     best = max(records, key=lambda record: record["val_accuracy"])
     ended = "finished" if summary is not None else "interrupted (no summary.json; or still running)"
-    return (f"{ended}: {len(records)} epoch(s), last epoch {records[-1]['epoch']}, best val accuracy "
-            f"{best['val_accuracy']:.4f} (epoch {best['epoch']}), median "
-            f"{statistics.median(r['samples_per_sec'] for r in records):.0f} samples/s")
+    return (
+        f"{ended}: {len(records)} epoch(s), last epoch {records[-1]['epoch']}, best val accuracy "
+        f"{best['val_accuracy']:.4f} (epoch {best['epoch']}), median "
+        f"{statistics.median(r['samples_per_sec'] for r in records):.0f} samples/s"
+    )
 
 
 def report(run_dir: Path) -> str:
     """The report's text; redraws run_dir/curves.png on the way."""
     metrics_file = run_dir / "metrics.jsonl"
     if not metrics_file.is_file():
-        raise ReportError(f"{run_dir} holds no metrics.jsonl: pass the folder a run wrote to (its --run-dir, or "
-                          "the folder of its --metrics-file)")
+        raise ReportError(
+            f"{run_dir} holds no metrics.jsonl: pass the folder a run wrote to (its --run-dir, or "
+            "the folder of its --metrics-file)"
+        )
     try:
         records = metrics.read_records(metrics_file)
     except ValueError as error:

@@ -13,8 +13,7 @@ def scaled_lr(base_lr: float, world_size: int, use_adasum: bool) -> float:
     return base_lr if use_adasum else base_lr * world_size
 
 
-def learning_rate(step: int, steps_per_epoch: int, base_lr: float, target_lr: float,
-                  warmup_epochs: float) -> float:
+def learning_rate(step: int, steps_per_epoch: int, base_lr: float, target_lr: float, warmup_epochs: float) -> float:
     """Rate for global optimizer step `step` (0-based): linear from base_lr to target_lr over warmup_epochs."""
     return rate_at(step / steps_per_epoch, base_lr, target_lr, warmup_epochs)
 

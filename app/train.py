@@ -24,7 +24,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sized
 from dataclasses import dataclass
+from typing import cast
 
 import horovod.torch as hvd
 import psutil
@@ -35,9 +37,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 from app import checkpoint, consistency, data, metrics, observe
 from app.config import ConfigError, TrainConfig, parse_config
+from app.horovod_defaults import HOROVOD_DEFAULTS
 from app.model import SimpleNet
 from app.schedule import learning_rate, rate_at, scaled_lr
-from launcher.plan import HOROVOD_DEFAULTS
 
 log = logging.getLogger("app.train")
 
@@ -66,8 +68,13 @@ def launcher_rank() -> int:
 
 def setup_logging(rank: int) -> None:
     # Only rank 0 speaks at INFO; the others report warnings and errors, so a failure on any rank is seen.
-    logging.basicConfig(stream=sys.stdout, format=f"%(asctime)s [rank {rank}] %(message)s", datefmt="%H:%M:%S",
-                        level=logging.INFO if rank == 0 else logging.WARNING, force=True)
+    logging.basicConfig(
+        stream=sys.stdout,
+        format=f"%(asctime)s [rank {rank}] %(message)s",
+        datefmt="%H:%M:%S",
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        force=True,
+    )
 
 
 def all_ranks_ok(ok: bool) -> bool:
@@ -88,9 +95,15 @@ def load_data(config: TrainConfig) -> tuple[Dataset, Dataset]:
     return data.load_dataset(config.dataset, config.data_dir, config.seed)
 
 
+def dataset_size(dataset: Dataset) -> int:
+    """How many samples a map-style dataset holds (torch's Dataset type does not say it has a length)."""
+    return len(cast(Sized, dataset))
+
+
 def make_loader(dataset: Dataset, config: TrainConfig, shuffle: bool) -> tuple[DataLoader, DistributedSampler]:
-    sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=shuffle,
-                                 seed=config.seed)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=shuffle, seed=config.seed
+    )
     return DataLoader(dataset, batch_size=config.batch_size, sampler=sampler), sampler
 
 
@@ -104,9 +117,17 @@ def train_step(model, optimizer, images: torch.Tensor, labels: torch.Tensor, lr:
     return loss.item()
 
 
-def train_epoch(epoch: int, model, optimizer, loader: DataLoader, sampler: DistributedSampler,
-                config: TrainConfig, device: torch.device, target_lr: float,
-                observer: observe.Observer) -> tuple[float, int]:
+def train_epoch(
+    epoch: int,
+    model,
+    optimizer,
+    loader: DataLoader,
+    sampler: DistributedSampler,
+    config: TrainConfig,
+    device: torch.device,
+    target_lr: float,
+    observer: observe.Observer,
+) -> tuple[float, int]:
     """One pass over this rank's shard. Returns (mean loss over all ranks, samples seen by all ranks)."""
     model.train()
     sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
@@ -124,8 +145,7 @@ def train_epoch(epoch: int, model, optimizer, loader: DataLoader, sampler: Distr
 
 def sum_over_ranks(loss_sum: float, seen: int) -> tuple[float, int]:
     """(mean training loss, samples) over every rank's part of an epoch."""
-    totals = hvd.allreduce(torch.tensor([loss_sum, float(seen)], dtype=torch.float64), op=hvd.Sum,
-                           name="train_totals")
+    totals = hvd.allreduce(torch.tensor([loss_sum, float(seen)], dtype=torch.float64), op=hvd.Sum, name="train_totals")
     return (totals[0] / max(totals[1], 1.0)).item(), int(totals[1].item())
 
 
@@ -140,8 +160,7 @@ def evaluate(model, loader: DataLoader, device: torch.device) -> tuple[float, fl
             loss_sum += F.nll_loss(output, labels, reduction="sum").item()
             correct += (output.argmax(dim=1) == labels).sum().item()
             count += len(labels)
-    totals = hvd.allreduce(torch.tensor([loss_sum, correct, count], dtype=torch.float64), op=hvd.Sum,
-                           name="val_totals")
+    totals = hvd.allreduce(torch.tensor([loss_sum, correct, count], dtype=torch.float64), op=hvd.Sum, name="val_totals")
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
 
 
@@ -151,12 +170,15 @@ def restore(config: TrainConfig, model, optimizer) -> int:
     the elastic state's first sync, which also carries rank 0's epoch)."""
     start_epoch, problem = 1, None
     if config.resume and hvd.rank() == 0:
+        assert config.checkpoint_dir is not None  # TrainConfig refuses resume without it
         state = checkpoint.load_latest_checkpoint(config.checkpoint_dir)
         if state is None:
             log.info("no checkpoint in %s yet; starting from epoch 1", config.checkpoint_dir)
         elif state["dataset"] != config.dataset:
-            problem = (f"the checkpoint in {config.checkpoint_dir} was trained on {state['dataset']!r}, not "
-                       f"{config.dataset!r}: pass --dataset {state['dataset']} or another --checkpoint-dir")
+            problem = (
+                f"the checkpoint in {config.checkpoint_dir} was trained on {state['dataset']!r}, not "
+                f"{config.dataset!r}: pass --dataset {state['dataset']} or another --checkpoint-dir"
+            )
         else:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -171,19 +193,29 @@ def restore(config: TrainConfig, model, optimizer) -> int:
 
 def ipv4_addresses() -> list[str]:
     """This host's non-loopback IPv4 addresses: containers on host networking share a hostname, not these."""
-    return sorted(address.address for addresses in psutil.net_if_addrs().values() for address in addresses
-                  if address.family == socket.AF_INET and not address.address.startswith("127."))
+    return sorted(
+        address.address
+        for addresses in psutil.net_if_addrs().values()
+        for address in addresses
+        if address.family == socket.AF_INET and not address.address.startswith("127.")
+    )
 
 
 def verify_identical_parameters(model) -> list[dict]:
     """Every rank's host and parameter digest, gathered on all ranks; raises if any rank differs from rank 0."""
-    mine = {"rank": hvd.rank(), "host": socket.gethostname(), "addresses": ipv4_addresses(),
-            "digest": consistency.parameter_digest(model)}
+    mine = {
+        "rank": hvd.rank(),
+        "host": socket.gethostname(),
+        "addresses": ipv4_addresses(),
+        "digest": consistency.parameter_digest(model),
+    }
     ranks = hvd.allgather_object(mine, name="parameter_digests")
     differing = consistency.ranks_differing_from_root([entry["digest"] for entry in ranks])
     if differing:
-        raise TrainingError(f"parameters differ from rank 0's on ranks {differing}: the ranks diverged; "
-                            "check that every host runs the same image and Horovod build")
+        raise TrainingError(
+            f"parameters differ from rank 0's on ranks {differing}: the ranks diverged; "
+            "check that every host runs the same image and Horovod build"
+        )
     return ranks
 
 
@@ -201,8 +233,14 @@ class ResetLog:
 
     def on_reset(self, epoch: int) -> None:
         new_size = hvd.size()
-        log.info("elastic reset in epoch %d: world size %d -> %d; back to the last commit, learning rate scaled "
-                 "for %d ranks", epoch, self.world_size, new_size, new_size)
+        log.info(
+            "elastic reset in epoch %d: world size %d -> %d; back to the last commit, learning rate scaled "
+            "for %d ranks",
+            epoch,
+            self.world_size,
+            new_size,
+            new_size,
+        )
         self.pending = {"epoch": epoch, "from_size": self.world_size, "to_size": new_size}
         self.world_size = new_size
 
@@ -211,8 +249,12 @@ class ResetLog:
         if self.pending is not None:
             event = {**self.pending, "seconds_without_a_step": round(now - self.last_step, 2)}
             self.events.append(event)
-            log.info("first step at world size %d, %.1f s after the last step at world size %d",
-                     event["to_size"], event["seconds_without_a_step"], event["from_size"])
+            log.info(
+                "first step at world size %d, %.1f s after the last step at world size %d",
+                event["to_size"],
+                event["seconds_without_a_step"],
+                event["from_size"],
+            )
             self.pending = None
         self.last_step = now
         self.steps += 1
@@ -220,50 +262,81 @@ class ResetLog:
 
 def record_epoch(config: TrainConfig, result: EpochResult, model, optimizer, observer: observe.Observer) -> None:
     """Rank 0, after each epoch: the log line, the metrics record, TensorBoard's scalars and the checkpoint."""
-    log.info("epoch %d/%d: train loss %.4f, val loss %.4f, val accuracy %.4f, %.0f samples/s, %.1f s, %d ranks",
-             result.epoch, config.epochs, result.train_loss, result.val_loss, result.val_accuracy,
-             result.samples_per_sec, result.seconds, hvd.size())
+    log.info(
+        "epoch %d/%d: train loss %.4f, val loss %.4f, val accuracy %.4f, %.0f samples/s, %.1f s, %d ranks",
+        result.epoch,
+        config.epochs,
+        result.train_loss,
+        result.val_loss,
+        result.val_accuracy,
+        result.samples_per_sec,
+        result.seconds,
+        hvd.size(),
+    )
     record = {**result.__dict__, "world_size": hvd.size(), "lr": optimizer.param_groups[0]["lr"]}
     if config.metrics_file is not None:
         metrics.append_record(config.metrics_file, record)
     observer.epoch(record)
     if config.checkpoint_dir is not None:
-        checkpoint.save_checkpoint(config.checkpoint_dir, {
-            "epoch": result.epoch, "dataset": config.dataset, "model": model.state_dict(),
-            "optimizer": optimizer.state_dict()})
+        checkpoint.save_checkpoint(
+            config.checkpoint_dir,
+            {
+                "epoch": result.epoch,
+                "dataset": config.dataset,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+            },
+        )
 
 
-def fixed_size_training(config: TrainConfig, model, optimizer, train_set: Dataset, val_set: Dataset,
-                        device: torch.device, start_epoch: int, observer: observe.Observer) -> EpochResult | None:
+def fixed_size_training(
+    config: TrainConfig,
+    model,
+    optimizer,
+    train_set: Dataset,
+    val_set: Dataset,
+    device: torch.device,
+    start_epoch: int,
+    observer: observe.Observer,
+) -> EpochResult | None:
     train_loader, train_sampler = make_loader(train_set, config, shuffle=True)
     val_loader, val_sampler = make_loader(val_set, config, shuffle=False)
     target_lr = scaled_lr(config.base_lr, hvd.size(), config.use_adasum)
     result = None
     for epoch in range(start_epoch, config.epochs + 1):
         started = time.perf_counter()
-        train_loss, samples = train_epoch(epoch, model, optimizer, train_loader, train_sampler, config, device,
-                                          target_lr, observer)
+        train_loss, samples = train_epoch(
+            epoch, model, optimizer, train_loader, train_sampler, config, device, target_lr, observer
+        )
         train_seconds = time.perf_counter() - started
         val_sampler.set_epoch(epoch)
         val_loss, val_accuracy = evaluate(model, val_loader, device)
-        result = EpochResult(epoch, train_loss, val_loss, val_accuracy, samples / train_seconds,
-                             time.perf_counter() - started)
+        result = EpochResult(
+            epoch, train_loss, val_loss, val_accuracy, samples / train_seconds, time.perf_counter() - started
+        )
         if hvd.rank() == 0:
             record_epoch(config, result, model, optimizer, observer)
     return result
 
 
-def elastic_training(config: TrainConfig, model, optimizer, train_set: Dataset, val_set: Dataset,
-                     device: torch.device, start_epoch: int, resets: ResetLog,
-                     observer: observe.Observer) -> EpochResult | None:
+def elastic_training(
+    config: TrainConfig,
+    model,
+    optimizer,
+    train_set: Dataset,
+    val_set: Dataset,
+    device: torch.device,
+    start_epoch: int,
+    resets: ResetLog,
+    observer: observe.Observer,
+) -> EpochResult | None:
     """The epoch loop under `hvd.elastic.run`. The elastic sampler hands out only the samples of the epoch not
     yet trained on, re-sharded over whoever is there after each reset; an epoch's loss and throughput cover the
     part of it run since the last reset."""
     sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=config.seed)
     sampler.set_epoch(start_epoch)
     loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler)
-    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=start_epoch,
-                                   result=None)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=start_epoch, result=None)
 
     def on_reset() -> None:
         setup_logging(hvd.rank())  # ranks are renumbered: whoever is rank 0 now speaks for the job
@@ -281,22 +354,26 @@ def elastic_training(config: TrainConfig, model, optimizer, train_set: Dataset, 
             loss_sum, seen = 0.0, 0
             for step, (images, labels) in enumerate(loader):
                 target_lr = scaled_lr(config.base_lr, hvd.size(), config.use_adasum)
-                lr = rate_at(epoch - 1 + sampler.processed_num / len(train_set), config.base_lr, target_lr,
-                             config.warmup_epochs)
+                lr = rate_at(
+                    epoch - 1 + sampler.processed_num / dataset_size(train_set),
+                    config.base_lr,
+                    target_lr,
+                    config.warmup_epochs,
+                )
                 loss = train_step(model, optimizer, images.to(device), labels.to(device), lr)
                 sampler.record_batch(step, config.batch_size)
                 resets.stepped()
                 loss_sum += loss * len(labels)
                 seen += len(labels)
-                observer.step(epoch=epoch, step=step + 1, steps=len(loader), global_step=resets.steps, loss=loss,
-                              lr=lr)
+                observer.step(epoch=epoch, step=step + 1, steps=len(loader), global_step=resets.steps, loss=loss, lr=lr)
                 if (step + 1) % config.commit_every == 0:
                     state.commit()
             train_loss, samples = sum_over_ranks(loss_sum, seen)
             train_seconds = time.perf_counter() - started
             val_loss, val_accuracy = evaluate(model, make_loader(val_set, config, shuffle=False)[0], device)
-            state.result = EpochResult(epoch, train_loss, val_loss, val_accuracy, samples / train_seconds,
-                                       time.perf_counter() - started)
+            state.result = EpochResult(
+                epoch, train_loss, val_loss, val_accuracy, samples / train_seconds, time.perf_counter() - started
+            )
             state.epoch = epoch + 1
             sampler.set_epoch(state.epoch)
             # Saved before rank 0 records the epoch: a failure from here on resumes at the next epoch, so no epoch
@@ -331,24 +408,37 @@ def run(config: TrainConfig) -> EpochResult | None:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(),
+        optimizer,
+        named_parameters=model.named_parameters(),
         compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
-        op=hvd.Adasum if config.use_adasum else hvd.Average)
+        op=hvd.Adasum if config.use_adasum else hvd.Average,
+    )
 
     if hvd.rank() == 0 and config.metrics_file is not None:
         metrics.keep_epochs_up_to(config.metrics_file, start_epoch - 1)
 
-    log.info("plan: %d ranks on %s, dataset %s (%d train / %d val), epochs %d-%d, batch %d per rank, "
-             "lr %.4g -> %.4g over %.3g warm-up epochs, %s%s%s", hvd.size(), device, config.dataset, len(train_set),
-             len(val_set), start_epoch, config.epochs, config.batch_size, config.base_lr,
-             scaled_lr(config.base_lr, hvd.size(), config.use_adasum), config.warmup_epochs,
-             "adasum" if config.use_adasum else "average", ", fp16 allreduce" if config.fp16_allreduce else "",
-             f", elastic (commit every {config.commit_every} batches)" if config.elastic else "")
+    log.info(
+        "plan: %d ranks on %s, dataset %s (%d train / %d val), epochs %d-%d, batch %d per rank, "
+        "lr %.4g -> %.4g over %.3g warm-up epochs, %s%s%s",
+        hvd.size(),
+        device,
+        config.dataset,
+        dataset_size(train_set),
+        dataset_size(val_set),
+        start_epoch,
+        config.epochs,
+        config.batch_size,
+        config.base_lr,
+        scaled_lr(config.base_lr, hvd.size(), config.use_adasum),
+        config.warmup_epochs,
+        "adasum" if config.use_adasum else "average",
+        ", fp16 allreduce" if config.fp16_allreduce else "",
+        f", elastic (commit every {config.commit_every} batches)" if config.elastic else "",
+    )
 
     resets, observer = ResetLog(), observe.Observer(config, enabled=hvd.rank() == 0)
     if config.elastic:
-        result = elastic_training(config, model, optimizer, train_set, val_set, device, start_epoch, resets,
-                                  observer)
+        result = elastic_training(config, model, optimizer, train_set, val_set, device, start_epoch, resets, observer)
     else:
         result = fixed_size_training(config, model, optimizer, train_set, val_set, device, start_epoch, observer)
     observer.finish()
@@ -357,8 +447,13 @@ def run(config: TrainConfig) -> EpochResult | None:
     if hvd.rank() == 0:
         log.info("parameters identical on all %d ranks (sha256 %s...)", hvd.size(), ranks[0]["digest"][:12])
         if config.summary_file is not None:
-            summary = {"world_size": hvd.size(), "ranks": ranks, "epochs_run": [start_epoch, config.epochs],
-                       "final": result.__dict__ if result else None, "elastic_resets": resets.events}
+            summary = {
+                "world_size": hvd.size(),
+                "ranks": ranks,
+                "epochs_run": [start_epoch, config.epochs],
+                "final": result.__dict__ if result else None,
+                "elastic_resets": resets.events,
+            }
             config.summary_file.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return result
 

@@ -2,38 +2,72 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import NoReturn
 
 import typer
 
 from launcher import jobstate, session
 from launcher.driver import NodeDriver, NodeError
-from launcher.plan import (JOB_LOG, JOB_STATUS, LABEL_CLUSTER, LABEL_ROLE, NIC_SETTING, job_command, nic_problem,
-                           run_dir)
+from launcher.plan import LABEL_CLUSTER, LABEL_ROLE, NIC_SETTING, job_command, nic_problem, run_dir
+from launcher.protocol import JOB_LOG, JOB_STATUS
 from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Run Horovod training across Docker hosts: one worker container per node, mpirun from rank 0.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Run Horovod training across Docker hosts: one worker container per node, mpirun from rank 0.",
+)
 
 NODES_HELP = "Comma-separated hosts, rank 0 first (default: NODES in .env)."
 NIC_HELP = f"NIC every node has, for Open MPI, NCCL and Gloo traffic (default: {NIC_SETTING} in .env)."
 ENV_FILE_HELP = "Settings file (default: ./.env if present)."
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOPPED_BY = {
+    signal.SIGINT: "interrupted",
+    signal.SIGTERM: "stopped (SIGTERM)",
+    signal.SIGHUP: "the terminal closed (SIGHUP)",
+}
+
+
+def echo_to_stderr(line: str) -> None:
+    try:
+        typer.echo(line, err=True)
+    except OSError:  # a closed terminal (SIGHUP) must not stop the cleanup that follows
+        pass
+
+
 def say(message: str) -> None:
     for line in message.splitlines():
-        typer.echo(f"[launcher {time.strftime('%H:%M:%S')}] {line}", err=True)
+        echo_to_stderr(f"[launcher {time.strftime('%H:%M:%S')}] {line}")
 
 
-def fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {message}", err=True)
+def fail(message: str, code: int = 1) -> NoReturn:
+    echo_to_stderr(f"error: {message}")
     raise typer.Exit(code)
 
 
-def settings_from(nodes: Optional[str], env_file: Optional[Path], **flags) -> LaunchSettings:
+def stop_on_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP end an attached launch the same way: the cluster is removed on every node, once
+    (further signals are ignored while that runs). A signal the launcher was started ignoring (nohup, a background
+    job's SIGINT) stays ignored: that is the caller's choice."""
+
+    def stop(signum: int, _frame: object) -> None:
+        for other in STOP_SIGNALS:
+            signal.signal(other, signal.SIG_IGN)
+        raise session.Signalled(signum)
+
+    for signum in STOP_SIGNALS:
+        if signum == signal.SIGTERM or signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, stop)
+
+
+def settings_from(nodes: str | None, env_file: Path | None, **flags) -> LaunchSettings:
     try:
         return resolve_settings(load_env_file(env_file), nodes=nodes, **flags)
     except SettingsError as error:
@@ -50,29 +84,44 @@ def connect(settings: LaunchSettings) -> list[NodeDriver]:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def start(
     ctx: typer.Context,
-    nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
-    slots: Optional[int] = typer.Option(None, help="Ranks per node on CPUs (default 1)."),
-    gpus_per_node: Optional[int] = typer.Option(None, help="Ranks per node, one GPU each (NVIDIA Container Toolkit)."),
-    image: Optional[str] = typer.Option(None, help="Image to run (default horovod-stack:latest)."),
-    ssh_port: Optional[int] = typer.Option(None, help="Port of the workers' sshd (default 12345)."),
-    network_interface: Optional[str] = typer.Option(None, help=NIC_HELP),
-    env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP),
+    nodes: str | None = typer.Option(None, help=NODES_HELP),
+    slots: int | None = typer.Option(None, help="Ranks per node on CPUs (default 1)."),
+    gpus_per_node: int | None = typer.Option(None, help="Ranks per node, one GPU each (NVIDIA Container Toolkit)."),
+    image: str | None = typer.Option(None, help="Image to run (default horovod-stack:latest)."),
+    ssh_port: int | None = typer.Option(None, help="Port of the workers' sshd (default 12345)."),
+    network_interface: str | None = typer.Option(None, help=NIC_HELP),
+    env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
     push_image: bool = typer.Option(False, help="Copy the image from this machine's engine to nodes that lack it."),
-    detach: bool = typer.Option(False, help="Return once training runs; follow with `launcher logs --follow`; "
-                                            "every container stops when the job ends."),
-    keep_running: bool = typer.Option(False, help="With --detach: keep the containers running after the job "
-                                                  "ends, for debugging (`launcher stop` removes them)."),
-    workdir: Optional[Path] = typer.Option(None, help="Local folder with your code, copied to /workdir on every "
-                                                      "node; the command runs there."),
-    env: Optional[List[str]] = typer.Option(None, "--env", help="KEY=VALUE for every rank (repeatable)."),
-    elastic: bool = typer.Option(False, help="Elastic training (horovodrun, Gloo): a node whose worker is lost is "
-                                             "dropped and the job goes on; needs --network-interface."),
-    min_nodes: Optional[int] = typer.Option(None, help="With --elastic: the fewest nodes the job goes on with "
-                                                       "(default 1)."),
-    max_nodes: Optional[int] = typer.Option(None, help="With --elastic: the most nodes that train at once "
-                                                       "(default: all)."),
-    restart_workers: bool = typer.Option(False, help="With --elastic: start a lost node's worker again; it "
-                                                     "rejoins at the next host discovery (not with --detach)."),
+    detach: bool = typer.Option(
+        False,
+        help="Return once training runs; follow with `launcher logs --follow`; "
+        "every container stops when the job ends.",
+    ),
+    keep_running: bool = typer.Option(
+        False,
+        help="With --detach: keep the containers running after the job "
+        "ends, for debugging (`launcher stop` removes them).",
+    ),
+    workdir: Path | None = typer.Option(
+        None, help="Local folder with your code, copied to /workdir on every node; the command runs there."
+    ),
+    env: list[str] | None = typer.Option(None, "--env", help="KEY=VALUE for every rank (repeatable)."),
+    elastic: bool = typer.Option(
+        False,
+        help="Elastic training (horovodrun, Gloo): a node whose worker is lost is "
+        "dropped and the job goes on; needs --network-interface.",
+    ),
+    min_nodes: int | None = typer.Option(
+        None, help="With --elastic: the fewest nodes the job goes on with (default 1)."
+    ),
+    max_nodes: int | None = typer.Option(
+        None, help="With --elastic: the most nodes that train at once (default: all)."
+    ),
+    restart_workers: bool = typer.Option(
+        False,
+        help="With --elastic: start a lost node's worker again; it "
+        "rejoins at the next host discovery (not with --detach).",
+    ),
 ) -> None:
     """Start a worker on every node and run a job; rank 0's output streams here and the exit status is the job's.
 
@@ -81,32 +130,55 @@ def start(
     node_1,node_2 --slots 2 -- --dataset digits --epochs 5 (options alone go to python -m app.train).
     Elastic: launcher start --nodes node_1,node_2,node_3 --elastic --min-nodes 2 --network-interface eth0
     (the elastic driver runs on rank 0's node: losing that node ends the job).
+
+    The job runs in the cluster (a job agent in rank 0's container), not in this process: Ctrl-C, SIGTERM or a
+    closed terminal remove the cluster on every node (exit 130, 143, 129); if this process dies outright, the job
+    goes on, every container stops when it ends, and `launcher status` says how it ended.
     """
     if min_nodes is not None and not elastic:
         fail("--min-nodes is for elastic jobs: add --elastic", 2)
     if restart_workers and detach:
         fail("--restart-workers needs the launcher to stay attached (it restarts the workers): drop --detach", 2)
-    settings = settings_from(nodes, env_file, slots=slots, gpus_per_node=gpus_per_node, image=image,
-                             ssh_port=ssh_port, network_interface=network_interface,
-                             command=tuple(job_command(ctx.args)), env_vars=tuple(env or ()), workdir=workdir,
-                             elastic_min_nodes=(min_nodes or 1) if elastic else None, elastic_max_nodes=max_nodes,
-                             restart_workers=restart_workers)
+    settings = settings_from(
+        nodes,
+        env_file,
+        slots=slots,
+        gpus_per_node=gpus_per_node,
+        image=image,
+        ssh_port=ssh_port,
+        network_interface=network_interface,
+        command=tuple(job_command(ctx.args)),
+        env_vars=tuple(env or ()),
+        workdir=workdir,
+        elastic_min_nodes=(min_nodes or 1) if elastic else None,
+        elastic_max_nodes=max_nodes,
+        restart_workers=restart_workers,
+    )
+    stop_on_signals()
     try:
-        status = session.launch(settings, push_image=push_image, detach=detach, keep_running=keep_running, say=say)
+        status = session.launch(
+            settings, push_image=push_image, detach=detach, keep_running=keep_running, say=say, relay=echo_to_stderr
+        )
     except (session.LaunchError, NodeError) as error:
         fail(str(error))
+    except session.Signalled as stop:
+        fail(f"{STOPPED_BY[signal.Signals(stop.signum)]}; the cluster's containers were removed", 128 + stop.signum)
     except KeyboardInterrupt:
-        fail("interrupted; the cluster's containers were removed", 130)
+        fail(f"{STOPPED_BY[signal.SIGINT]}; the cluster's containers were removed", 128 + signal.SIGINT)
     except Exception as error:  # anything unforeseen still ends as one line; cleanup already ran
-        fail(f"unexpected {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}; "
-             "the cluster's containers were removed")
+        fail(
+            f"unexpected {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}; "
+            "the cluster's containers were removed"
+        )
     raise typer.Exit(status)
 
 
 @app.command()
-def stop(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
-         cluster: Optional[str] = typer.Option(None, help="Cluster ID (default: every cluster of this stack)."),
-         env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
+def stop(
+    nodes: str | None = typer.Option(None, help=NODES_HELP),
+    cluster: str | None = typer.Option(None, help="Cluster ID (default: every cluster of this stack)."),
+    env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+) -> None:
     """Remove the stack's containers on the nodes, running or ended.
 
     Example: launcher stop --nodes node_1,node_2 --cluster 3f9a1c2e
@@ -118,8 +190,10 @@ def stop(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
 
 
 @app.command()
-def status(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
-           env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
+def status(
+    nodes: str | None = typer.Option(None, help=NODES_HELP),
+    env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+) -> None:
     """Each cluster's job (running: epoch, accuracy, throughput; succeeded; failed, with its cause) and containers.
 
     Example: launcher status --nodes node_1,node_2
@@ -134,23 +208,31 @@ def status(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
             found = True
             cluster = container.labels.get(LABEL_CLUSTER)
             members = [(d, c, d.container_state(c)) for d in drivers for c in d.cluster_containers(cluster)]
-            state = jobstate.describe(driver.container_state(container), driver.read_file(container, JOB_STATUS),
-                                      driver.read_file(container, JOB_LOG) or "", [m[2] for m in members],
-                                      metrics=driver.read_file(container, f"{run_dir(cluster)}/metrics.jsonl"))
+            state = jobstate.describe(
+                driver.container_state(container),
+                driver.read_file(container, JOB_STATUS),
+                driver.read_file(container, JOB_LOG) or "",
+                [m[2] for m in members],
+                metrics=driver.read_file(container, f"{run_dir(cluster)}/metrics.jsonl"),
+            )
             typer.echo(f"cluster {cluster}: {state}")
             for member_driver, member, member_state in members:
                 ended = "" if member_state.running else f" (exit status {member_state.exit_code})"
-                typer.echo(f"  {member_driver.node.name}: {member.name} role={member.labels.get(LABEL_ROLE)} "
-                           f"{member.status}{ended}")
+                typer.echo(
+                    f"  {member_driver.node.name}: {member.name} role={member.labels.get(LABEL_ROLE)} "
+                    f"{member.status}{ended}"
+                )
     if not found:
         typer.echo("no cluster on " + ", ".join(driver.node.name for driver in drivers))
 
 
 @app.command()
-def logs(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
-         node: Optional[str] = typer.Option(None, help="Whose worker to show (default: rank 0's node)."),
-         follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming."),
-         env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
+def logs(
+    nodes: str | None = typer.Option(None, help=NODES_HELP),
+    node: str | None = typer.Option(None, help="Whose worker to show (default: rank 0's node)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming."),
+    env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+) -> None:
     """Show a worker's output; on rank 0's node, the training job's output too (also after the job ended).
 
     Example: launcher logs --nodes node_1,node_2 --follow
@@ -177,18 +259,26 @@ def logs(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
 
 
 @app.command()
-def doctor(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
-           image: Optional[str] = typer.Option(None, help="Image to check (default horovod-stack:latest)."),
-           ssh_port: Optional[int] = typer.Option(None, help="Port the workers' sshd will use."),
-           gpus_per_node: Optional[int] = typer.Option(None, help="Check for GPUs too."),
-           network_interface: Optional[str] = typer.Option(None, help=NIC_HELP),
-           env_file: Optional[Path] = typer.Option(None, help=ENV_FILE_HELP)) -> None:
+def doctor(
+    nodes: str | None = typer.Option(None, help=NODES_HELP),
+    image: str | None = typer.Option(None, help="Image to check (default horovod-stack:latest)."),
+    ssh_port: int | None = typer.Option(None, help="Port the workers' sshd will use."),
+    gpus_per_node: int | None = typer.Option(None, help="Check for GPUs too."),
+    network_interface: str | None = typer.Option(None, help=NIC_HELP),
+    env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+) -> None:
     """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, NIC there, clock skew.
 
     Example: launcher doctor --nodes node_1,node_2 --network-interface ens5
     """
-    settings = settings_from(nodes, env_file, image=image, ssh_port=ssh_port, gpus_per_node=gpus_per_node,
-                             network_interface=network_interface)
+    settings = settings_from(
+        nodes,
+        env_file,
+        image=image,
+        ssh_port=ssh_port,
+        gpus_per_node=gpus_per_node,
+        network_interface=network_interface,
+    )
     problems, image_ids = [], {}
     for node in settings.plan(cluster_id="-").nodes:
         try:
@@ -198,23 +288,27 @@ def doctor(nodes: Optional[str] = typer.Option(None, help=NODES_HELP),
             typer.echo(f"{node.name}: engine        FAIL {error}")
             continue
         typer.echo(f"{node.name}: engine        ok ({driver.client.version()['Version']} at {node.engine_url})")
-        image_ids[node.name] = driver.image_id(settings.image)
-        if image_ids[node.name] is None:
+        image_id = image_ids[node.name] = driver.image_id(settings.image)
+        if image_id is None:
             problems.append(f"{node.name}: image {settings.image} missing")
-            typer.echo(f"{node.name}: image         FAIL {settings.image} missing (launcher start --push-image copies it)")
+            typer.echo(
+                f"{node.name}: image         FAIL {settings.image} missing (launcher start --push-image copies it)"
+            )
         else:
-            typer.echo(f"{node.name}: image         ok ({image_ids[node.name][7:19]})")
+            typer.echo(f"{node.name}: image         ok ({image_id[7:19]})")
             view = driver.host_view(settings.image, settings.ssh_port)
             if view.port_taken:
                 problems.append(f"{node.name}: port {settings.ssh_port} in use")
-            typer.echo(f"{node.name}: ssh port      {'FAIL in use' if view.port_taken else 'ok free'} "
-                       f"({settings.ssh_port})")
+            typer.echo(
+                f"{node.name}: ssh port      {'FAIL in use' if view.port_taken else 'ok free'} ({settings.ssh_port})"
+            )
             if settings.network_interface:
                 nic = nic_problem(settings.network_interface, view.nics)
                 if nic:
                     problems.append(f"{node.name}: {nic}")
-                typer.echo(f"{node.name}: network iface {'FAIL ' + nic if nic else 'ok'} "
-                           f"({settings.network_interface})")
+                typer.echo(
+                    f"{node.name}: network iface {'FAIL ' + nic if nic else 'ok'} ({settings.network_interface})"
+                )
         if settings.gpus_per_node:
             gpus = driver.has_nvidia_runtime()
             if not gpus:

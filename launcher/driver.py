@@ -11,16 +11,15 @@ import tarfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
+import docker
 from launcher.jobstate import ContainerState
 from launcher.plan import LABEL_CLUSTER, LABEL_NODE, SHARED_MOUNT, ClusterPlan, Node
 from launcher.settings import engine_override_key
-
 
 PUSH_TIMEOUT_S = 3600
 
@@ -31,7 +30,7 @@ def _tolerate_closed_ssh_pipe() -> None:
     already-closed pipe loses nothing, so finish the close instead of failing the call."""
     from docker.transport import sshconn
 
-    if getattr(sshconn.SSHSocket.close, "tolerates_closed_pipe", False):
+    if getattr(sshconn.SSHSocket, "tolerates_closed_pipe", False):
         return
     original_close = sshconn.SSHSocket.close
 
@@ -41,8 +40,8 @@ def _tolerate_closed_ssh_pipe() -> None:
         except BrokenPipeError:
             self.proc.terminate()
 
-    close.tolerates_closed_pipe = True
     sshconn.SSHSocket.close = close
+    sshconn.SSHSocket.tolerates_closed_pipe = True
 
 
 _tolerate_closed_ssh_pipe()
@@ -51,6 +50,7 @@ _tolerate_closed_ssh_pipe()
 @dataclass(frozen=True)
 class HostView:
     """The node as its host-network workers will see it."""
+
     port_taken: bool
     nics: tuple[str, ...]
 
@@ -73,13 +73,15 @@ class NodeDriver:
     def connect(cls, node: Node, timeout: float = 30) -> NodeDriver:
         try:
             # The system ssh client honours the user's ssh config (keys, known_hosts, jump hosts).
-            client = docker.DockerClient(base_url=node.engine_url, use_ssh_client=node.engine_url.startswith("ssh://"),
-                                         timeout=int(timeout))
+            client = docker.DockerClient(
+                base_url=node.engine_url, use_ssh_client=node.engine_url.startswith("ssh://"), timeout=int(timeout)
+            )
             client.ping()
         except (DockerException, OSError) as error:
             raise NodeError(
                 f"{node.name}: cannot reach its Docker engine at {node.engine_url} ({_first_line(error)}); check the "
-                f"host is up and runs Docker, or point {engine_override_key(node.name)} in .env at its engine") from None
+                f"host is up and runs Docker, or point {engine_override_key(node.name)} in .env at its engine"
+            ) from None
         return cls(node, client)
 
     # --- inspection -------------------------------------------------------------------------------------------
@@ -98,8 +100,8 @@ class NodeDriver:
         engine_time = self.client.info()["SystemTime"]
         # Docker reports RFC 3339 with nanoseconds; keep microseconds for fromisoformat.
         stamp = engine_time[:26].rstrip("Z") if "." in engine_time else engine_time.rstrip("Z")
-        engine = datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc)
-        return (engine - datetime.now(timezone.utc)).total_seconds()
+        engine = datetime.fromisoformat(stamp).replace(tzinfo=UTC)
+        return (engine - datetime.now(UTC)).total_seconds()
 
     def has_nvidia_runtime(self) -> bool:
         return "nvidia" in (self.client.info().get("Runtimes") or {})
@@ -109,9 +111,17 @@ class NodeDriver:
         host-network container of the image (what the workers will see, whatever the launcher's machine has)."""
         output = self.client.containers.run(
             # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
-            image, ["bash", "-c", f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo taken || echo free; "
-                                  "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print $2}'"],
-            network_mode="host", remove=True, user="mpiuser")
+            image,
+            [
+                "bash",
+                "-c",
+                f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo taken || echo free; "
+                "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print $2}'",
+            ],
+            network_mode="host",
+            remove=True,
+            user="mpiuser",
+        )
         port_state, *nics = output.decode().split()
         return HostView(port_taken=port_state == "taken", nics=tuple(nics))
 
@@ -129,8 +139,10 @@ class NodeDriver:
                 shown = int(100 * sent / total) // 10 * 10 if total else -1
                 if shown > last_shown:
                     last_shown = shown
-                    progress(f"{self.node.name}: pushing {image}: {sent / 1e9:.2f} GB sent"
-                             + (f" (~{min(shown, 100)}%)" if total else ""))
+                    progress(
+                        f"{self.node.name}: pushing {image}: {sent / 1e9:.2f} GB sent"
+                        + (f" (~{min(shown, 100)}%)" if total else "")
+                    )
                 yield chunk
 
         # Saving and loading several GB takes minutes: no read timeout while it streams.
@@ -139,22 +151,32 @@ class NodeDriver:
         try:
             self.client.images.load(chunks())
         except Exception as error:  # the SDK, requests or the socket: all mean the copy failed
-            raise NodeError(f"{self.node.name}: copying {image} failed ({_first_line(error)}); free disk space "
-                            "on the node or load the image there by hand") from None
+            raise NodeError(
+                f"{self.node.name}: copying {image} failed ({_first_line(error)}); free disk space "
+                "on the node or load the image there by hand"
+            ) from None
         finally:
             source.client.api.timeout, self.client.api.timeout = saved_timeouts
         progress(f"{self.node.name}: image loaded, {sent / 1e9:.2f} GB in {time.monotonic() - started:.0f} s")
 
     # --- the worker container ---------------------------------------------------------------------------------
     def start_worker(self, plan: ClusterPlan) -> object:
-        device_requests = ([DeviceRequest(count=plan.gpus_per_node, capabilities=[["gpu"]])]
-                           if plan.gpus_per_node else None)
+        device_requests = (
+            [DeviceRequest(count=plan.gpus_per_node, capabilities=[["gpu"]])] if plan.gpus_per_node else None
+        )
         try:
             return self.client.containers.run(
-                plan.image, ["worker"], name=plan.container_name(self.node), labels=plan.labels(self.node),
-                environment=plan.worker_environment(self.node), network_mode="host", shm_size=plan.shm_size,
+                plan.image,
+                ["worker"],
+                name=plan.container_name(self.node),
+                labels=plan.labels(self.node),
+                environment=plan.worker_environment(self.node),
+                network_mode="host",
+                shm_size=plan.shm_size,
                 volumes={plan.shared_dir: {"bind": SHARED_MOUNT, "mode": "rw"}},
-                device_requests=device_requests, detach=True)
+                device_requests=device_requests,
+                detach=True,
+            )
         except APIError as error:
             raise NodeError(f"{self.node.name}: the worker container did not start ({_first_line(error)})") from None
 
@@ -167,16 +189,19 @@ class NodeDriver:
         try:
             stream, _ = container.get_archive(path)
             with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
-                member = archive.getmembers()[0]
-                return archive.extractfile(member).read().decode(errors="replace")
-        except (NotFound, IndexError, AttributeError, tarfile.TarError):
+                content = archive.extractfile(archive.getmembers()[0])
+                return content.read().decode(errors="replace") if content else None
+        except (NotFound, IndexError, tarfile.TarError):
             return None
 
     def container_state(self, container) -> ContainerState:
         state = container.attrs["State"]
-        return ContainerState(node=container.labels.get(LABEL_NODE, self.node.name),
-                              running=state.get("Status") == "running", exit_code=state.get("ExitCode"),
-                              finished_at=None if state.get("Status") == "running" else state.get("FinishedAt"))
+        return ContainerState(
+            node=container.labels.get(LABEL_NODE, self.node.name),
+            running=state.get("Status") == "running",
+            exit_code=state.get("ExitCode"),
+            finished_at=None if state.get("Status") == "running" else state.get("FinishedAt"),
+        )
 
     def worker_problem(self, container) -> str | None:
         """Why the worker container is not running, or None while it runs."""
@@ -191,6 +216,20 @@ class NodeDriver:
             return "its worker container stopped (killed)"
         last_line = container.logs(tail=1).decode().strip() or "no output"
         return f"its worker container stopped (exit status {exit_code}; last output: {last_line})"
+
+    def lost_reason(self, container) -> str | None:
+        """Why the worker is lost, if it was: removed, or killed (docker kill, out of memory, a crash by signal). A
+        container that ended by itself (its job over, its status its own) is not lost."""
+        try:
+            container.reload()
+        except NotFound:
+            return "its worker container is gone (removed)"
+        state = container.attrs["State"]
+        if container.status == "running":
+            return None
+        if state.get("OOMKilled"):
+            return "its worker container was killed (out of memory)"
+        return "its worker container stopped (killed)" if state.get("ExitCode") == 137 else None
 
     def exec_stream(self, container, argv: list[str]) -> tuple[str, Iterator[bytes]]:
         exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir="/home/mpiuser")["Id"]

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+
+from launcher.protocol import parse_job_end
 
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+): .*val accuracy ([0-9.]+), ([0-9.]+) samples/s")
 ERROR_LINE = re.compile(r"^(?:\S+ )*(?:\w+(?:Error|Exception)|error): .+")
@@ -28,7 +30,7 @@ class ContainerState:
 def _ago(finished_at: str | None, now: datetime) -> str:
     if not finished_at or finished_at.startswith("0001-"):
         return ""
-    stamp = datetime.fromisoformat(finished_at[:19]).replace(tzinfo=timezone.utc)
+    stamp = datetime.fromisoformat(finished_at[:19]).replace(tzinfo=UTC)
     seconds = max(0, int((now - stamp).total_seconds()))
     return f", ended {seconds // 60} min {seconds % 60} s ago" if seconds >= 60 else f", ended {seconds} s ago"
 
@@ -52,8 +54,10 @@ def progress(job_log: str, metrics_text: str | None = None) -> str:
     record = latest_record(metrics_text)
     if record:
         of = f" of {matches[-1][1]}" if matches else ""
-        return (f"epoch {record['epoch']}{of}, val accuracy {record['val_accuracy']:.4f}, "
-                f"{record['samples_per_sec']:.0f} samples/s")
+        return (
+            f"epoch {record['epoch']}{of}, val accuracy {record['val_accuracy']:.4f}, "
+            f"{record['samples_per_sec']:.0f} samples/s"
+        )
     if not matches:
         return "no epoch finished yet"
     epoch, epochs, accuracy, rate = matches[-1]
@@ -71,17 +75,24 @@ def root_cause(job_log: str, workers: list[ContainerState]) -> str:
     return (causes or errors or [""])[0]
 
 
-def describe(rank0: ContainerState, job_status: str | None, job_log: str, workers: list[ContainerState],
-             now: datetime | None = None, metrics: str | None = None) -> str:
-    now = now or datetime.now(timezone.utc)
-    status = job_status.strip() if job_status else ""
-    if not status:
+def describe(
+    rank0: ContainerState,
+    job_status: str | None,
+    job_log: str,
+    workers: list[ContainerState],
+    now: datetime | None = None,
+    metrics: str | None = None,
+) -> str:
+    now = now or datetime.now(UTC)
+    end = parse_job_end(job_status)
+    if end is None:
         if rank0.running:
             return f"running: {progress(job_log, metrics)}"
-        return f"failed: rank 0's container stopped (exit status {rank0.exit_code}) before the job ended" + \
-            _ago(rank0.finished_at, now)
+        return f"failed: rank 0's container stopped (exit status {rank0.exit_code}) before the job ended" + _ago(
+            rank0.finished_at, now
+        )
     ended = _ago(rank0.finished_at, now)
-    if status == "0":
+    if end.succeeded:
         return f"succeeded (exit status 0): {progress(job_log, metrics)}{ended}"
-    cause = root_cause(job_log, workers)
-    return f"failed (exit status {status}){': ' + cause if cause else ''}{ended}"
+    cause = end.cause or root_cause(job_log, workers)
+    return f"failed (exit status {end.status}){': ' + cause if cause else ''}{ended}"

@@ -1,22 +1,38 @@
-"""One launch, start to finish: connect to every node, check them, start the workers with the cluster's SSH
-trust, wait until every sshd answers, run mpirun in the rank-0 container, and clean up on every exit path.
+"""One launch from the user's machine: connect to every node, check them, start the workers with the cluster's SSH
+trust, start the job agent in the rank-0 container, follow it (attached) or not (detached), and clean up.
+
+The job itself is the agent's (launcher/agent.py): readiness, mpirun, the job's end and every worker's stop happen
+in the cluster, so a job ends the same way whether this process stays, is stopped (SIGINT/SIGTERM/SIGHUP: the
+cluster is removed) or dies outright (the job goes on and every container stops when it ends).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import IO
 
 import docker
-
 from launcher import sshtrust, workdir
 from launcher.driver import NodeDriver
-from launcher.plan import JOB_LOG, LABEL_CLUSTER, WORKDIR, ClusterPlan, Node, command_probe, nic_problem
+from launcher.plan import LABEL_CLUSTER, WORKDIR, ClusterPlan, Node, nic_problem
+from launcher.protocol import (
+    AGENT,
+    AGENT_PREFIX,
+    CLUSTER_SSH_DIR,
+    HOSTKEYS_DIR,
+    JOB_LOG,
+    JOB_SPEC,
+    JOB_STATUS,
+    JobEnd,
+    parse_job_end,
+)
 from launcher.settings import LaunchSettings
 
 Say = Callable[[str], None]
@@ -24,6 +40,14 @@ Say = Callable[[str], None]
 
 class LaunchError(RuntimeError):
     """The launch stopped; the message is the one root cause, naming the fix."""
+
+
+class Signalled(BaseException):
+    """The launcher was told to stop (SIGINT, SIGTERM, SIGHUP); like KeyboardInterrupt, not an Exception."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def connect_all(plan: ClusterPlan, say: Say) -> list[NodeDriver]:
@@ -47,11 +71,15 @@ def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, 
         running = [c for c in containers if c.status == "running"]
         if running:
             cluster = running[0].labels.get(LABEL_CLUSTER)
-            raise LaunchError(f"{driver.node.name}: cluster {cluster} is still running; stop it first with "
-                              f"`launcher stop --nodes {node_list} --cluster {cluster}`")
+            raise LaunchError(
+                f"{driver.node.name}: cluster {cluster} is still running; stop it first with "
+                f"`launcher stop --nodes {node_list} --cluster {cluster}`"
+            )
         for cluster in sorted({c.labels.get(LABEL_CLUSTER) for c in containers}):
-            say(f"{driver.node.name}: finished cluster {cluster} is kept for `launcher status` and `launcher logs`; "
-                f"`launcher stop --nodes {node_list} --cluster {cluster}` removes it")
+            say(
+                f"{driver.node.name}: finished cluster {cluster} is kept for `launcher status` and `launcher logs`; "
+                f"`launcher stop --nodes {node_list} --cluster {cluster}` removes it"
+            )
     ensure_image_everywhere(plan, drivers, push_image, say)
     for driver in drivers:
         view = driver.host_view(plan.image, plan.ssh_port)
@@ -59,8 +87,10 @@ def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, 
         if problem:  # else mpirun fails after every container started, in paragraphs that never name the NIC
             raise LaunchError(f"{driver.node.name}: {problem}")
         if view.port_taken:
-            raise LaunchError(f"{driver.node.name}: port {plan.ssh_port} is already in use there; free it or pass "
-                              "--ssh-port with a free port")
+            raise LaunchError(
+                f"{driver.node.name}: port {plan.ssh_port} is already in use there; free it or pass "
+                "--ssh-port with a free port"
+            )
         nic = f", NIC {plan.network_interface} present" if plan.network_interface else ""
         say(f"{driver.node.name}: port {plan.ssh_port} free{nic}")
 
@@ -68,26 +98,35 @@ def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, 
 def ensure_image_everywhere(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say) -> None:
     missing = [driver for driver in drivers if driver.image_id(plan.image) is None]
     if missing and not push_image:
-        raise LaunchError(f"{missing[0].node.name}: image {plan.image} is not there; pass --push-image to copy it "
-                          "from this machine's engine, or load it on that node")
+        raise LaunchError(
+            f"{missing[0].node.name}: image {plan.image} is not there; pass --push-image to copy it "
+            "from this machine's engine, or load it on that node"
+        )
     if missing:
         try:
             source = NodeDriver(Node("this machine", "local"), docker.from_env())
             if source.image_id(plan.image) is None:
-                raise LaunchError(f"--push-image: this machine's engine has no image {plan.image} either; build it "
-                                  "with scripts/build-images.sh")
+                raise LaunchError(
+                    f"--push-image: this machine's engine has no image {plan.image} either; build it "
+                    "with scripts/build-images.sh"
+                )
         except docker.errors.DockerException as error:
             raise LaunchError(f"--push-image: this machine's Docker engine is not reachable ({error})") from None
         for driver in missing:
             driver.push_image_from(source, plan.image, say)
-    ids = {driver.node.name: driver.image_id(plan.image) for driver in drivers}
-    still_missing = [name for name, image_id in ids.items() if image_id is None]
+    found = {driver.node.name: driver.image_id(plan.image) for driver in drivers}
+    still_missing = [name for name, image_id in found.items() if image_id is None]
+    ids = {name: image_id for name, image_id in found.items() if image_id}
     if still_missing:
-        raise LaunchError(f"{still_missing[0]}: image {plan.image} is still missing after the copy; load it there by hand")
+        raise LaunchError(
+            f"{still_missing[0]}: image {plan.image} is still missing after the copy; load it there by hand"
+        )
     if len(set(ids.values())) > 1:
         listing = ", ".join(f"{name} {image_id[7:19]}" for name, image_id in ids.items())
-        raise LaunchError(f"image {plan.image} differs between nodes ({listing}); mismatched Horovod/MPI builds "
-                          "hang, so load one image on every node (docker save | docker load)")
+        raise LaunchError(
+            f"image {plan.image} differs between nodes ({listing}); mismatched Horovod/MPI builds "
+            "hang, so load one image on every node (docker save | docker load)"
+        )
     say(f"image {plan.image} ({next(iter(ids.values()))[7:19]}) is the same on all {len(drivers)} nodes")
 
 
@@ -97,47 +136,55 @@ def resolve_for_open_mpi(plan: ClusterPlan, containers: list) -> ClusterPlan:
     for node in plan.needs_addresses():
         found = containers[0].exec_run(["getent", "ahostsv4", node.name], user="mpiuser")
         if found.exit_code != 0 or not found.output.split():
-            raise LaunchError(f"{node.name} does not resolve on {plan.rank0.name}; add it to DNS or /etc/hosts on "
-                              "every node")
+            raise LaunchError(
+                f"{node.name} does not resolve on {plan.rank0.name}; add it to DNS or /etc/hosts on every node"
+            )
         addresses.append((node.name, found.output.split()[0].decode()))
     return dataclasses.replace(plan, addresses=tuple(addresses))
 
 
-def hand_over_trust(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, keys: sshtrust.KeyPair,
-                    deadline: float, say: Say) -> None:
+def hand_over_trust(
+    plan: ClusterPlan,
+    drivers: list[NodeDriver],
+    containers: list,
+    keys: sshtrust.KeyPair,
+    deadline: float,
+    keep_running: bool,
+    say: Say,
+) -> None:
+    """The cluster's public key to every worker; to rank 0's container the private key, every worker's host key (as
+    the agent pins them) and the job spec the agent runs."""
     authorized = sshtrust.tar_files({"authorized_keys": (keys.public.encode() + b"\n", 0o600)})
     host_keys = {}
-    for driver, container in zip(drivers, containers):
-        driver.put_files(container, "/cluster/ssh", authorized)
-        host_keys[driver.node.name] = wait_for_host_key(driver, container, deadline)
-    rank0_files = {
-        ".ssh/id_ed25519": (keys.private, 0o600),
-        ".ssh/config": (plan.ssh_config().encode(), 0o600),
-        ".ssh/known_hosts": (plan.known_hosts(host_keys).encode(), 0o600),
-        "hostfile": (plan.hostfile().encode(), 0o644),
-    }
-    drivers[0].put_files(containers[0], "/home/mpiuser", sshtrust.tar_files(rank0_files))
-    say("SSH trust handed over: cluster key in every worker, host keys pinned in rank 0's known_hosts")
+    for driver, container in zip(drivers, containers, strict=True):
+        driver.put_files(container, CLUSTER_SSH_DIR, authorized)
+        host_keys[plan.mpi_host(driver.node)] = wait_for_host_key(driver, container, deadline)
+    rank0, container = drivers[0], containers[0]
+    rank0.put_files(container, CLUSTER_SSH_DIR, sshtrust.tar_files({"id_ed25519": (keys.private, 0o600)}))
+    rank0.put_files(
+        container,
+        HOSTKEYS_DIR,
+        sshtrust.tar_files({f"{host}.pub": (f"{key}\n".encode(), 0o644) for host, key in host_keys.items()}),
+    )
+    spec = PurePosixPath(JOB_SPEC)
+    rank0.put_files(
+        container,
+        str(spec.parent),
+        sshtrust.tar_files({spec.name: (plan.job_spec(keep_running).to_json().encode(), 0o644)}),
+    )
+    say(
+        "SSH trust handed over: cluster key in every worker; rank 0 holds the private key, the workers' host keys "
+        "and the job"
+    )
 
 
 def copy_workdir(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, say: Say) -> None:
     """The user's code folder to WORKDIR in every worker container, through the Docker API (no NFS needed)."""
+    assert plan.workdir is not None
     archive = workdir.archive(Path(plan.workdir))
-    for driver, container in zip(drivers, containers):
+    for driver, container in zip(drivers, containers, strict=True):
         driver.put_files(container, WORKDIR, archive)
     say(f"code: {plan.workdir} copied to {WORKDIR} on {len(drivers)} node(s) ({len(archive) / 1024:.0f} KB)")
-
-
-def check_command(plan: ClusterPlan, drivers: list[NodeDriver], containers: list) -> None:
-    """Every rank must be able to start the command; else one line naming the node and the fix, before mpirun."""
-    cwd = WORKDIR if plan.workdir else "/home/mpiuser"
-    for driver, container in zip(drivers, containers):
-        probe = container.exec_run(command_probe(plan.command), user="mpiuser", workdir=cwd)
-        if probe.exit_code != 0:
-            why = probe.output.decode(errors="replace").strip().splitlines()[-1]
-            raise LaunchError(f"{driver.node.name}: cannot start `{' '.join(plan.command)}` in {cwd}: {why}; "
-                              "pass --workdir with the folder that holds your code, or build an image "
-                              "FROM horovod-stack:latest that has it")
 
 
 def wait_for_host_key(driver: NodeDriver, container, deadline: float) -> str:
@@ -149,46 +196,30 @@ def wait_for_host_key(driver: NodeDriver, container, deadline: float) -> str:
         if problem:
             raise LaunchError(f"{driver.node.name}: {problem}")
         if time.monotonic() > deadline:
-            raise LaunchError(f"{driver.node.name}: the worker made no SSH host key in time; see `launcher logs "
-                              f"--node {driver.node.name}`")
+            raise LaunchError(
+                f"{driver.node.name}: the worker made no SSH host key in time; see `launcher logs "
+                f"--node {driver.node.name}`"
+            )
         time.sleep(0.5)
 
 
-def wait_until_ready(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, deadline: float,
-                     say: Say) -> None:
-    """Readiness as mpirun will need it: rank 0's container logs into every node's worker over ssh."""
-    pending = list(zip(drivers, containers))
-    ready = 0
-    while pending:
-        still = []
-        for driver, container in pending:
-            problem = driver.worker_problem(container)
-            if problem:
-                hint = (f"; is port {plan.ssh_port} taken there? pass --ssh-port" if "Address already in use"
-                        in problem else "")
-                raise LaunchError(f"{driver.node.name}: {problem}{hint}")
-            check = containers[0].exec_run(["ssh", plan.mpi_host(driver.node), "true"], user="mpiuser")
-            if check.exit_code == 0:
-                ready += 1
-                say(f"{driver.node.name}: sshd answers on port {plan.ssh_port} ({ready}/{len(plan.nodes)} ready)")
-            else:
-                still.append((driver, container))
-        pending = still
-        if pending and time.monotonic() > deadline:
-            names = ", ".join(driver.node.name for driver, _ in pending)
-            raise LaunchError(f"{names}: sshd did not answer rank 0 on port {plan.ssh_port} in time; check that "
-                              f"rank 0 reaches those hosts by name and that the port is open between nodes")
-        if pending:
-            time.sleep(1)
-
-
-def run_job(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, out) -> int:
-    exec_id, stream = drivers[0].exec_stream(containers[0], plan.job_argv())
+def follow_job(driver: NodeDriver, container, out: IO[str], relay: Say) -> JobEnd | None:
+    """Streams the agent's log from rank 0's container until the job ends: the job's output to `out`, the agent's
+    own lines to `relay`. Returns how the job ended, or None when rank 0's container ended first."""
+    _, stream = driver.exec_stream(container, [*AGENT, "follow"])
+    pending = ""
     for chunk in stream:
-        out.write(chunk.decode(errors="replace"))
+        pending += chunk.decode(errors="replace")
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            if line.startswith(AGENT_PREFIX):
+                relay(line)
+            else:
+                out.write(line + "\n")
         out.flush()
-    code = drivers[0].exec_exit_code(exec_id)
-    return 1 if code is None else code
+    if pending:
+        out.write(pending)
+    return parse_job_end(driver.read_file(container, JOB_STATUS))
 
 
 class WorkerWatch(threading.Thread):
@@ -201,7 +232,7 @@ class WorkerWatch(threading.Thread):
     def __init__(self, plan: ClusterPlan, containers: list, restart: bool, say: Say) -> None:
         super().__init__(name="worker-watch", daemon=True)
         self.plan, self.restart, self.say = plan, restart, say
-        self.container_ids = {node.name: c.id for node, c in zip(plan.nodes[1:], containers[1:])}
+        self.container_ids = {node.name: c.id for node, c in zip(plan.nodes[1:], containers[1:], strict=True)}
         self.lost: dict[str, str] = {}
         """Nodes whose worker is down right now, and why."""
         self.restarts: dict[str, int] = {}
@@ -218,7 +249,7 @@ class WorkerWatch(threading.Thread):
             self.say(f"worker watch stopped: {type(error).__name__}: {error}")
 
     def check(self, name: str, driver: NodeDriver, container) -> None:
-        problem = driver.worker_problem(container)
+        problem = driver.lost_reason(container)
         if problem is None:
             self.lost.pop(name, None)
             return
@@ -228,31 +259,35 @@ class WorkerWatch(threading.Thread):
         if self.restart and "removed" not in problem and self.restarts.get(name, 0) < self.MAX_RESTARTS:
             self.restarts[name] = self.restarts.get(name, 0) + 1
             container.start()
-            self.say(f"{name}: worker started again (restart {self.restarts[name]} of at most "
-                     f"{self.MAX_RESTARTS}); it rejoins at the next host discovery")
+            self.say(
+                f"{name}: worker started again (restart {self.restarts[name]} of at most "
+                f"{self.MAX_RESTARTS}); it rejoins at the next host discovery"
+            )
 
     def stop(self) -> None:
         self.done.set()
         self.join(timeout=10)
 
 
-def elastic_failure(plan: ClusterPlan, drivers: list[NodeDriver], containers: list,
-                    watch: WorkerWatch) -> str | None:
+def elastic_failure(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, watch: WorkerWatch) -> str | None:
     """The root cause when an elastic job fails: its driver's node lost, or too few nodes left."""
-    problem = drivers[0].worker_problem(containers[0])
+    problem = drivers[0].lost_reason(containers[0])
     if problem:
-        return (f"{plan.rank0.name}: {problem} during the run; the elastic driver runs on rank 0's node, so the job "
-                "ended with it")
+        return (
+            f"{plan.rank0.name}: {problem} during the run; the elastic driver runs on rank 0's node, so the job "
+            "ended with it"
+        )
     if watch.lost:
         lost = "; ".join(f"{name} ({why})" for name, why in sorted(watch.lost.items()))
-        return (f"the elastic job fell below --min-nodes {plan.elastic_min_nodes} for {plan.elastic_timeout} s: "
-                f"lost {lost}")
+        return (
+            f"the elastic job fell below --min-nodes {plan.elastic_min_nodes} for {plan.elastic_timeout} s: lost {lost}"
+        )
     return None
 
 
 def dead_worker(drivers: list[NodeDriver], containers: list) -> str | None:
-    for driver, container in zip(drivers, containers):
-        problem = driver.worker_problem(container)
+    for driver, container in zip(drivers, containers, strict=True):
+        problem = driver.lost_reason(container)
         if problem:
             return f"{driver.node.name}: {problem} during the run"
     return None
@@ -268,12 +303,41 @@ def cleanup(drivers: list[NodeDriver], cluster_id: str, say: Say) -> None:
     say(f"cleanup: removed {removed} container(s) of cluster {cluster_id}")
 
 
-def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool = False, keep_running: bool = False,
-           say: Say, out=sys.stdout) -> int:
-    """Runs one training job across the nodes; returns the job's exit status (raises LaunchError on failure)."""
+def start_agent(
+    plan: ClusterPlan, drivers: list[NodeDriver], containers: list, detach: bool, keep_running: bool, say: Say
+) -> None:
+    drivers[0].exec_detached(containers[0], [*AGENT, "run", "--log", JOB_LOG])
+    say(
+        f"job agent started in {containers[0].name}: it waits for every worker's sshd, then runs "
+        f"{'horovodrun (elastic)' if plan.elastic else 'mpirun'}"
+    )
+    if detach:
+        ending = (
+            "the containers keep running after it (--keep-running)"
+            if keep_running
+            else "every container stops when the job ends"
+        )
+        say(
+            f"detached: cluster {plan.cluster_id}; {ending}. Follow with `launcher logs --follow`, see how it went "
+            "with `launcher status`, remove it with `launcher stop`"
+        )
+
+
+def launch(
+    settings: LaunchSettings,
+    *,
+    push_image: bool = False,
+    detach: bool = False,
+    keep_running: bool = False,
+    say: Say,
+    relay: Say,
+    out: IO[str] = sys.stdout,
+) -> int:
+    """Runs one training job across the nodes; returns the job's exit status (raises LaunchError on failure).
+    Attached, the job's output goes to `out` and the agent's lines to `relay`; a Signalled or KeyboardInterrupt
+    while attached removes the cluster on every node."""
     plan = settings.plan()
     say(plan.describe())
-    started = time.monotonic()
     drivers = connect_all(plan, say)
     check_nodes(plan, drivers, push_image, say)
 
@@ -288,38 +352,31 @@ def launch(settings: LaunchSettings, *, push_image: bool = False, detach: bool =
         if plan.workdir:
             copy_workdir(plan, drivers, containers, say)
         plan = resolve_for_open_mpi(plan, containers)
-        hand_over_trust(plan, drivers, containers, keys, deadline, say)
-        wait_until_ready(plan, drivers, containers, deadline, say)
-        check_command(plan, drivers, containers)
-        say(f"all {len(drivers)} nodes ready in {time.monotonic() - started:.1f} s; running "
-            f"{'horovodrun (elastic)' if plan.elastic else 'mpirun'} in {containers[0].name}")
+        hand_over_trust(plan, drivers, containers, keys, deadline, keep_running, say)
+        start_agent(plan, drivers, containers, detach, keep_running, say)
         if detach:
-            drivers[0].exec_detached(containers[0], ["bash", "-c", plan.detached_job_script(keep_running)])
             detached = True
-            ending = ("the containers keep running after it (--keep-running)" if keep_running else
-                      "every container stops when the job ends")
-            say(f"detached: cluster {plan.cluster_id}; {ending}. Follow with `launcher logs --follow`, see how it "
-                "went with `launcher status`, remove it with `launcher stop`")
             return 0
-        if plan.elastic:
-            watch = WorkerWatch(plan, containers, settings.restart_workers, say)
+        watch = WorkerWatch(plan, containers, settings.restart_workers, say) if plan.elastic else None
+        if watch:
             watch.start()
-            try:
-                status = run_job(plan, drivers, containers, out)
-            finally:
+        try:
+            end = follow_job(drivers[0], containers[0], out, relay)
+        finally:
+            if watch:
                 watch.stop()
-            cause = elastic_failure(plan, drivers, containers, watch) if status != 0 else None
-        else:
-            status = run_job(plan, drivers, containers, out)
-            cause = dead_worker(drivers, containers) if status != 0 else None
-        if cause:
-            raise LaunchError(cause)
-        say(f"job finished with exit status {status}")
-        return status
-    except KeyboardInterrupt:
-        say("interrupted: stopping the cluster")
+        if end is None or not end.succeeded:
+            # The engines see more than the agent: which container was killed, or removed.
+            seen = elastic_failure(plan, drivers, containers, watch) if watch else dead_worker(drivers, containers)
+            cause = seen or (end.cause if end else f"{plan.rank0.name}: rank 0's container ended before the job did")
+            if cause:
+                raise LaunchError(cause)
+        assert end is not None
+        say(f"job finished with exit status {end.status}")
+        return end.status
+    except (KeyboardInterrupt, Signalled) as stop:
+        say(f"{'SIGINT' if isinstance(stop, KeyboardInterrupt) else stop}: removing the cluster on every node")
         raise
     finally:
         if not detached:
             cleanup(drivers, plan.cluster_id, say)
-

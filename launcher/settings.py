@@ -9,11 +9,21 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dotenv import dotenv_values
 
-from launcher.plan import (ELASTIC_TIMEOUT_SECONDS, NIC_SETTING, NODE_NAME, TRAINER, ClusterPlan, Node,
-                           check_env_assignment, run_dir, with_run_dir)
+from launcher.plan import (
+    NIC_SETTING,
+    NODE_NAME,
+    TRAINER,
+    ClusterPlan,
+    Node,
+    check_env_assignment,
+    run_dir,
+    with_run_dir,
+)
+from launcher.protocol import ELASTIC_TIMEOUT_SECONDS, READY_TIMEOUT_SECONDS, SSH_PORT
 from launcher.workdir import payload_bytes
 
 WORKDIR_LIMIT_BYTES = 256 * 1024**2
@@ -38,14 +48,15 @@ class LaunchSettings:
     gpus_per_node: int = 0
     """Ranks per node, one GPU each through the NVIDIA Container Toolkit; replaces slots when set."""
     image: str = "horovod-stack:latest"
-    ssh_port: int = 12345
+    ssh_port: int = SSH_PORT
     network_interface: str | None = None
     """A NIC every node has (workers use host networking), for Open MPI, NCCL and Gloo; None: each chooses."""
     shared_dir: str = "horovod-stack-shared"
     """Mounted at /shared in every worker: a volume name (default; one per node) or a host folder, such as the
     same NFS mount on every node, writable by uid 1000."""
     shm_size: str = "1g"
-    ready_timeout: float = 120.0
+    ready_timeout: float = READY_TIMEOUT_SECONDS
+    """How long the job agent waits for every worker's sshd to answer."""
     engines: dict[str, str] = field(default_factory=dict)
     """Per-node engine address overrides (tcp://, unix://, ssh://USER@HOST); default ssh://NODE."""
     command: tuple[str, ...] = TRAINER
@@ -71,8 +82,10 @@ class LaunchSettings:
                 raise SettingsError(f"node name {node!r} is not a host name: pass --nodes with names like node_1")
         duplicates = sorted({node for node in self.nodes if self.nodes.count(node) > 1})
         if duplicates:
-            raise SettingsError(f"node {duplicates[0]} is listed twice in --nodes: list each host once "
-                                "and use --slots for more ranks per host")
+            raise SettingsError(
+                f"node {duplicates[0]} is listed twice in --nodes: list each host once "
+                "and use --slots for more ranks per host"
+            )
         if self.slots < 1:
             raise SettingsError(f"--slots must be at least 1 (got {self.slots})")
         if self.gpus_per_node < 0:
@@ -88,14 +101,16 @@ class LaunchSettings:
                 raise SettingsError(str(error)) from None
         if self.workdir is not None:
             if not self.workdir.is_dir():
-                raise SettingsError(f"--workdir {self.workdir} is not a folder here: pass the folder that holds "
-                                    "your training code")
+                raise SettingsError(
+                    f"--workdir {self.workdir} is not a folder here: pass the folder that holds your training code"
+                )
             size = payload_bytes(self.workdir)
             if size > WORKDIR_LIMIT_BYTES:
                 raise SettingsError(
                     f"--workdir {self.workdir} holds {size / 1024**2:.0f} MB, more than the "
                     f"{WORKDIR_LIMIT_BYTES // 1024**2} MB copied to every node: put data in SHARED_DIR, or bake "
-                    "the code into an image FROM horovod-stack:latest (README)")
+                    "the code into an image FROM horovod-stack:latest (README)"
+                )
         self._check_elastic()
         unknown = sorted(set(self.engines) - set(self.nodes))
         if unknown:
@@ -108,16 +123,21 @@ class LaunchSettings:
                 raise SettingsError("--max-nodes and --restart-workers are for elastic jobs: add --elastic")
             return
         if not 1 <= self.elastic_min_nodes <= count:
-            raise SettingsError(f"--min-nodes must be from 1 to the {count} node(s) in --nodes "
-                                f"(got {self.elastic_min_nodes})")
+            raise SettingsError(
+                f"--min-nodes must be from 1 to the {count} node(s) in --nodes (got {self.elastic_min_nodes})"
+            )
         if self.elastic_max_nodes is not None and not self.elastic_min_nodes <= self.elastic_max_nodes <= count:
-            raise SettingsError(f"--max-nodes must be from --min-nodes ({self.elastic_min_nodes}) to the {count} "
-                                f"node(s) in --nodes (got {self.elastic_max_nodes})")
+            raise SettingsError(
+                f"--max-nodes must be from --min-nodes ({self.elastic_min_nodes}) to the {count} "
+                f"node(s) in --nodes (got {self.elastic_max_nodes})"
+            )
         if self.elastic_timeout <= 0:
             raise SettingsError(f"ELASTIC_TIMEOUT must be positive seconds (got {self.elastic_timeout})")
         if not self.network_interface:
-            raise SettingsError("--elastic needs the NIC the nodes reach each other on: pass --network-interface "
-                                "(e.g. eth0; `ip -br addr` on a node lists them)")
+            raise SettingsError(
+                "--elastic needs the NIC the nodes reach each other on: pass --network-interface "
+                "(e.g. eth0; `ip -br addr` on a node lists them)"
+            )
 
     def engine_url(self, node: str) -> str:
         return self.engines.get(node) or f"ssh://{node}"
@@ -140,6 +160,7 @@ class LaunchSettings:
             elastic_min_nodes=self.elastic_min_nodes,
             elastic_max_nodes=self.elastic_max_nodes,
             elastic_timeout=self.elastic_timeout,
+            ready_timeout=self.ready_timeout,
         )
 
 
@@ -164,19 +185,30 @@ def load_env_file(path: Path | None) -> dict[str, str]:
     return {key: value for key, value in dotenv_values(path).items() if value is not None}
 
 
-def resolve_settings(env: dict[str, str], *, nodes: str | None, slots: int | None = None,
-                     gpus_per_node: int | None = None, image: str | None = None, ssh_port: int | None = None,
-                     network_interface: str | None = None, command: tuple[str, ...] = TRAINER,
-                     env_vars: tuple[str, ...] = (), workdir: Path | None = None,
-                     elastic_min_nodes: int | None = None, elastic_max_nodes: int | None = None,
-                     restart_workers: bool = False) -> LaunchSettings:
+def resolve_settings(
+    env: dict[str, str],
+    *,
+    nodes: str | None,
+    slots: int | None = None,
+    gpus_per_node: int | None = None,
+    image: str | None = None,
+    ssh_port: int | None = None,
+    network_interface: str | None = None,
+    command: tuple[str, ...] = TRAINER,
+    env_vars: tuple[str, ...] = (),
+    workdir: Path | None = None,
+    elastic_min_nodes: int | None = None,
+    elastic_max_nodes: int | None = None,
+    restart_workers: bool = False,
+) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults. Compose's keys (NETWORK_INTERFACE, WORKERS, ...)
     are not read: they describe compose's containers, not the nodes."""
     node_list = tuple(n.strip() for n in (nodes or env.get("NODES", "")).split(",") if n.strip())
-    chosen = {
+    chosen: dict[str, Any] = {
         "slots": slots if slots is not None else _as_int(env, "SLOTS_PER_WORKER", "--slots"),
-        "gpus_per_node": gpus_per_node if gpus_per_node is not None else _as_int(env, "GPUS_PER_NODE",
-                                                                                  "--gpus-per-node"),
+        "gpus_per_node": gpus_per_node
+        if gpus_per_node is not None
+        else _as_int(env, "GPUS_PER_NODE", "--gpus-per-node"),
         "image": image or env.get("IMAGE"),
         "ssh_port": ssh_port if ssh_port is not None else _as_int(env, "SSH_PORT", "--ssh-port"),
         "network_interface": network_interface or env.get(NIC_SETTING) or None,
@@ -186,7 +218,14 @@ def resolve_settings(env: dict[str, str], *, nodes: str | None, slots: int | Non
         "elastic_timeout": _as_int(env, "ELASTIC_TIMEOUT", "ELASTIC_TIMEOUT in .env"),
     }
     engines = {node: env[engine_override_key(node)] for node in node_list if env.get(engine_override_key(node))}
-    return LaunchSettings(nodes=node_list, engines=engines, command=tuple(command), env=tuple(env_vars),
-                          workdir=workdir, elastic_min_nodes=elastic_min_nodes,
-                          elastic_max_nodes=elastic_max_nodes, restart_workers=restart_workers,
-                          **{key: value for key, value in chosen.items() if value is not None})
+    return LaunchSettings(
+        nodes=node_list,
+        engines=engines,
+        command=tuple(command),
+        env=tuple(env_vars),
+        workdir=workdir,
+        elastic_min_nodes=elastic_min_nodes,
+        elastic_max_nodes=elastic_max_nodes,
+        restart_workers=restart_workers,
+        **{key: value for key, value in chosen.items() if value is not None},
+    )

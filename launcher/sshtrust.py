@@ -29,8 +29,11 @@ class KeyPair:
 def make_key_pair(comment: str) -> KeyPair:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "id_ed25519"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+            check=True,
+            capture_output=True,
+        )
         return KeyPair(private=path.read_bytes(), public=path.with_suffix(".pub").read_text().strip())
 
 

@@ -21,8 +21,11 @@ def copied(relative: Path) -> bool:
 
 def payload_bytes(folder: Path) -> int:
     """The bytes archive() copies: regular files outside the skipped folders."""
-    return sum(entry.stat().st_size for entry in folder.rglob("*")
-               if copied(entry.relative_to(folder)) and entry.is_file() and not entry.is_symlink())
+    return sum(
+        entry.stat().st_size
+        for entry in folder.rglob("*")
+        if copied(entry.relative_to(folder)) and entry.is_file() and not entry.is_symlink()
+    )
 
 
 def archive(folder: Path, uid: int = MPIUSER_UID) -> bytes:

@@ -31,6 +31,14 @@ METRICS = ('{"epoch": 1, "train_loss": 0.9, "val_loss": 0.5, "val_accuracy": 0.8
     (ENDED, "1\n", LOG, [KILLED], "failed (exit status 1): node_2: its worker container was killed, ended 12 s ago"),
     (ENDED, "2\n", "error: --epochs must be at least 1 (got 0)\n", [], "failed (exit status 2): error: --epochs "
                                                                        "must be at least 1 (got 0), ended 12 s ago"),
+    # the job agent's message: the status, and its root cause where it named one
+    (ENDED, "exit status 0\n", LOG, [], "succeeded (exit status 0): epoch 2 of 2, val accuracy 0.9325, 6500 "
+                                        "samples/s, ended 12 s ago"),
+    (ENDED, "exit status 1\n", LOG + TRACEBACK, [], "failed (exit status 1): RuntimeError: user script failed on "
+                                                    "purpose on rank 1, ended 12 s ago"),
+    (ENDED, "exit status 2: node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass --workdir\n",
+     LOG, [], "failed (exit status 2): node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass "
+              "--workdir, ended 12 s ago"),
     (ContainerState("node_1", running=False, exit_code=137, finished_at="2026-12-01T11:50:00Z"), None, LOG, [],
      "failed: rank 0's container stopped (exit status 137) before the job ended, ended 10 min 0 s ago"),
 ])

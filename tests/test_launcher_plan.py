@@ -7,9 +7,11 @@ import pytest
 
 import subprocess
 
-from launcher import job_argv, workdir
-from launcher.plan import (HOROVOD_DEFAULTS, ClusterPlan, Node, command_probe, horovodrun_argv, job_command, mpi_host,
-                           mpirun_argv, nic_problem, run_dir, with_run_dir)
+from app.horovod_defaults import HOROVOD_DEFAULTS
+from launcher import compose_job, workdir
+from launcher.plan import (ClusterPlan, JobSpec, Node, Worker, command_probe, hostfile, horovodrun_argv, job_command,
+                           mpi_host, mpirun_argv, nic_problem, pin_known_host, run_dir, ssh_config, trainer_option,
+                           with_run_dir)
 from launcher.settings import LaunchSettings, SettingsError, engine_override_key, load_env_file, resolve_settings
 
 
@@ -17,14 +19,15 @@ def make_plan(**overrides) -> ClusterPlan:
     return LaunchSettings(**{"nodes": ("gpu-a", "gpu-b"), **overrides}).plan(cluster_id="c0ffee00")
 
 
-@pytest.mark.parametrize("settings, hostfile", [
+@pytest.mark.parametrize("settings, expected", [
     ({}, "gpu-a slots=1\ngpu-b slots=1\n"),
     ({"slots": 3}, "gpu-a slots=3\ngpu-b slots=3\n"),
     ({"gpus_per_node": 4, "slots": 2}, "gpu-a slots=4\ngpu-b slots=4\n"),  # one rank per GPU
     ({"nodes": ("a.lan",)}, "a.lan slots=1\n"),
 ])
-def test_hostfile(settings, hostfile):
-    assert make_plan(**settings).hostfile() == hostfile
+def test_hostfile(settings, expected):
+    spec = make_plan(**settings).job_spec()
+    assert hostfile(spec.workers, spec.slots) == expected
 
 
 @pytest.mark.parametrize("name, address, expected", [
@@ -40,11 +43,11 @@ def test_underscored_nodes_go_to_mpirun_by_address():
     plan = LaunchSettings(nodes=("node_1", "node_2")).plan(cluster_id="c0ffee00")
     assert [node.name for node in plan.needs_addresses()] == ["node_1", "node_2"]
     with pytest.raises(ValueError, match="node_1 needs an address"):
-        plan.hostfile()
+        plan.mpi_host(plan.rank0)
     plan = dataclasses.replace(plan, addresses=(("node_1", "10.0.0.1"), ("node_2", "10.0.0.2")))
-    assert plan.hostfile() == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
-    assert plan.known_hosts({"node_1": "ssh-ed25519 K1", "node_2": "ssh-ed25519 K2"}) == (
-        "[10.0.0.1]:12345 ssh-ed25519 K1\n[10.0.0.2]:12345 ssh-ed25519 K2\n")
+    spec = plan.job_spec()
+    assert spec.workers == (Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2"))
+    assert hostfile(spec.workers, spec.slots) == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
 
 
 @pytest.mark.parametrize("after_dashes, command", [
@@ -93,19 +96,56 @@ def test_horovod_defaults_reach_every_rank_unless_the_user_sets_them(env, expect
     assert passed == expected
 
 
-def test_compose_role_builds_the_same_command_line_as_the_launcher():
-    """docker/entrypoint.sh's launcher role gets its argv from launcher.job_argv: the same flags, one place."""
+def compose_spec(args=(), **environ) -> JobSpec:
+    return compose_job.job_spec({"NETWORK_INTERFACE": "eth0", **environ}, list(args))
+
+
+def test_compose_builds_the_same_command_line_as_the_launcher():
+    """Both doors' jobs are JobSpecs, and one JobSpec.job_argv builds the line: the same flags, one place."""
     plan = make_plan(network_interface="eth0", command=("python", "train.py"))
-    compose = job_argv.build(["--ranks", "2", "--hostfile", "/home/mpiuser/hostfile", "--network-interface", "eth0",
-                              "--command-line", "python train.py"])
-    assert compose == plan.job_argv()
-    trainer = job_argv.build(["--ranks", "2", "--hostfile", "/h", "--", "--dataset=digits"])
-    assert trainer[-4:] == ["python", "-m", "app.train", "--dataset=digits"]
-    assert job_argv.build(["--ranks", "2", "--hostfile", "/h", "--command-line", "python t.py", "--probe"]) == \
-        command_probe(["python", "t.py"])
-    quoted = job_argv.build(["--ranks", "2", "--hostfile", "/h", "--workdir", "/workdir",
-                             "--command-line", "python t.py --name 'a b'"])
-    assert quoted[-6:] == ["-wdir", "/workdir", "python", "t.py", "--name", "a b"]
+    assert compose_spec(TRAIN_COMMAND="python train.py").job_argv() == plan.job_argv()
+    trainer = compose_spec(["--dataset=digits"], TRAIN_ARGS="--epochs 3", RUN_ID="r1")
+    assert trainer.job_argv()[-6:] == ["app.train", "--dataset=digits", "--epochs", "3", "--run-dir", "/shared/runs/r1"]
+    assert trainer.run_dir == "/shared/runs/r1" and trainer.worker_service == "worker" and trainer.make_key
+    quoted = compose_spec(TRAIN_COMMAND="python t.py --name 'a b'", WORKDIR="/home/me/code")
+    assert quoted.job_argv()[-6:] == ["-wdir", "/workdir", "python", "t.py", "--name", "a b"]
+    assert quoted.run_dir is None  # the user's command decides where it writes
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, {"expected_workers": 2, "slots": 1, "ssh_port": 12345, "ready_timeout": 180, "elastic_timeout": 60}),
+    ({"WORKERS": "3", "SLOTS_PER_WORKER": "2", "SSH_PORT": "2222", "READY_TIMEOUT": "30"},
+     {"expected_workers": 3, "slots": 2, "ssh_port": 2222, "ready_timeout": 30}),
+    ({"READY_TIMEOUT": "", "ELASTIC_TIMEOUT": ""}, {"ready_timeout": 180, "elastic_timeout": 60}),  # .env.example
+    ({"WORKERS": "3", "ELASTIC_MIN_WORKERS": "2", "ELASTIC_TIMEOUT": "15"},
+     {"elastic_min_workers": 2, "elastic_timeout": 15}),
+])
+def test_compose_settings_and_their_defaults(environ, expected):
+    spec = compose_spec(**environ)
+    assert {key: getattr(spec, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"ELASTIC_MIN_WORKERS": "3"}, "ELASTIC_MIN_WORKERS=3 is not a whole number from 1 to WORKERS (2); fix it in .env"),
+    ({"ELASTIC_MIN_WORKERS": "two"}, "ELASTIC_MIN_WORKERS=two is not a whole number from 1 to WORKERS (2)"),
+    ({"WORKERS": "0"}, "WORKERS=0 is not a whole number of at least 1; fix it in .env"),
+    ({"SSH_PORT": "70000"}, "SSH_PORT=70000 is not a whole number from 1 to 65535; fix it in .env"),
+    ({"READY_TIMEOUT": "soon"}, "READY_TIMEOUT=soon is not a whole number of at least 1; fix it in .env"),
+])
+def test_bad_compose_settings_are_refused_in_one_line(environ, message):
+    with pytest.raises(compose_job.SpecError) as error:
+        compose_spec(**environ)
+    assert str(error.value).startswith(message)
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["python", "-m", "app.train", "--run-dir", "/r"], "/r"),
+    (["python", "-m", "app.train", "--run-dir=/r", "--epochs", "2"], "/r"),
+    (["python", "-m", "app.train", "--epochs", "2"], None),
+    (["python", "train.py", "--run-dir", "/r"], None),  # not the bundled trainer
+])
+def test_trainer_option(command, expected):
+    assert trainer_option(command, "--run-dir") == expected
 
 
 @pytest.mark.parametrize("command, files, expected", [
@@ -164,23 +204,31 @@ def test_rank0_container_stops_with_the_jobs_status():
     assert "EXIT_WITH_JOB" not in plan.worker_environment(plan.nodes[1])
 
 
-def test_detached_job_tells_every_node_when_it_ends():
-    plan = make_plan(nodes=("gpu-a", "gpu-b", "gpu-c"))
-    script = plan.detached_job_script().splitlines()
-    assert script[0].startswith("mpirun -np 3 ") and script[0].endswith("> /home/mpiuser/job.log 2>&1")
-    assert script[1:3] == ["status=$?", 'echo "$status" > /home/mpiuser/job.status']
-    assert script[3:] == [
-        'ssh gpu-b "echo \'exit status $status\' > /cluster/ssh/job-ended" || true',
-        'ssh gpu-c "echo \'exit status $status\' > /cluster/ssh/job-ended" || true',
-        'echo "exit status $status" > /cluster/ssh/job-ended']
-    assert "job-ended" not in plan.detached_job_script(keep_running=True)
+def test_the_launchers_job_spec_names_every_node_rank0_first_and_survives_json():
+    plan = make_plan(nodes=("gpu-a", "gpu-b", "gpu-c"), env=("SEED=3",), ready_timeout=42)
+    spec = plan.job_spec(keep_running=True)
+    assert [worker.name for worker in spec.workers] == ["gpu-a", "gpu-b", "gpu-c"] and spec.expected_workers == 3
+    assert spec.keep_running and spec.ready_timeout == 42 and spec.env == ("SEED=3",)
+    assert spec.driver == "rank 0's container on gpu-a" and not spec.make_key
+    assert spec.run_dir == "/shared/runs/c0ffee00"  # the bundled trainer's folder, which the agent makes
+    assert JobSpec.from_json(spec.to_json()) == spec
+    assert spec.job_argv() == plan.job_argv()
 
 
-def test_known_hosts_pins_each_node_on_the_ssh_port():
-    plan = make_plan(ssh_port=2222)
-    lines = plan.known_hosts({"gpu-a": "ssh-ed25519 AAA1", "gpu-b": "ssh-ed25519 AAA2"})
-    assert lines == "[gpu-a]:2222 ssh-ed25519 AAA1\n[gpu-b]:2222 ssh-ed25519 AAA2\n"
-    assert "StrictHostKeyChecking yes" in plan.ssh_config() and "Port 2222" in plan.ssh_config()
+@pytest.mark.parametrize("known, expected", [
+    ("", "[w1]:2222 ssh-ed25519 NEW\n"),
+    ("[w2]:2222 ssh-ed25519 K2\n", "[w2]:2222 ssh-ed25519 K2\n[w1]:2222 ssh-ed25519 NEW\n"),
+    ("[w1]:2222 ssh-ed25519 OLD\n[w2]:2222 ssh-ed25519 K2\n", "[w2]:2222 ssh-ed25519 K2\n[w1]:2222 ssh-ed25519 NEW\n"),
+    ("[w1]:22 ssh-ed25519 OTHERPORT\n", "[w1]:22 ssh-ed25519 OTHERPORT\n[w1]:2222 ssh-ed25519 NEW\n"),
+])
+def test_pinning_a_host_key_replaces_only_that_workers_old_key(known, expected):
+    assert pin_known_host(known, "w1", 2222, "ssh-ed25519 NEW mpiuser@host\n") == expected
+
+
+def test_ssh_client_config_is_strict_on_the_stacks_port():
+    config = ssh_config(2222)
+    assert "StrictHostKeyChecking yes" in config and "Port 2222" in config and "BatchMode yes" in config
+    assert "IdentityFile /cluster/ssh/id_ed25519" in config and "ConnectTimeout 10" in config
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -271,10 +319,8 @@ def elastic_plan(**overrides) -> ClusterPlan:
 
 def test_elastic_job_runs_horovodrun_with_discovery_over_the_nodes_rank0_first():
     argv = elastic_plan(slots=2, env=("SEED=3",)).job_argv()
-    assert argv[:2] == ["env", "WORKER_HOSTS=gpu-a,gpu-b,gpu-c"]
-    assert "SLOTS_PER_WORKER=2" in argv and "SSH_PORT=12345" in argv and "SEED=3" in argv
+    assert argv[0] == "env" and "SEED=3" in argv  # the discovery finds the nodes in the job spec, not here
     assert "HOROVOD_GLOO_TIMEOUT_SECONDS=10" in argv and "GLOO_SOCKET_IFNAME=ens5" in argv
-    assert "ELASTIC_JOB=c0ffee00" in argv  # the discovery script knows the job's first call
     run = argv[argv.index("horovodrun"):]
     flags = " ".join(run[:run.index("python")])
     for expected in ("--gloo", "-np 6", "--min-np 4", "--max-np 6", "--slots-per-host 2",
@@ -299,18 +345,17 @@ def test_elastic_sizes(overrides, expected):
 
 def test_elastic_users_script_keeps_its_own_words_and_timeout_override():
     argv = horovodrun_argv(min_ranks=1, max_ranks=2, slots_per_host=1, network_interface="eth0", ssh_port=22,
-                           elastic_timeout=30, command=["python", "train.py"], job_id="j1", workdir="/workdir",
+                           elastic_timeout=30, command=["python", "train.py"], workdir="/workdir",
                            env=("HOROVOD_GLOO_TIMEOUT_SECONDS=45",))
     assert argv[:3] == ["env", "-C", "/workdir"] and argv[-2:] == ["python", "train.py"]
     assert [item for item in argv if item.startswith("HOROVOD_GLOO_TIMEOUT")] == ["HOROVOD_GLOO_TIMEOUT_SECONDS=45"]
     with pytest.raises(ValueError, match="pass --network-interface"):
         horovodrun_argv(min_ranks=1, max_ranks=2, slots_per_host=1, network_interface=None, ssh_port=22,
-                        elastic_timeout=30, command=["python", "train.py"], job_id="j1")
+                        elastic_timeout=30, command=["python", "train.py"])
 
 
-def test_compose_role_builds_the_elastic_command_line_from_the_same_plan():
-    argv = job_argv.build(["--ranks", "3", "--hostfile", "/h", "--network-interface", "eth0",
-                           "--elastic-min-ranks", "2", "--run-dir", "/shared/runs/x", "--", "--epochs=2"])
+def test_compose_builds_the_elastic_command_line_from_the_same_plan():
+    argv = compose_spec(["--epochs=2"], WORKERS="3", ELASTIC_MIN_WORKERS="2", RUN_ID="x").job_argv()
     assert argv[argv.index("--min-np") + 1] == "2" and argv[argv.index("--max-np") + 1] == "3"
     assert argv[argv.index("python"):] == ["python", "-m", "app.train", "--epochs=2", "--run-dir", "/shared/runs/x",
                                            "--elastic"]

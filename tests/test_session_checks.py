@@ -46,6 +46,6 @@ def test_nic_and_port_are_checked_before_any_worker_starts(nic, node_2_nics, por
         assert said[-1] == "node_2: port 12345 free" + (f", NIC {nic} present" if nic else "")
         return
     with pytest.raises(session.LaunchError) as refused:
-        session.launch(settings, say=said.append)
+        session.launch(settings, say=said.append, relay=said.append)
     assert str(refused.value).startswith(error)
     assert [d.started for d in drivers] == [[], []]

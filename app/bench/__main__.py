@@ -15,8 +15,12 @@ import importlib
 import signal
 import sys
 
-BENCHES = {"peers": "app.bench.peers", "allreduce": "app.bench.allreduce", "ps-vs-ring": "app.bench.ps_vs_ring",
-           "container-vs-host": "app.bench.container_vs_host"}
+BENCHES = {
+    "peers": "app.bench.peers",
+    "allreduce": "app.bench.allreduce",
+    "ps-vs-ring": "app.bench.ps_vs_ring",
+    "container-vs-host": "app.bench.container_vs_host",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import time
 
 from app.bench import ranks as launch
 from app.bench.report import write_report
-from launcher.plan import HOROVOD_DEFAULTS
+from app.horovod_defaults import HOROVOD_DEFAULTS
 
 DEFAULT_SIZES = ["4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M", "256M"]
 PEERS = {"hvd-mpi": "Horovod MPI", "hvd-gloo": "Horovod Gloo", "ddp": "torch Gloo"}
@@ -73,6 +73,7 @@ def rank_main(argv: list[str]) -> None:
 
         def allreduce(tensor, name):
             hvd.allreduce_(tensor, op=hvd.Sum, name=name)
+
     seconds = []
     for size in args.sizes:
         tensor = torch.empty(size // 4)
@@ -86,7 +87,7 @@ def rank_main(argv: list[str]) -> None:
         if not bool((tensor == peer.size).all()):
             raise RuntimeError(f"{args.peer}: wrong allreduce sum for {size} bytes")
         per_rank = peer.gather(timings)
-        seconds.append(statistics.median(max(values) for values in zip(*per_rank)))
+        seconds.append(statistics.median(max(values) for values in zip(*per_rank, strict=False)))
         del tensor
     peer.finish(args.result, {"sizes": args.sizes, "seconds": seconds})
 
@@ -104,19 +105,34 @@ def main(argv: list[str] | None = None) -> dict:
     env = dict(HOROVOD_DEFAULTS)
     measured = {}
     for peer in args.peers:
-        job = launch.run_job(peer, args.ranks, "allreduce", ["--sizes", *map(str, sizes)]
-                             + (["--short"] if args.short else []), env if peer != "ddp" else {})
+        job = launch.run_job(
+            peer,
+            args.ranks,
+            "allreduce",
+            ["--sizes", *map(str, sizes)] + (["--short"] if args.short else []),
+            env if peer != "ddp" else {},
+        )
         measured[peer] = job["seconds"]
         print(f"[allreduce] {PEERS[peer]} done", flush=True)
     rows = allreduce_rows(sizes, measured, args.ranks)
     columns = [("size", "size", "")]
     for peer in args.peers:
-        columns += [(f"{peer}_us", f"{PEERS[peer]} us", ".0f"), (f"{peer}_algbw", "algbw GB/s", ".3f"),
-                    (f"{peer}_busbw", "busbw GB/s", ".3f")]
+        columns += [
+            (f"{peer}_us", f"{PEERS[peer]} us", ".0f"),
+            (f"{peer}_algbw", "algbw GB/s", ".3f"),
+            (f"{peer}_busbw", "busbw GB/s", ".3f"),
+        ]
     title = f"allreduce, float32 sum, {args.ranks} ranks on one host (1 thread each), median time of the slowest rank"
-    write_report(args.out, "allreduce", title, columns, rows, draw=lambda fig: draw(fig, rows, args.peers),
-                 extra={"ranks": args.ranks, "horovod_env": env},
-                 notes=["busbw = algbw x 2(n-1)/n; GB = 1e9 bytes. Horovod runs with the stack's defaults."])
+    write_report(
+        args.out,
+        "allreduce",
+        title,
+        columns,
+        rows,
+        draw=lambda fig: draw(fig, rows, args.peers),
+        extra={"ranks": args.ranks, "horovod_env": env},
+        notes=["busbw = algbw x 2(n-1)/n; GB = 1e9 bytes. Horovod runs with the stack's defaults."],
+    )
     return {"rows": rows}
 
 
@@ -126,8 +142,13 @@ def allreduce_rows(sizes: list[int], measured: dict[str, list[float]], ranks: in
         row = {"size": size_label(size), "bytes": size}
         for peer, seconds in measured.items():
             algbw = size / seconds[index] / 1e9
-            row.update({f"{peer}_us": seconds[index] * 1e6, f"{peer}_algbw": algbw,
-                        f"{peer}_busbw": bus_bandwidth(algbw, ranks)})
+            row.update(
+                {
+                    f"{peer}_us": seconds[index] * 1e6,
+                    f"{peer}_algbw": algbw,
+                    f"{peer}_busbw": bus_bandwidth(algbw, ranks),
+                }
+            )
         rows.append(row)
     return rows
 

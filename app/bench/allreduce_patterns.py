@@ -35,6 +35,7 @@ def ring_allreduce(tensor: torch.Tensor, rank: int, world: int, groups: tuple | 
         request = dist.isend(chunks[send_index].contiguous(), right, group=groups[rank % 2])
         received = incoming[: chunks[recv_index].numel()]
         dist.recv(received, left, group=groups[left % 2])
+        assert request is not None  # None only for a rank outside the group
         request.wait()
         return received
 
@@ -56,6 +57,7 @@ def parameter_server_exchange(tensor: torch.Tensor, rank: int, world: int) -> No
             total += incoming
         requests = [dist.isend(total, worker) for worker in range(1, world)]
         for request in requests:
+            assert request is not None  # None only for a rank outside the group
             request.wait()
         tensor.copy_(total)
     else:
@@ -74,6 +76,7 @@ def step_timings(pattern: str, rank: int, world: int, numel: int, steps: int, wa
             parameter_server_exchange(tensor, rank, world)
         else:
             ring_allreduce(tensor, rank, world, groups)
+
     timings = []
     for step in range(warmup + steps):
         gradient.fill_(float(rank))

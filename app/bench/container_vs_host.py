@@ -24,7 +24,8 @@ from pathlib import Path
 
 from app.bench import ranks as launch
 from app.bench.report import write_report
-from launcher.plan import HOROVOD_DEFAULTS, TRAINER
+from app.horovod_defaults import HOROVOD_DEFAULTS
+from launcher.plan import TRAINER
 
 
 def median_rate(lines: list[str]) -> tuple[float, float]:
@@ -35,14 +36,26 @@ def median_rate(lines: list[str]) -> tuple[float, float]:
 
 
 def trainer_args(dataset: str, epochs: int, metrics: str, scratch: str) -> list[str]:
-    return [*TRAINER, "--dataset", dataset, "--epochs", str(epochs), "--metrics-file", metrics,
-            "--data-dir", f"{scratch}/data", "--checkpoint-dir", f"{scratch}/checkpoints"]
+    return [
+        *TRAINER,
+        "--dataset",
+        dataset,
+        "--epochs",
+        str(epochs),
+        "--metrics-file",
+        metrics,
+        "--data-dir",
+        f"{scratch}/data",
+        "--checkpoint-dir",
+        f"{scratch}/checkpoints",
+    ]
 
 
 def run_host(args, work: Path) -> list[str]:
     metrics = work / "host.jsonl"
     argv = launch.launcher_argv("hvd-mpi", 2, HOROVOD_DEFAULTS) + trainer_args(
-        args.dataset, args.epochs, str(metrics), str(work / "host"))
+        args.dataset, args.epochs, str(metrics), str(work / "host")
+    )
     run(argv, work / "host.log", env=launch.bench_env(HOROVOD_DEFAULTS), cwd=launch.REPO)
     return metrics.read_text().splitlines()
 
@@ -50,23 +63,57 @@ def run_host(args, work: Path) -> list[str]:
 def run_containers_run(args, work: Path) -> list[str]:
     work.chmod(0o777)  # the image's user (uid 1000) writes the metrics here
     variables = [word for name, value in HOROVOD_DEFAULTS.items() for word in ("-x", f"{name}={value}")]
-    argv = ["docker", "run", "--rm", "--shm-size", "1g", "-v", f"{work}:/out", "--entrypoint", "mpirun", args.image,
-            "-np", "2", "-bind-to", "none", "-map-by", "slot", *variables,
-            *trainer_args(args.dataset, args.epochs, "/out/containers.jsonl", "/tmp")]
+    argv = [
+        "docker",
+        "run",
+        "--rm",
+        "--shm-size",
+        "1g",
+        "-v",
+        f"{work}:/out",
+        "--entrypoint",
+        "mpirun",
+        args.image,
+        "-np",
+        "2",
+        "-bind-to",
+        "none",
+        "-map-by",
+        "slot",
+        *variables,
+        *trainer_args(args.dataset, args.epochs, "/out/containers.jsonl", "/tmp"),
+    ]
     run(argv, work / "containers.log")
     return (work / "containers.jsonl").read_text().splitlines()
 
 
 def run_containers_compose(args, work: Path) -> list[str]:
     project = f"hst-bench-{os.getpid()}"
-    env = {**os.environ, "COMPOSE_PROJECT_NAME": project, "DATASET": args.dataset, "EPOCHS": str(args.epochs),
-           "WORKERS": "2"}
+    env = {
+        **os.environ,
+        "COMPOSE_PROJECT_NAME": project,
+        "DATASET": args.dataset,
+        "EPOCHS": str(args.epochs),
+        "WORKERS": "2",
+    }
     try:
-        run(["docker", "compose", "up", "--exit-code-from", "launcher"], work / "compose.log", env=env,
-            cwd=launch.REPO)
-        return subprocess.run(["docker", "run", "--rm", "-v", f"{project}_shared:/shared", "--entrypoint", "cat",
-                               args.image, "/shared/runs/latest/metrics.jsonl"], check=True, capture_output=True,
-                              text=True).stdout.splitlines()
+        run(["docker", "compose", "up", "--exit-code-from", "launcher"], work / "compose.log", env=env, cwd=launch.REPO)
+        return subprocess.run(
+            [
+                "docker",
+                "run",
+                "--rm",
+                "-v",
+                f"{project}_shared:/shared",
+                "--entrypoint",
+                "cat",
+                args.image,
+                "/shared/runs/latest/metrics.jsonl",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()
     finally:
         subprocess.run(["docker", "compose", "-p", project, "down", "-v"], cwd=launch.REPO, capture_output=True)
 
@@ -78,8 +125,7 @@ def run(argv: list[str], log: Path, **kwargs) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m app.bench container-vs-host",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m app.bench container-vs-host", description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--dataset", default="synthetic")
     parser.add_argument("--containers", choices=("compose", "run"), default="compose")
@@ -94,18 +140,36 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-cvh-") as scratch:
         work = Path(scratch)
         host = median_rate(run_host(args, work))
-        containers = median_rate((run_containers_run if args.containers == "run" else run_containers_compose)(
-            args, work))
-    rows = [{"run": "host", "samples_per_sec": host[0], "val_accuracy": host[1], "ratio_to_host": 1.0},
-            {"run": f"containers ({args.containers})", "samples_per_sec": containers[0],
-             "val_accuracy": containers[1], "ratio_to_host": containers[0] / host[0]}]
-    columns = [("run", "run", ""), ("samples_per_sec", "samples/s", ".0f"), ("val_accuracy", "val acc", ".4f"),
-               ("ratio_to_host", "/ host", ".2f")]
-    title = (f"Containers vs host: trainer, {args.dataset}, {args.epochs} epochs, 2 ranks, "
-             "median samples/s of epochs 2..N")
-    write_report(args.out, "container-vs-host", title, columns, rows, draw=lambda fig: draw(fig, rows),
-                 extra={"epochs": args.epochs, "dataset": args.dataset, "containers": args.containers,
-                        "image": args.image})
+        containers = median_rate(
+            (run_containers_run if args.containers == "run" else run_containers_compose)(args, work)
+        )
+    rows = [
+        {"run": "host", "samples_per_sec": host[0], "val_accuracy": host[1], "ratio_to_host": 1.0},
+        {
+            "run": f"containers ({args.containers})",
+            "samples_per_sec": containers[0],
+            "val_accuracy": containers[1],
+            "ratio_to_host": containers[0] / host[0],
+        },
+    ]
+    columns = [
+        ("run", "run", ""),
+        ("samples_per_sec", "samples/s", ".0f"),
+        ("val_accuracy", "val acc", ".4f"),
+        ("ratio_to_host", "/ host", ".2f"),
+    ]
+    title = (
+        f"Containers vs host: trainer, {args.dataset}, {args.epochs} epochs, 2 ranks, median samples/s of epochs 2..N"
+    )
+    write_report(
+        args.out,
+        "container-vs-host",
+        title,
+        columns,
+        rows,
+        draw=lambda fig: draw(fig, rows),
+        extra={"epochs": args.epochs, "dataset": args.dataset, "containers": args.containers, "image": args.image},
+    )
     return {"rows": rows}
 
 

@@ -43,8 +43,7 @@ def unavailable() -> str | None:
 def shaping(device: str, mbit: float) -> list[str]:
     """tc arguments for a token bucket of `mbit` on device's egress; a queue deep enough that the many-to-one
     traffic of a parameter server waits rather than being dropped."""
-    return ["qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb",
-            "limit", "32mb"]
+    return ["qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb", "limit", "32mb"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class Network:
         self.link_mbit = link_mbit
         self.forward_rule = False
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         sweep()
         try:
             sh("ip", "link", "add", BRIDGE, "type", "bridge")

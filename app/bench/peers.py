@@ -18,7 +18,7 @@ import time
 
 from app.bench import ranks as launch
 from app.bench.report import median_spread, write_report
-from launcher.plan import HOROVOD_DEFAULTS
+from app.horovod_defaults import HOROVOD_DEFAULTS
 
 MODELS = {"simplenet": (1, 28, 28), "resnet18": (3, 32, 32)}
 STEPS = {"simplenet": (20, 200), "resnet18": (3, 15)}
@@ -28,9 +28,13 @@ STEPS = {"simplenet": (20, 200), "resnet18": (3, 15)}
 def default_variants() -> list[tuple[str, str, dict[str, str]]]:
     """(label, peer, env): DDP, then each Horovod peer untuned and with the stack's defaults."""
     stack = dict(HOROVOD_DEFAULTS)
-    return [("ddp", "ddp", {}),
-            ("hvd-mpi untuned", "hvd-mpi", {}), ("hvd-mpi stack", "hvd-mpi", stack),
-            ("hvd-gloo untuned", "hvd-gloo", {}), ("hvd-gloo stack", "hvd-gloo", stack)]
+    return [
+        ("ddp", "ddp", {}),
+        ("hvd-mpi untuned", "hvd-mpi", {}),
+        ("hvd-mpi stack", "hvd-mpi", stack),
+        ("hvd-gloo untuned", "hvd-gloo", {}),
+        ("hvd-gloo stack", "hvd-gloo", stack),
+    ]
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
@@ -98,12 +102,18 @@ def rank_main(argv: list[str]) -> None:
             torch.cuda.synchronize()
         timings.append(time.perf_counter() - started)
     cpu_per_step = (time.process_time() - cpu_started) / args.steps
-    per_rank = peer.gather((timings[args.warmup:], cpu_per_step))
-    per_step = [max(steps) for steps in zip(*(steps for steps, _ in per_rank))]
+    per_rank = peer.gather((timings[args.warmup :], cpu_per_step))
+    per_step = [max(steps) for steps in zip(*(steps for steps, _ in per_rank), strict=False)]
     step = statistics.median(per_step)
-    peer.finish(args.result, {"step_s": step, "samples_per_sec": peer.size * args.batch / step,
-                              "cpu_s_per_step": statistics.mean(cpu for _, cpu in per_rank),
-                              "gradient_mb": sum(p.numel() for p in model.parameters()) * 4 / 1e6})
+    peer.finish(
+        args.result,
+        {
+            "step_s": step,
+            "samples_per_sec": peer.size * args.batch / step,
+            "cpu_s_per_step": statistics.mean(cpu for _, cpu in per_rank),
+            "gradient_mb": sum(p.numel() for p in model.parameters()) * 4 / 1e6,
+        },
+    )
 
 
 # --- driver ---------------------------------------------------------------------------------------------------
@@ -113,12 +123,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: one GPU per rank, DDP over NCCL, Horovod's NCCL ops (needs the GPU build)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: one GPU per rank, DDP over NCCL, Horovod's NCCL ops (needs the GPU build)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all configurations")
     parser.add_argument("--steps-scale", type=float, default=1.0, help="multiplies each model's step counts")
-    parser.add_argument("--variant", type=parse_variant, action="append", default=[],
-                        help="LABEL=PEER[:K=V,...], an extra configuration (DDP is always the reference)")
+    parser.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        default=[],
+        help="LABEL=PEER[:K=V,...], an extra configuration (DDP is always the reference)",
+    )
     parser.add_argument("--only-variants", action="store_true", help="run DDP and the --variant ones only")
     parser.add_argument("--short", action="store_true", help="CI: SimpleNet, one round, a few steps")
     parser.add_argument("--out", default="bench-out")
@@ -134,27 +153,72 @@ def main(argv: list[str] | None = None) -> dict:
         for model in args.models:
             warmup, steps = (max(1, round(n * args.steps_scale)) for n in STEPS[model])
             for label, peer, env in variants:
-                job = launch.run_job(peer, args.ranks, "peers", [
-                    "--model", model, "--batch", str(args.batch), "--threads", str(args.threads),
-                    "--device", args.device, "--warmup", str(warmup), "--steps", str(steps)], env)
+                job = launch.run_job(
+                    peer,
+                    args.ranks,
+                    "peers",
+                    [
+                        "--model",
+                        model,
+                        "--batch",
+                        str(args.batch),
+                        "--threads",
+                        str(args.threads),
+                        "--device",
+                        args.device,
+                        "--warmup",
+                        str(warmup),
+                        "--steps",
+                        str(steps),
+                    ],
+                    env,
+                )
                 results.setdefault((model, label), []).append(job)
-                print(f"[peers] round {round_ + 1}/{args.repeats} {model:<9} {label:<18} "
-                      f"{job['samples_per_sec']:8.0f} samples/s", flush=True)
+                print(
+                    f"[peers] round {round_ + 1}/{args.repeats} {model:<9} {label:<18} "
+                    f"{job['samples_per_sec']:8.0f} samples/s",
+                    flush=True,
+                )
     rows = peer_rows(results, args.models, [v[0] for v in variants])
-    columns = [("model", "model", ""), ("config", "config", ""), ("samples_per_sec", "samples/s", ".0f"),
-               ("samples_min", "min", ".0f"), ("samples_max", "max", ".0f"), ("step_ms", "step ms", ".2f"),
-               ("cpu_ms_per_step", "CPU ms/step", ".2f"),
-               ("ratio_to_ddp", "/ DDP", ".2f"), ("ratio_min", "min", ".2f"), ("ratio_max", "max", ".2f")]
+    columns = [
+        ("model", "model", ""),
+        ("config", "config", ""),
+        ("samples_per_sec", "samples/s", ".0f"),
+        ("samples_min", "min", ".0f"),
+        ("samples_max", "max", ".0f"),
+        ("step_ms", "step ms", ".2f"),
+        ("cpu_ms_per_step", "CPU ms/step", ".2f"),
+        ("ratio_to_ddp", "/ DDP", ".2f"),
+        ("ratio_min", "min", ".2f"),
+        ("ratio_max", "max", ".2f"),
+    ]
     env_text = ", ".join(f"{k}={v}" for k, v in HOROVOD_DEFAULTS.items())
-    title = (f"Horovod vs torch DDP ({'NCCL, GPU' if args.device == 'cuda' else 'CPU'}): {args.ranks} ranks x "
-             f"{args.threads} thread(s), batch {args.batch}, "
-             f"median of {args.repeats} round(s)")
-    write_report(args.out, "peers", title, columns, rows, draw=lambda fig: draw(fig, rows, args.models),
-                 extra={"ranks": args.ranks, "batch": args.batch, "threads": args.threads, "device": args.device,
-                        "repeats": args.repeats, "stack_defaults": HOROVOD_DEFAULTS},
-                 notes=[f"stack = the stack's defaults ({env_text}); untuned = Horovod 0.28.1's own; "
-                        "min/max: spread over rounds; CPU ms/step: CPU time of one rank's process (all its "
-                        "threads) per step."])
+    title = (
+        f"Horovod vs torch DDP ({'NCCL, GPU' if args.device == 'cuda' else 'CPU'}): {args.ranks} ranks x "
+        f"{args.threads} thread(s), batch {args.batch}, "
+        f"median of {args.repeats} round(s)"
+    )
+    write_report(
+        args.out,
+        "peers",
+        title,
+        columns,
+        rows,
+        draw=lambda fig: draw(fig, rows, args.models),
+        extra={
+            "ranks": args.ranks,
+            "batch": args.batch,
+            "threads": args.threads,
+            "device": args.device,
+            "repeats": args.repeats,
+            "stack_defaults": HOROVOD_DEFAULTS,
+        },
+        notes=[
+            f"stack = the stack's defaults ({env_text}); untuned = Horovod 0.28.1's own; "
+            "min/max: spread over rounds; CPU ms/step: CPU time of one rank's process (all its "
+            "threads) per step."
+        ],
+    )
     return {"rows": rows}
 
 
@@ -167,13 +231,23 @@ def peer_rows(results: dict[tuple[str, str], list[dict]], models: list[str], lab
         for label in labels:
             jobs = results[(model, label)]
             rates = [job["samples_per_sec"] for job in jobs]
-            ratios = [rate / ref for rate, ref in zip(rates, reference)]
+            ratios = [rate / ref for rate, ref in zip(rates, reference, strict=False)]
             rate, low, high = median_spread(rates)
             ratio, ratio_low, ratio_high = median_spread(ratios)
-            rows.append({"model": model, "config": label, "samples_per_sec": rate, "samples_min": low,
-                         "samples_max": high, "step_ms": statistics.median(j["step_s"] for j in jobs) * 1e3,
-                         "cpu_ms_per_step": statistics.median(j["cpu_s_per_step"] for j in jobs) * 1e3,
-                         "ratio_to_ddp": ratio, "ratio_min": ratio_low, "ratio_max": ratio_high})
+            rows.append(
+                {
+                    "model": model,
+                    "config": label,
+                    "samples_per_sec": rate,
+                    "samples_min": low,
+                    "samples_max": high,
+                    "step_ms": statistics.median(j["step_s"] for j in jobs) * 1e3,
+                    "cpu_ms_per_step": statistics.median(j["cpu_s_per_step"] for j in jobs) * 1e3,
+                    "ratio_to_ddp": ratio,
+                    "ratio_min": ratio_low,
+                    "ratio_max": ratio_high,
+                }
+            )
     return rows
 
 
@@ -186,8 +260,10 @@ def draw(figure, rows: list[dict], models: list[str]) -> None:
         model_rows = [row for row in rows if row["model"] == model]
         positions = [i + index * width for i in range(len(model_rows))]
         heights = [row["ratio_to_ddp"] for row in model_rows]
-        errors = [[h - row["ratio_min"] for h, row in zip(heights, model_rows)],
-                  [row["ratio_max"] - h for h, row in zip(heights, model_rows)]]
+        errors = [
+            [h - row["ratio_min"] for h, row in zip(heights, model_rows, strict=True)],
+            [row["ratio_max"] - h for h, row in zip(heights, model_rows, strict=True)],
+        ]
         axes.bar(positions, heights, width, yerr=errors, capsize=3, label=model)
     axes.axhline(1.0, color="grey", linewidth=0.8)
     axes.set_xticks([i + width * (len(models) - 1) / 2 for i in range(len(labels))], labels, fontsize=8)

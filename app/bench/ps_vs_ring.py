@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from typing import Any
 
 from app.bench import netns
 from app.bench import ranks as launch
@@ -57,7 +58,9 @@ def rank_main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     peer = launch.Peer(args.peer)
     timings = step_timings(args.pattern, peer.rank, peer.size, int(args.megabytes * 1e6 / 4), args.steps)
-    per_step = [max(values) for values in zip(*peer.gather(timings))]  # a step ends when the slowest rank is done
+    per_step = [
+        max(values) for values in zip(*peer.gather(timings), strict=False)
+    ]  # a step ends when the slowest rank is done
     peer.finish(args.result, {"step_s": statistics.median(per_step), "steps_s": per_step})
 
 
@@ -87,20 +90,37 @@ def main(argv: list[str] | None = None) -> dict:
                 measured[ranks] = measure(ranks, args, network)
     rows = ps_ring_rows(measured, args.megabytes, None if args.loopback else args.link_mbit)
     link = "loopback, one host" if args.loopback else f"{args.link_mbit:g} Mbit/s per rank, one namespace per rank"
-    title = (f"Parameter server vs ring: {args.megabytes:g} MB gradient, {link}, "
-             f"median of {args.steps} steps")
-    columns = [("ranks", "ranks", "d"), ("ps_ms", "PS ms", ".1f"), ("ring_ms", "ring ms", ".1f"),
-               ("ratio", "PS / ring", ".2f"), ("model_ratio", "model", ".2f")]
+    title = f"Parameter server vs ring: {args.megabytes:g} MB gradient, {link}, median of {args.steps} steps"
+    columns = [
+        ("ranks", "ranks", "d"),
+        ("ps_ms", "PS ms", ".1f"),
+        ("ring_ms", "ring ms", ".1f"),
+        ("ratio", "PS / ring", ".2f"),
+        ("model_ratio", "model", ".2f"),
+    ]
     if not args.loopback:
         columns[3:3] = [("model_ps_ms", "model PS ms", ".1f"), ("model_ring_ms", "model ring ms", ".1f")]
         columns.append(("within_tolerance", f"within {TOLERANCE:.0%}", ""))
-    verdict = ("" if args.loopback else "every ratio within 15% of the model: "
-               + ("yes" if all(row["within_tolerance"] for row in rows) else "NO"))
-    write_report(args.out, "ps-vs-ring", title, columns, rows, draw=lambda fig: draw(fig, rows),
-                 extra={"link_mbit": None if args.loopback else args.link_mbit, "megabytes": args.megabytes,
-                        "steps": args.steps, "tolerance": TOLERANCE},
-                 notes=[n for n in ("Model: PS 2(N-1)M/B, ring 2(N-1)M/(NB): PS / ring = N (bandwidth term).",
-                                    verdict) if n])
+    verdict = (
+        ""
+        if args.loopback
+        else "every ratio within 15% of the model: " + ("yes" if all(row["within_tolerance"] for row in rows) else "NO")
+    )
+    write_report(
+        args.out,
+        "ps-vs-ring",
+        title,
+        columns,
+        rows,
+        draw=lambda fig: draw(fig, rows),
+        extra={
+            "link_mbit": None if args.loopback else args.link_mbit,
+            "megabytes": args.megabytes,
+            "steps": args.steps,
+            "tolerance": TOLERANCE,
+        },
+        notes=[n for n in ("Model: PS 2(N-1)M/B, ring 2(N-1)M/(NB): PS / ring = N (bandwidth term).", verdict) if n],
+    )
     return {"rows": rows}
 
 
@@ -108,11 +128,19 @@ def measure(ranks: int, args, network: netns.Network | None) -> dict[str, list[f
     """Both patterns at one rank count, one job each, back to back."""
     result = {}
     for pattern in ("ps", "ring"):
-        options = {} if network is None else {
-            "rank_prefix": lambda r: network.hosts[r].prefix(), "master_addr": network.hosts[0].address}
-        job = launch.run_job("ddp", ranks, "ps-vs-ring", [
-            "--pattern", pattern, "--megabytes", str(args.megabytes), "--steps", str(args.steps)],
-            {"GLOO_SOCKET_IFNAME": netns.NIC if network else "lo"}, **options)
+        options: dict[str, Any] = (
+            {}
+            if network is None
+            else {"rank_prefix": lambda r: network.hosts[r].prefix(), "master_addr": network.hosts[0].address}
+        )
+        job = launch.run_job(
+            "ddp",
+            ranks,
+            "ps-vs-ring",
+            ["--pattern", pattern, "--megabytes", str(args.megabytes), "--steps", str(args.steps)],
+            {"GLOO_SOCKET_IFNAME": netns.NIC if network else "lo"},
+            **options,
+        )
         result[pattern] = job["steps_s"]
         print(f"[ps-vs-ring] {ranks} ranks {pattern:<4} {job['step_s'] * 1e3:8.1f} ms", flush=True)
     return result
@@ -123,14 +151,23 @@ def ps_ring_rows(measured: dict[int, dict[str, list[float]]], megabytes: float, 
     rows = []
     for ranks, steps in measured.items():
         ps, ring = statistics.median(steps["ps"]), statistics.median(steps["ring"])
-        row = {"ranks": ranks, "ps_ms": ps * 1e3, "ring_ms": ring * 1e3, "ratio": ps / ring,
-               "model_ratio": model_ratio(ranks), "ps_ms_min": min(steps["ps"]) * 1e3,
-               "ps_ms_max": max(steps["ps"]) * 1e3, "ring_ms_min": min(steps["ring"]) * 1e3,
-               "ring_ms_max": max(steps["ring"]) * 1e3}
+        row = {
+            "ranks": ranks,
+            "ps_ms": ps * 1e3,
+            "ring_ms": ring * 1e3,
+            "ratio": ps / ring,
+            "model_ratio": model_ratio(ranks),
+            "ps_ms_min": min(steps["ps"]) * 1e3,
+            "ps_ms_max": max(steps["ps"]) * 1e3,
+            "ring_ms_min": min(steps["ring"]) * 1e3,
+            "ring_ms_max": max(steps["ring"]) * 1e3,
+        }
         if link_mbit:
-            row.update(model_ps_ms=model_seconds("ps", ranks, megabytes, link_mbit) * 1e3,
-                       model_ring_ms=model_seconds("ring", ranks, megabytes, link_mbit) * 1e3,
-                       within_tolerance=within_tolerance(row["ratio"], row["model_ratio"]))
+            row.update(
+                model_ps_ms=model_seconds("ps", ranks, megabytes, link_mbit) * 1e3,
+                model_ring_ms=model_seconds("ring", ranks, megabytes, link_mbit) * 1e3,
+                within_tolerance=within_tolerance(row["ratio"], row["model_ratio"]),
+            )
         rows.append(row)
     return rows
 

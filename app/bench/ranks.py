@@ -25,9 +25,16 @@ from pathlib import Path
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 PEERS = ("ddp", "hvd-mpi", "hvd-gloo")
-HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY",
-                 "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER", "HOROVOD_AUTOTUNE", "HOROVOD_THREAD_AFFINITY",
-                 "OMPI_MCA_mpi_yield_when_idle")
+HOROVOD_KNOBS = (
+    "HOROVOD_CYCLE_TIME",
+    "HOROVOD_FUSION_THRESHOLD",
+    "HOROVOD_CACHE_CAPACITY",
+    "HOROVOD_CPU_OPERATIONS",
+    "HOROVOD_CONTROLLER",
+    "HOROVOD_AUTOTUNE",
+    "HOROVOD_THREAD_AFFINITY",
+    "OMPI_MCA_mpi_yield_when_idle",
+)
 """Settings a bench controls itself: removed from the inherited environment so 'untuned' means Horovod's own."""
 
 
@@ -58,8 +65,16 @@ def launcher_argv(peer: str, ranks: int, env: dict[str, str]) -> list[str]:
     raise ValueError(f"unknown peer {peer!r}; one of {', '.join(PEERS)}")
 
 
-def run_job(peer: str, ranks: int, bench: str, args: list[str], env: dict[str, str] | None = None,
-            timeout: float = 600, rank_prefix=None, master_addr: str = "127.0.0.1") -> dict:
+def run_job(
+    peer: str,
+    ranks: int,
+    bench: str,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    rank_prefix=None,
+    master_addr: str = "127.0.0.1",
+) -> dict:
     """Runs one multi-rank job to its end; returns rank 0's result. Raises RuntimeError with the output's tail.
 
     For `ddp` only: rank_prefix(rank) gives words to run each rank under (such as `ip netns exec NS`), and
@@ -73,18 +88,40 @@ def run_job(peer: str, ranks: int, bench: str, args: list[str], env: dict[str, s
         with open(log, "w") as out:
             if peer == "ddp":
                 port = str(free_port())
-                processes = [subprocess.Popen(
-                    [*(rank_prefix(r) if rank_prefix else []), *command], cwd=REPO, stdout=out,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                    env={**full_env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(ranks),
-                         "MASTER_ADDR": master_addr, "MASTER_PORT": port}) for r in range(ranks)]
+                processes = [
+                    subprocess.Popen(
+                        [*(rank_prefix(r) if rank_prefix else []), *command],
+                        cwd=REPO,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        env={
+                            **full_env,
+                            "RANK": str(r),
+                            "LOCAL_RANK": str(r),
+                            "WORLD_SIZE": str(ranks),
+                            "MASTER_ADDR": master_addr,
+                            "MASTER_PORT": port,
+                        },
+                    )
+                    for r in range(ranks)
+                ]
             else:
-                processes = [subprocess.Popen(launcher_argv(peer, ranks, env) + command, cwd=REPO, stdout=out,
-                                              stderr=subprocess.STDOUT, start_new_session=True, env=full_env)]
+                processes = [
+                    subprocess.Popen(
+                        launcher_argv(peer, ranks, env) + command,
+                        cwd=REPO,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        env=full_env,
+                    )
+                ]
             codes = wait_all(processes, timeout)
         if any(codes) or not result.exists():
-            raise RuntimeError(f"{peer} job {bench} {' '.join(args)} failed (exit {codes}):\n"
-                               + log.read_text()[-3000:])
+            raise RuntimeError(
+                f"{peer} job {bench} {' '.join(args)} failed (exit {codes}):\n" + log.read_text()[-3000:]
+            )
         return json.loads(result.read_text())
 
 

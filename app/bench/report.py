@@ -31,10 +31,14 @@ def format_cell(value, spec: str) -> str:
 def markdown_table(columns: Sequence[Column], rows: Sequence[dict]) -> str:
     """A GitHub markdown table: header, separator (numbers right-aligned), one line per row."""
     cells = [[format_cell(row.get(key), spec) for key, _, spec in columns] for row in rows]
-    numeric = [all(isinstance(row.get(key), (int, float)) or row.get(key) is None for row in rows) and bool(rows)
-               for key, _, _ in columns]
-    lines = ["| " + " | ".join(header for _, header, _ in columns) + " |",
-             "|" + "|".join("---:" if right else "---" for right in numeric) + "|"]
+    numeric = [
+        all(isinstance(row.get(key), (int, float)) or row.get(key) is None for row in rows) and bool(rows)
+        for key, _, _ in columns
+    ]
+    lines = [
+        "| " + " | ".join(header for _, header, _ in columns) + " |",
+        "|" + "|".join("---:" if right else "---" for right in numeric) + "|",
+    ]
     lines += ["| " + " | ".join(line) + " |" for line in cells]
     return "\n".join(lines) + "\n"
 
@@ -44,8 +48,16 @@ def median_spread(values: Sequence[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
-def write_report(out_dir: str | Path, name: str, title: str, columns: Sequence[Column], rows: Sequence[dict],
-                 draw: Callable | None = None, extra: dict | None = None, notes: Sequence[str] = ()) -> dict:
+def write_report(
+    out_dir: str | Path,
+    name: str,
+    title: str,
+    columns: Sequence[Column],
+    rows: Sequence[dict],
+    draw: Callable | None = None,
+    extra: dict | None = None,
+    notes: Sequence[str] = (),
+) -> dict:
     """Writes NAME.md, NAME.json and NAME.png under out_dir, prints the markdown, returns the paths.
 
     draw(figure) fills a matplotlib figure; without it the PNG is a plain rendering of the table."""
@@ -56,9 +68,11 @@ def write_report(out_dir: str | Path, name: str, title: str, columns: Sequence[C
         markdown += "\n" + "\n".join(notes) + "\n"
     paths = {"md": out / f"{name}.md", "json": out / f"{name}.json", "png": out / f"{name}.png"}
     paths["md"].write_text(markdown)
-    paths["json"].write_text(json.dumps({"bench": name, "title": title, **(extra or {}), "rows": list(rows)},
-                                        indent=2) + "\n")
+    paths["json"].write_text(
+        json.dumps({"bench": name, "title": title, **(extra or {}), "rows": list(rows)}, indent=2) + "\n"
+    )
     import matplotlib
+
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
@@ -68,8 +82,11 @@ def write_report(out_dir: str | Path, name: str, title: str, columns: Sequence[C
     else:
         axes = figure.add_subplot()
         axes.axis("off")
-        axes.table(cellText=[[format_cell(r.get(k), s) for k, _, s in columns] for r in rows],
-                   colLabels=[h for _, h, _ in columns], loc="center")
+        axes.table(
+            cellText=[[format_cell(r.get(k), s) for k, _, s in columns] for r in rows],
+            colLabels=[h for _, h, _ in columns],
+            loc="center",
+        )
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     figure.savefig(paths["png"])

@@ -1,0 +1,12 @@
+"""The stack's Horovod settings: every rank gets them unless the user's environment sets them.
+
+Owned here, beside the trainer, so the code that runs on every rank needs nothing from the host-side launcher; the
+doors (launcher/plan.py) put the same values into the ranks' environment, and the trainer fills in any that a
+plain `horovodrun` or `mpirun` of the user's left out.
+"""
+
+from __future__ import annotations
+
+HOROVOD_DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+"""Open MPI yields the core while it waits, instead of spinning against the rank's own compute threads (Horovod's
+background thread polls MPI every cycle). Measured with `python -m app.bench peers` (README "Performance")."""

@@ -1,0 +1,125 @@
+"""What the stack's processes agree on: paths in the containers, shared defaults, and the job-end message.
+
+One home for each fact that more than one process reads: the host-side launcher, the job agent in the rank-0 (or
+compose launcher) container, each worker's entrypoint (docker/entrypoint.sh reads the values it needs through
+`python -m launcher.protocol shell`) and `launcher status`. Nothing here has side effects.
+
+    python -m launcher.protocol shell               KEY=VALUE lines for bash (eval)
+    python -m launcher.protocol exit-code MESSAGE   the status in a job-end message (e.g. 3), for bash
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+
+# --- defaults every door shares ---------------------------------------------------------------------------------
+SSH_PORT = 12345
+"""The workers' sshd port (SSH_PORT, --ssh-port)."""
+READY_TIMEOUT_SECONDS = 180
+"""How long the agent waits for every worker's sshd to answer (READY_TIMEOUT)."""
+ELASTIC_TIMEOUT_SECONDS = 60
+"""How long an elastic job waits below its minimum for workers to come back (ELASTIC_TIMEOUT) before it fails."""
+SSH_CONNECT_TIMEOUT_SECONDS = 10
+"""ssh's ConnectTimeout for every connection the agent and mpirun make inside the cluster."""
+WORKER_STOP_GRACE_SECONDS = 2
+"""A worker told that the job ended waits this long before it stops, so the job's driver exits first (compose's
+`up --exit-code-from launcher` then reports the job's status, not a worker's)."""
+WORKER_CLAIM_TIMEOUT_SECONDS = 900
+"""A worker that no job's agent has claimed (no lifeline) this long after it started stops by itself: nothing is
+left running when the client that started it died before the job began."""
+
+# --- paths inside the containers ----------------------------------------------------------------------------------
+HOME = "/home/mpiuser"
+CLUSTER_SSH_DIR = "/cluster/ssh"
+"""The cluster's key pair and authorized_keys (compose: a volume the workers mount read-only)."""
+CLUSTER_KEY = f"{CLUSTER_SSH_DIR}/id_ed25519"
+HOSTKEYS_DIR = "/cluster/hostkeys"
+"""Each worker's public host key as ADDRESS.pub, which the agent pins (never trusted over the network)."""
+SSH_DIR = f"{HOME}/.ssh"
+SSH_CONFIG = f"{SSH_DIR}/config"
+KNOWN_HOSTS = f"{SSH_DIR}/known_hosts"
+HOSTFILE_PATH = f"{HOME}/hostfile"
+JOB_SPEC = f"{HOME}/job.json"
+"""The job the agent runs (launcher.jobspec.JobSpec as JSON): written by the multi-host launcher, or by the agent
+itself from compose's environment; elastic host discovery reads it too."""
+JOB_LOG = f"{HOME}/job.log"
+"""The agent's and the job's output, in the multi-host launcher's rank-0 container (`launcher logs`, `status`)."""
+JOB_STATUS = f"{HOME}/job.status"
+"""The job-end message, written once the job has ended, however it ended."""
+JOB_END_FILE = f"{HOME}/.job-ended"
+"""In every worker: the job-end message its lifeline received; the entrypoint stops the worker when it appears."""
+WORKER_CLAIMED = f"{HOME}/.claimed"
+"""In every worker: made when an agent's lifeline first reaches it."""
+AGENT = ("python", "-m", "launcher.agent")
+DISCOVERY_SCRIPT = "/opt/horovod-stack/docker/discover-hosts.sh"
+"""Elastic Horovod's host discovery, in the image (`python -m launcher.agent discover`)."""
+
+# --- messages -----------------------------------------------------------------------------------------------------
+AGENT_PREFIX = "[agent "
+"""Every line the agent itself prints starts so ("[agent 12:00:01] ..."): the launcher tells them from the job's."""
+KEEP_RUNNING = "keep running"
+"""Sent over a lifeline instead of a job-end message: the job ended, but the worker stays (--keep-running)."""
+_JOB_END = re.compile(r"^exit status (\d+)(?:: (.*))?$")
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a job ended: its exit status and, where the agent could tell, the one-line root cause."""
+
+    status: int
+    cause: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == 0
+
+    def message(self) -> str:
+        """'exit status 3', or 'exit status 2: CAUSE': JOB_STATUS's content and a lifeline's last line."""
+        return f"exit status {self.status}" + (f": {self.cause}" if self.cause else "")
+
+
+def parse_job_end(text: str | None) -> JobEnd | None:
+    """The JobEnd in a job-end message; None for anything else (no message, a lost driver, a bare number)."""
+    first = (text or "").strip().splitlines()[:1]
+    found = _JOB_END.match(first[0]) if first else None
+    if found:
+        return JobEnd(int(found.group(1)), found.group(2) or None)
+    if first and first[0].isdigit():  # a JOB_STATUS written before the message existed
+        return JobEnd(int(first[0]))
+    return None
+
+
+def lost_driver_message(driver: str) -> str:
+    """What a worker's lifeline records when its agent went away without a job-end message."""
+    return f"lost: {driver} went away (its ssh lifeline closed)"
+
+
+def shell_settings() -> dict[str, str]:
+    """The values docker/entrypoint.sh needs, by their bash names."""
+    return {
+        "DEFAULT_SSH_PORT": str(SSH_PORT),
+        "JOB_END_FILE": JOB_END_FILE,
+        "WORKER_CLAIMED": WORKER_CLAIMED,
+        "HOSTKEYS_DIR": HOSTKEYS_DIR,
+        "WORKER_STOP_GRACE": str(WORKER_STOP_GRACE_SECONDS),
+        "WORKER_CLAIM_TIMEOUT": str(WORKER_CLAIM_TIMEOUT_SECONDS),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["shell"]:
+        print("\n".join(f"{key}={shlex.quote(value)}" for key, value in shell_settings().items()))
+        return 0
+    if argv[:1] == ["exit-code"] and len(argv) == 2:
+        end = parse_job_end(argv[1])
+        print(end.status if end else 1)
+        return 0
+    print(__doc__.strip().splitlines()[-2:][0].strip(), file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,284 @@
+"""The job agent's decisions, with a stand-in transport: readiness, host-key pinning, the hostfile, failure causes,
+and how every worker learns that the job ended. (The real ssh, mpirun and containers: test_compose.py and
+test_launcher_multihost.py.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher import agent, compose_job
+from launcher.agent import Agent
+from launcher.plan import JobSpec, Worker
+from launcher.protocol import (HOSTFILE_PATH, HOSTKEYS_DIR, JOB_SPEC, JOB_STATUS, KEEP_RUNNING, KNOWN_HOSTS, JobEnd,
+                               lost_driver_message, parse_job_end)
+
+W1, W2 = Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Line:
+    def __init__(self) -> None:
+        self.open, self.last_word = True, None
+
+    def alive(self) -> bool:
+        return self.open
+
+    def end(self, message: str) -> None:
+        self.last_word, self.open = message, False
+
+
+class Transport:
+    """Workers as addresses: each publishes its host key and answers ssh from a given time on, until lost."""
+
+    def __init__(self, clock: Clock, up_from: dict[str, float], resolves: list[str] | None = None,
+                 cannot_start: set[str] = frozenset(), status: int = 0, lost_in_job: set[str] = frozenset()) -> None:
+        self.clock, self.up_from, self.resolves = clock, up_from, resolves or []
+        self.cannot_start, self.status, self.lost_in_job = cannot_start, status, lost_in_job
+        self.files: dict[str, str] = {}
+        self.lines: dict[str, Line] = {}
+        self.told: dict[str, str] = {}
+        self.ran: list[list[str]] = []
+        self.run_dirs: list[str] = []
+
+    def up(self, address: str) -> bool:
+        return self.clock() >= self.up_from.get(address, float("inf"))
+
+    def resolve(self, service: str) -> list[str]:
+        return list(self.resolves)
+
+    def read(self, path: str) -> str | None:
+        address = path.removeprefix(f"{HOSTKEYS_DIR}/").removesuffix(".pub")
+        if path.startswith(HOSTKEYS_DIR):
+            return f"ssh-ed25519 KEY-{address} mpiuser@{address}\n" if self.up(address) else None
+        return self.files.get(path)
+
+    def write(self, path: str, text: str, mode: int = 0o644) -> None:
+        self.files[path] = text
+
+    def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
+        if not self.up(address):
+            return 255, f"ssh: connect to host {address} port 12345: Connection refused"
+        if "lifeline" in command:
+            self.told[address] = stdin.strip()
+        if "probe" in command and address in self.cannot_start:
+            return 1, "script t.py is not there\n"
+        return 0, ""
+
+    def lifeline(self, address: str, command: str) -> Line:
+        assert "launcher.agent lifeline --driver" in command
+        self.lines[address] = Line()
+        return self.lines[address]
+
+    def run(self, argv: list[str], cwd: str) -> int:
+        self.ran.append(argv)
+        for address in self.lost_in_job:
+            self.up_from[address] = float("inf")
+            self.lines[address].open = False
+        return self.status
+
+    def make_cluster_key(self) -> None:
+        self.files["cluster key"] = "made"
+
+    def make_run_dir(self, folder: str) -> None:
+        self.run_dirs.append(folder)
+
+
+def spec(**overrides) -> JobSpec:
+    settings = {"job_id": "j1", "command": ("python", "t.py"), "expected_workers": 2, "workers": (W1, W2),
+                "workdir": "/workdir", "ready_timeout": 5}
+    return JobSpec(**{**settings, **overrides})
+
+
+def run(job: JobSpec, clock: Clock, transport: Transport) -> tuple[JobEnd, list[str]]:
+    said: list[str] = []
+    end = Agent(job, transport, say=said.append, clock=clock, sleep=clock.sleep).run()
+    return end, said
+
+
+def test_the_job_runs_once_every_worker_answers_and_every_worker_is_told_how_it_ended():
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 3})  # node_2's sshd comes up 3 s later
+    end, said = run(spec(), clock, transport)
+    assert end == JobEnd(0)
+    assert "node_1: sshd answers on port 12345 (1/2 workers answer over ssh)" in said
+    assert "node_2: sshd answers on port 12345 (2/2 workers answer over ssh)" in said
+    assert transport.files[KNOWN_HOSTS] == ("[10.0.0.1]:12345 ssh-ed25519 KEY-10.0.0.1\n"
+                                            "[10.0.0.2]:12345 ssh-ed25519 KEY-10.0.0.2\n")
+    assert transport.files[HOSTFILE_PATH] == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
+    assert transport.ran == [spec().job_argv()]
+    assert transport.files[JOB_STATUS] == "exit status 0\n"
+    assert {address: line.last_word for address, line in transport.lines.items()} == {
+        W1.address: "exit status 0", W2.address: "exit status 0"}
+    assert said[-1] == "job succeeded (exit status 0); the workers stop now"
+
+
+def test_a_job_whose_ranks_fail_keeps_their_status_and_names_no_cause_of_its_own():
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, status=3)
+    end, said = run(spec(), clock, transport)
+    assert end == JobEnd(3) and transport.files[JOB_STATUS] == "exit status 3\n"
+    assert "mpirun exited with status 3" in said and "job FAILED (exit status 3); the workers stop now" in said
+    assert {line.last_word for line in transport.lines.values()} == {"exit status 3"}
+
+
+def test_workers_that_never_answer_fail_the_job_in_one_line_and_those_that_did_are_told():
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0})
+    end, said = run(spec(), clock, transport)
+    assert end.status == 2 and transport.ran == []
+    assert end.cause == ("only 1 of 2 workers answered ssh on port 12345 within 5 s (still waiting for node_2); check "
+                         "that rank 0 reaches those hosts by name and that the port is open between nodes")
+    assert f"error: {end.cause}" in said
+    assert transport.told == {W1.address: end.message()}  # no lifeline yet: told over a connection of its own
+    assert said[-1].startswith("could not reach node_2 to say the job ended; a worker no job claims stops by itself")
+
+
+def test_a_command_a_worker_cannot_start_is_named_before_mpirun():
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, cannot_start={W2.address})
+    end, said = run(spec(), clock, transport)
+    assert transport.ran == [] and not any(line.startswith("mpirun exited") for line in said)
+    assert end == JobEnd(2, "node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass "
+                            "--workdir with the folder that holds your code, or build an image FROM "
+                            "horovod-stack:latest that has it")
+    assert {line.last_word for line in transport.lines.values()} == {end.message()}
+
+
+def test_a_worker_lost_during_the_run_is_the_jobs_root_cause():
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, status=1, lost_in_job={W2.address})
+    end, said = run(spec(), clock, transport)
+    assert end == JobEnd(1, "node_2: worker lost during the run; `launcher status` shows how each worker ended")
+    assert transport.lines[W1.address].last_word == end.message()
+    assert said[-1].startswith("could not reach node_2")
+
+
+def test_an_elastic_job_below_its_minimum_names_the_lost_workers():
+    clock = Clock()
+    job = compose_job.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "2", "NETWORK_INTERFACE": "eth0",
+                                "ELASTIC_TIMEOUT": "10"}, [])
+    transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 0}, resolves=["172.18.0.2", "172.18.0.3"],
+                          status=1, lost_in_job={"172.18.0.3"})
+    end, said = run(job, clock, transport)
+    assert transport.files["cluster key"] == "made" and transport.run_dirs == [job.run_dir]
+    assert transport.ran[0][transport.ran[0].index("horovodrun") + 1] == "--gloo"
+    assert end == JobEnd(1, "the elastic job fell below ELASTIC_MIN_WORKERS=2 for 10 s: lost 172.18.0.3; "
+                            "`docker compose ps -a` shows how they ended")
+    assert said[-3:-1] == ["job FAILED (exit status 1); the workers stop now",
+                         f"results: {job.run_dir} (metrics.jsonl, curves.png, tb/, checkpoints/)"]
+
+
+def test_keep_running_leaves_the_workers_up():
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
+    end, said = run(spec(keep_running=True), clock, transport)
+    assert end == JobEnd(0) and {line.last_word for line in transport.lines.values()} == {KEEP_RUNNING}
+    assert said[-1] == "job succeeded (exit status 0); the workers keep running (--keep-running)"
+
+
+def test_a_refused_compose_job_still_tells_the_workers_that_are_up():
+    clock = Clock()
+    environ = {"ELASTIC_MIN_WORKERS": "3"}
+    transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 4}, resolves=["172.18.0.2", "172.18.0.3"])
+    with pytest.raises(compose_job.SpecError) as refused:
+        compose_job.job_spec(environ, [])
+    said: list[str] = []
+    end = Agent(compose_job.fallback_spec(environ), transport, say=said.append, clock=clock,
+                sleep=clock.sleep).refuse(str(refused.value))
+    assert end.status == 2 and said[0] == f"error: {refused.value}"
+    assert "job FAILED (exit status 2); the workers stop now" in said
+    assert transport.told == {"172.18.0.2": end.message(), "172.18.0.3": end.message()}  # one came up 4 s later
+
+
+def test_discovery_names_rank0_alone_first_then_every_answering_worker(tmp_path):
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
+    transport.files[JOB_SPEC] = spec(elastic_min_workers=1, slots=2, network_interface="eth0").to_json()
+    assert agent.discover(transport, marker_dir=str(tmp_path)) == ["10.0.0.1:2"]
+    assert agent.discover(transport, marker_dir=str(tmp_path)) == ["10.0.0.1:2", "10.0.0.2:2"]
+    transport.up_from[W2.address] = float("inf")  # lost
+    assert agent.discover(transport, marker_dir=str(tmp_path)) == ["10.0.0.1:2"]
+
+
+@pytest.mark.parametrize("last_line, recorded", [
+    ("exit status 3\n", "exit status 3\n"),
+    ("exit status 2: node_2: cannot start `x`\n", "exit status 2: node_2: cannot start `x`\n"),
+    ("", lost_driver_message("rank 0's container on node_1") + "\n"),  # the line closed: the agent is gone
+    (f"{KEEP_RUNNING}\n", None),
+])
+def test_a_workers_end_of_the_lifeline_records_how_the_job_ended(tmp_path, last_line, recorded):
+    end_file, claimed = tmp_path / "job-ended", tmp_path / "claimed"
+    agent.lifeline("rank 0's container on node_1", io.StringIO(last_line), end_file=str(end_file),
+                   claimed=str(claimed))
+    assert claimed.exists()
+    assert (end_file.read_text() if end_file.exists() else None) == recorded
+
+
+def test_follow_prints_the_whole_log_then_returns_the_jobs_status(tmp_path):
+    log, status = tmp_path / "job.log", tmp_path / "job.status"
+    log.write_text("first\n")
+
+    def finish_later() -> None:
+        time.sleep(0.5)
+        with log.open("a") as out:
+            out.write("last\n")
+        status.write_text("exit status 4: why\n")
+
+    writer = threading.Thread(target=finish_later)
+    writer.start()
+    out = io.BytesIO()
+    assert agent.follow(out, poll=0.05, log_path=str(log), status_path=str(status)) == 4
+    writer.join()
+    assert out.getvalue() == b"first\nlast\n"
+
+
+@pytest.mark.parametrize("text, end", [
+    ("exit status 0\n", JobEnd(0)),
+    ("exit status 2: node_2: cannot start `x`; pass --workdir", JobEnd(2, "node_2: cannot start `x`; pass --workdir")),
+    ("7\n", JobEnd(7)),  # a status file from before the message
+    ("lost: the agent went away", None),
+    ("", None),
+    (None, None),
+])
+def test_job_end_message_round_trip(text, end):
+    assert parse_job_end(text) == end
+    if end is not None:
+        assert parse_job_end(end.message()) == end
+
+
+def test_job_spec_json_is_what_discovery_reads():
+    job = spec(elastic_min_workers=1, network_interface="eth0")
+    assert json.loads(job.to_json())["workers"][1] == {"name": "node_2", "address": "10.0.0.2"}
+    assert JobSpec.from_json(job.to_json()) == job
+
+
+def test_the_agents_own_lines_are_marked_for_the_launcher(capsys):
+    agent.say("node_1: sshd answers")
+    line = capsys.readouterr().out
+    assert line.startswith("[agent ") and line.endswith("] node_1: sshd answers\n")
+
+
+def test_shell_settings_are_the_protocols(capsys):
+    from launcher import protocol
+
+    assert protocol.main(["shell"]) == 0
+    printed = dict(line.split("=", 1) for line in capsys.readouterr().out.split())
+    assert printed["DEFAULT_SSH_PORT"] == "12345" and printed["JOB_END_FILE"] == protocol.JOB_END_FILE
+    assert protocol.main(["exit-code", "exit status 5: x"]) == 0 and capsys.readouterr().out == "5\n"
+    assert Path(protocol.DISCOVERY_SCRIPT).name == "discover-hosts.sh"
