@@ -292,15 +292,15 @@ class Agent:
         self.wind_down(end, workers, patience)
 
     def wind_down(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
-        """Tells every worker the job ended: over its lifeline, or, where none is open, over a new connection."""
+        """Tells every worker the job ended: over its lifeline, or, where it was never claimed, over a new
+        connection (retried for `patience` seconds)."""
         message = KEEP_RUNNING if self.spec.keep_running else end.message()
-        told = set()
-        for address, line in self.lifelines.items():
+        for line in self.lifelines.values():
             if line.alive():
                 line.end(message)
-                told.add(address)
         deadline = self.clock() + patience
-        pending = [worker for worker in workers if worker.address not in told]
+        # A worker whose lifeline closed has recorded that itself (and stopped); one never claimed is told now.
+        pending = [worker for worker in workers if worker.address not in self.lifelines]
         while pending:
             pending = [worker for worker in pending if not self.tell(worker, message)]
             if not pending or self.clock() > deadline:

@@ -19,6 +19,7 @@ from docker.types import DeviceRequest
 import docker
 from launcher.jobstate import ContainerState
 from launcher.plan import LABEL_CLUSTER, LABEL_NODE, SHARED_MOUNT, ClusterPlan, Node
+from launcher.protocol import HOME
 from launcher.settings import engine_override_key
 
 PUSH_TIMEOUT_S = 3600
@@ -232,11 +233,11 @@ class NodeDriver:
         return "its worker container stopped (killed)" if state.get("ExitCode") == 137 else None
 
     def exec_stream(self, container, argv: list[str]) -> tuple[str, Iterator[bytes]]:
-        exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir="/home/mpiuser")["Id"]
+        exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir=HOME)["Id"]
         return exec_id, self.client.api.exec_start(exec_id, stream=True)
 
     def exec_detached(self, container, argv: list[str]) -> None:
-        exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir="/home/mpiuser")["Id"]
+        exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir=HOME)["Id"]
         self.client.api.exec_start(exec_id, detach=True)
 
     def exec_exit_code(self, exec_id: str) -> int | None:

@@ -18,6 +18,7 @@ from launcher.protocol import (
     CLUSTER_KEY,
     DISCOVERY_SCRIPT,
     ELASTIC_TIMEOUT_SECONDS,
+    HOME,
     HOSTFILE_PATH,
     KNOWN_HOSTS,
     READY_TIMEOUT_SECONDS,
@@ -342,7 +343,7 @@ class JobSpec:
 
     @property
     def cwd(self) -> str:
-        return WORKDIR if self.workdir else "/home/mpiuser"
+        return WORKDIR if self.workdir else HOME
 
     def job_argv(self) -> list[str]:
         """The job's one command line: mpirun over HOSTFILE_PATH, or elastic horovodrun over the discovery."""

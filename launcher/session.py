@@ -189,7 +189,7 @@ def copy_workdir(plan: ClusterPlan, drivers: list[NodeDriver], containers: list,
 
 def wait_for_host_key(driver: NodeDriver, container, deadline: float) -> str:
     while True:
-        content = driver.read_file(container, f"/cluster/hostkeys/{driver.node.name}.pub")
+        content = driver.read_file(container, f"{HOSTKEYS_DIR}/{driver.node.name}.pub")
         if content:
             return " ".join(content.split()[:2])
         problem = driver.worker_problem(container)

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run): prepares what the tests need (.venv with the Horovod build,
-# the Docker engine and the image), then runs pytest.
+# the Docker engine and the image), checks the code (ruff: lint and format; mypy), then runs pytest.
 #   scripts/test.sh [PYTEST ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build-images.sh
+echo "[test] ruff and mypy over app/ and launcher/"
+.venv/bin/ruff check app launcher
+.venv/bin/ruff format --check app launcher
+.venv/bin/mypy app launcher
 exec .venv/bin/python -m pytest "$@"

@@ -54,9 +54,20 @@ def cluster():
         harness.stop()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def default_signal_dispositions() -> None:
+    """In the launcher's process: the signals it is tested with act as they do from a terminal, whatever this test
+    run inherited (a background job or nohup ignores SIGINT or SIGHUP, and children would inherit that)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def launcher(cluster: Cluster, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([LAUNCHER, *args], env=cluster.launcher_env(), capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, preexec_fn=default_signal_dispositions)
 
 
 def start_args(cluster: Cluster, *extra: str) -> list[str]:
@@ -234,12 +245,14 @@ def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cl
     assert_nothing_left(cluster)
 
 
-def start_in_background(cluster: Cluster) -> subprocess.Popen:
-    process = subprocess.Popen([LAUNCHER, *start_args(cluster), *LONG_TRAIN], env=cluster.launcher_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_in_background(cluster: Cluster, train: list[str] = LONG_TRAIN) -> subprocess.Popen:
+    process = subprocess.Popen([LAUNCHER, *start_args(cluster), *train], env=cluster.launcher_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=default_signal_dispositions)
     deadline = time.monotonic() + 300
+    epochs = train[train.index("--epochs") + 1]
     for line in process.stdout:  # rank 0's output: wait for training to be under way
-        if "epoch 1/200" in line:
+        if f"epoch 1/{epochs}" in line:
             return process
         assert time.monotonic() < deadline
     raise AssertionError(f"training never started: {process.stderr.read()[-3000:]}")
@@ -266,6 +279,68 @@ def test_ctrl_c_during_training_removes_everything(cluster):
     assert_nothing_left(cluster)
 
 
+@pytest.mark.parametrize("signum, status, words", [
+    (signal.SIGTERM, 143, "stopped (SIGTERM)"),
+    (signal.SIGHUP, 129, "the terminal closed (SIGHUP)"),
+])
+def test_sigterm_or_sighup_during_training_removes_everything(cluster, signum, status, words):
+    """A service manager's or CI's SIGTERM, a closed terminal's SIGHUP: as Ctrl-C, the cluster goes on every node."""
+    process = start_in_background(cluster)
+    sent = time.monotonic()
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    took = time.monotonic() - sent
+    left = cluster.project_containers()
+    print(f"\n{signal.Signals(signum).name} to an attached launch: exit status {process.returncode} in {took:.1f} s, "
+          f"containers left {left}")
+    assert process.returncode == status and took <= 10, stderr[-3000:]
+    assert error_lines(run_result(stderr)) == [f"error: {words}; the cluster's containers were removed"]
+    assert_nothing_left(cluster)
+
+
+def test_a_killed_launcher_leaves_the_job_to_the_cluster_which_ends_it(cluster):
+    """SIGKILL (a crash, a laptop that sleeps): the job runs to its end, then every container stops by itself."""
+    process = start_in_background(cluster, ["--", "--dataset", "digits", "--epochs", "40"])
+    process.kill()
+    process.communicate(timeout=30)
+    containers = wait_until_stopped(cluster, timeout=300)
+    rank0 = next(c for c in containers if c.labels["horovod-stack.role"] == "rank0")
+    _, log_stat = rank0.get_archive("/home/mpiuser/job.log")
+    lags = [seconds_between(log_stat["mtime"], c.attrs["State"]["FinishedAt"]) for c in containers]
+    status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
+    print(f"\nlauncher SIGKILLed: containers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's "
+          f"last line; {status.stdout.splitlines()[0]}")
+    assert max(lags) <= 15 and [c.attrs["State"]["ExitCode"] for c in containers] == [0, 0]
+    assert "succeeded (exit status 0): epoch 40 of 40" in status.stdout.splitlines()[0], status.stdout
+    launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
+    assert_nothing_left(cluster)
+
+
+def test_a_killed_rank0_container_stops_the_other_workers(cluster):
+    """rank 0's container killed (docker kill, out of memory, its host gone): node_2's worker stops by itself."""
+    detached = launcher(cluster, *start_args(cluster, "--detach"), *LONG_TRAIN)
+    assert detached.returncode == 0, detached.stderr[-3000:]
+    deadline = time.monotonic() + 120
+    while "[rank 0] epoch 1 [" not in (logs := launcher(cluster, "logs", "--env-file", str(cluster.env_file()))).stdout:
+        assert time.monotonic() < deadline, logs.stdout[-2000:] + logs.stderr[-2000:]
+        time.sleep(1)
+    killed = kill_worker(cluster, "node_1")
+    worker = cluster.nodes[1].client().containers.list(filters={"label": "horovod-stack.node=node_2"})[0]
+    while worker.status == "running":
+        assert time.monotonic() - killed < 60, "node_2's worker outlived rank 0's container by a minute"
+        time.sleep(0.5)
+        worker.reload()
+    took = time.monotonic() - killed
+    last_line = worker.logs(tail=1).decode().strip()
+    status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
+    print(f"\nrank 0's container killed: node_2's worker stopped {took:.1f} s later ({last_line}); "
+          f"{status.stdout.splitlines()[0]}")
+    assert "rank 0's container on node_1 went away (its ssh lifeline closed); stopping" in last_line
+    assert "failed: rank 0's container stopped (exit status 137) before the job ended" in status.stdout
+    launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
+    assert_nothing_left(cluster)
+
+
 def test_doctor_checks_every_node(cluster):
     result = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -285,7 +360,7 @@ class BackgroundLaunch:
 
     def __init__(self, cluster: Cluster, *args: str) -> None:
         self.process = subprocess.Popen([LAUNCHER, *args], env=cluster.launcher_env(), stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
+                                        stderr=subprocess.PIPE, text=True, preexec_fn=default_signal_dispositions)
         self.lines: list[tuple[float, str]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
