@@ -2,7 +2,7 @@
 
     python -m launcher.agent compose [ARGS...]    compose's launcher service: the job its environment describes
     python -m launcher.agent run [--log FILE]     the job in JOB_SPEC (the multi-host launcher wrote it)
-    python -m launcher.agent follow               print JOB_LOG as it grows; exit with the job's status once it ends
+    python -m launcher.agent follow [--from N]    print JOB_LOG as it grows; exit with the job's status once it ends
     python -m launcher.agent discover             elastic host discovery: ADDRESS:SLOTS per worker answering now
     python -m launcher.agent lifeline --driver D  on a worker, over ssh: hold the line, record how the job ended
 
@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -86,8 +87,11 @@ class Stopped(Exception):
 class Lifeline(Protocol):
     def alive(self) -> bool: ...
 
-    def end(self, message: str) -> None:
+    def send(self, message: str) -> None:
         """Send the last line (a job-end message, or KEEP_RUNNING) and close."""
+
+    def wait(self) -> None:
+        """Until the worker's end has it (bounded)."""
 
 
 class Transport(Protocol):
@@ -292,37 +296,43 @@ class Agent:
         self.wind_down(end, workers, patience)
 
     def wind_down(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
-        """Tells every worker the job ended: over its lifeline, or, where it was never claimed, over a new
-        connection (retried for `patience` seconds)."""
+        """Tells every worker the job ended: down its lifeline, or over a new connection where it has none open
+        (never claimed: retried for `patience` seconds). The worker whose container runs this agent (the
+        launcher's rank 0) hears last: it stops soon after, and this agent with it."""
         message = KEEP_RUNNING if self.spec.keep_running else end.message()
-        for line in self.lifelines.values():
-            if line.alive():
-                line.end(message)
+        own = self.spec.agent_host
+        others = {address: line for address, line in self.lifelines.items() if address != own}
+        sent = [line for line in others.values() if line.alive()]
+        # A worker whose lifeline closed has recorded that itself and stopped; one more word costs a short try.
+        closed = [worker for worker in workers if worker.address in others and not others[worker.address].alive()]
+        for line in sent:
+            line.send(message)
+        for worker in closed:
+            self.tell(worker, message, timeout=DISCOVERY_SSH_TIMEOUT)
         deadline = self.clock() + patience
-        # A worker whose lifeline closed has recorded that itself (and stopped); one never claimed is told now.
-        pending = [worker for worker in workers if worker.address not in self.lifelines]
+        pending = [worker for worker in workers if worker.address not in self.lifelines and worker.address != own]
         while pending:
             pending = [worker for worker in pending if not self.tell(worker, message)]
             if not pending or self.clock() > deadline:
                 break
             self.sleep(1)
+        for line in sent:
+            line.wait()
         if pending:
             self.say(
                 f"could not reach {', '.join(worker.name for worker in pending)} to say the job ended; a "
                 f"worker no job claims stops by itself {WORKER_CLAIM_TIMEOUT_SECONDS} s after it started"
             )
+        own_line = self.lifelines.get(own) if own is not None else None
+        if own_line is not None and own_line.alive():
+            own_line.send(message)
+            own_line.wait()
+        elif own is not None:
+            self.tell(Worker(own, own), message)
 
-    def tell(self, worker: Worker, message: str) -> bool:
-        return (
-            self.pin(worker)
-            and self.transport.ssh(
-                worker.address,
-                lifeline_command(self.spec.driver),
-                SSH_CONNECT_TIMEOUT_SECONDS + 5,
-                stdin=message + "\n",
-            )[0]
-            == 0
-        )
+    def tell(self, worker: Worker, message: str, timeout: float = SSH_CONNECT_TIMEOUT_SECONDS) -> bool:
+        command = lifeline_command(self.spec.driver)
+        return self.pin(worker) and self.transport.ssh(worker.address, command, timeout, stdin=message + "\n")[0] == 0
 
 
 class ElasticClaims(threading.Thread):
@@ -347,16 +357,17 @@ class ElasticClaims(threading.Thread):
 
     def stop(self) -> None:
         self.done.set()
-        self.join(timeout=10)
+        self.join()  # before the wind-down reads the lifelines
 
 
 # --- the real side effects ---------------------------------------------------------------------------------------
 def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    temporary.chmod(mode)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    with os.fdopen(handle, "w") as out:
+        out.write(text)
+    os.chmod(temporary, mode)
     os.replace(temporary, target)
 
 
@@ -375,19 +386,26 @@ class SshLifeline:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def end(self, message: str) -> None:
+    def send(self, message: str) -> None:
         try:
             assert self.process.stdin is not None
             self.process.stdin.write(message + "\n")
             self.process.stdin.close()
+        except OSError:  # the line closed already: the worker has recorded that itself
+            pass
+
+    def wait(self) -> None:
+        try:
             self.process.wait(timeout=SSH_CONNECT_TIMEOUT_SECONDS)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()
 
 
 class SshTransport:
     def __init__(self) -> None:
         self.child: subprocess.Popen | None = None
+        self.job_over = False
 
     def resolve(self, service: str) -> list[str]:
         try:
@@ -427,7 +445,7 @@ class SshTransport:
         try:
             code = self.child.wait()
         finally:
-            self.child = None
+            self.child, self.job_over = None, True
         return 128 - code if code < 0 else code
 
     def make_cluster_key(self) -> None:
@@ -455,7 +473,7 @@ def stop_on_signals(transport: SshTransport) -> None:
     def handler(signum: int, _frame: object) -> None:
         if transport.child is not None and transport.child.poll() is None:
             transport.child.send_signal(signum)
-        else:
+        elif not transport.job_over:  # once the job is over, its end is recorded and told as it is
             raise Stopped(signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -471,7 +489,7 @@ def run_compose(environ: dict[str, str], args: list[str]) -> int:
     try:
         spec = compose_job.job_spec(environ, args)
         transport.write(JOB_SPEC, spec.to_json())
-    except (compose_job.SpecError, OSError) as error:
+    except (ValueError, OSError) as error:  # SpecError, or TRAIN_COMMAND that shlex cannot split
         return Agent(compose_job.fallback_spec(environ), transport).refuse(str(error)).status
     return Agent(spec, transport).run().status
 
@@ -483,15 +501,28 @@ def run_spec(log_file: str | None) -> int:
         os.dup2(log, 2)
     transport = SshTransport()
     stop_on_signals(transport)
-    spec = JobSpec.from_json(Path(JOB_SPEC).read_text())
+    try:
+        spec = JobSpec.from_json(Path(JOB_SPEC).read_text())
+    except (OSError, ValueError, TypeError) as error:
+        end = JobEnd(
+            2, f"the job agent cannot read {JOB_SPEC} ({error}); start the job with a launcher of the image's version"
+        )
+        say(f"error: {end.cause}")
+        transport.write(JOB_STATUS, end.message() + "\n")
+        return end.status
     return Agent(spec, transport).run().status
 
 
 def follow(
-    out: IO[bytes], wait_start: float = 60, poll: float = 0.2, log_path: str = JOB_LOG, status_path: str = JOB_STATUS
+    out: IO[bytes],
+    start: int = 0,
+    wait_start: float = 60,
+    poll: float = 0.2,
+    log_path: str = JOB_LOG,
+    status_path: str = JOB_STATUS,
 ) -> int:
-    """Prints JOB_LOG from its start as it grows; returns the job's status once JOB_STATUS says it ended."""
-    started, position = time.monotonic(), 0
+    """Prints JOB_LOG from byte `start` as it grows; returns the job's status once JOB_STATUS says it ended."""
+    started, position = time.monotonic(), start
     while True:
         ended = parse_job_end(SshTransport().read(status_path))  # read before the log: then the log is complete
         try:
@@ -555,7 +586,8 @@ def main(argv: list[str]) -> int:
     commands.add_parser("compose", help="run the job compose's environment describes (ARGS: the trainer's flags)")
     run = commands.add_parser("run", help=f"run the job in {JOB_SPEC}")
     run.add_argument("--log", help="append the agent's and the job's output to this file")
-    commands.add_parser("follow", help=f"print {JOB_LOG} until the job ends; exit with its status")
+    following = commands.add_parser("follow", help=f"print {JOB_LOG} until the job ends; exit with its status")
+    following.add_argument("--from", dest="start", type=int, default=0, help="the byte to start at")
     commands.add_parser("discover", help="elastic host discovery")
     line = commands.add_parser("lifeline", help="a worker's end of the agent's lifeline")
     line.add_argument("--driver", default="the job's agent")
@@ -563,7 +595,7 @@ def main(argv: list[str]) -> int:
     if options.command == "run":
         return run_spec(options.log)
     if options.command == "follow":
-        return follow(sys.stdout.buffer)
+        return follow(sys.stdout.buffer, options.start)
     if options.command == "discover":
         sys.stdout.write("".join(f"{line}\n" for line in discover(SshTransport())))
         return 0

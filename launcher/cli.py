@@ -27,7 +27,6 @@ NIC_HELP = f"NIC every node has, for Open MPI, NCCL and Gloo traffic (default: {
 ENV_FILE_HELP = "Settings file (default: ./.env if present)."
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOPPED_BY = {
     signal.SIGINT: "interrupted",
     signal.SIGTERM: "stopped (SIGTERM)",
@@ -58,11 +57,11 @@ def stop_on_signals() -> None:
     job's SIGINT) stays ignored: that is the caller's choice."""
 
     def stop(signum: int, _frame: object) -> None:
-        for other in STOP_SIGNALS:
+        for other in session.STOP_SIGNALS:
             signal.signal(other, signal.SIG_IGN)
         raise session.Signalled(signum)
 
-    for signum in STOP_SIGNALS:
+    for signum in session.STOP_SIGNALS:
         if signum == signal.SIGTERM or signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, stop)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import PurePosixPath as Path
 
 from app.horovod_defaults import HOROVOD_DEFAULTS
@@ -322,6 +322,9 @@ class JobSpec:
     """How a worker names this job's driver when it is lost ("rank 0 on node_1", "compose's launcher container")."""
     keep_running: bool = False
     """The workers stay up after the job (--keep-running) until `launcher stop`."""
+    agent_host: str | None = None
+    """The address of the worker whose container runs the agent (the launcher's rank 0), told last when the job
+    ends; None where the agent has a container of its own (compose)."""
     make_key: bool = False
     """The agent makes the cluster's key pair (compose, where nobody outside the cluster hands one over)."""
     results_hint: str | None = None
@@ -374,7 +377,8 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        data = json.loads(text)
+        known = {item.name for item in fields(cls)}
+        data = {key: value for key, value in json.loads(text).items() if key in known}  # a newer launcher's extras
         tuples = {key: tuple(data[key]) for key in ("command", "env")}
         workers = tuple(Worker(**worker) for worker in data["workers"])
         return cls(**{**data, **tuples, "workers": workers, "words": DoorWords(**data["words"])})
@@ -477,6 +481,7 @@ class ClusterPlan:
             elastic_timeout=self.elastic_timeout,
             ready_timeout=self.ready_timeout,
             driver=f"rank 0's container on {self.rank0.name}",
+            agent_host=workers[0].address,
             keep_running=keep_running,
             results_hint=f"the shared folder {self.shared_dir} on {self.rank0.name}",
             words=DoorWords(elastic_minimum=f"--min-nodes {self.elastic_min_nodes}"),

@@ -43,7 +43,7 @@ SSH_CONFIG = f"{SSH_DIR}/config"
 KNOWN_HOSTS = f"{SSH_DIR}/known_hosts"
 HOSTFILE_PATH = f"{HOME}/hostfile"
 JOB_SPEC = f"{HOME}/job.json"
-"""The job the agent runs (launcher.jobspec.JobSpec as JSON): written by the multi-host launcher, or by the agent
+"""The job the agent runs (launcher.plan.JobSpec as JSON): written by the multi-host launcher, or by the agent
 itself from compose's environment; elastic host discovery reads it too."""
 JOB_LOG = f"{HOME}/job.log"
 """The agent's and the job's output, in the multi-host launcher's rank-0 container (`launcher logs`, `status`)."""

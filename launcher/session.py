@@ -13,8 +13,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -40,6 +41,21 @@ Say = Callable[[str], None]
 
 class LaunchError(RuntimeError):
     """The launch stopped; the message is the one root cause, naming the fix."""
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def signals_ignored() -> Iterator[None]:
+    saved = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
 
 
 class Signalled(BaseException):
@@ -203,23 +219,32 @@ def wait_for_host_key(driver: NodeDriver, container, deadline: float) -> str:
         time.sleep(0.5)
 
 
+FOLLOW_ATTEMPTS = 5
+"""How often the launcher re-attaches to a running job whose log stream broke (an engine connection dropped)."""
+
+
 def follow_job(driver: NodeDriver, container, out: IO[str], relay: Say) -> JobEnd | None:
     """Streams the agent's log from rank 0's container until the job ends: the job's output to `out`, the agent's
     own lines to `relay`. Returns how the job ended, or None when rank 0's container ended first."""
-    _, stream = driver.exec_stream(container, [*AGENT, "follow"])
-    pending = ""
-    for chunk in stream:
-        pending += chunk.decode(errors="replace")
-        *lines, pending = pending.split("\n")
-        for line in lines:
-            if line.startswith(AGENT_PREFIX):
-                relay(line)
-            else:
-                out.write(line + "\n")
-        out.flush()
+    received, pending = 0, b""
+    for _ in range(FOLLOW_ATTEMPTS):
+        _, stream = driver.exec_stream(container, [*AGENT, "follow", "--from", str(received)])
+        for chunk in stream:
+            received += len(chunk)
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                text = line.decode(errors="replace")
+                if text.startswith(AGENT_PREFIX):
+                    relay(text)
+                else:
+                    out.write(text + "\n")
+            out.flush()
+        end = parse_job_end(driver.read_file(container, JOB_STATUS))
+        if end is not None or driver.worker_problem(container):
+            break
     if pending:
-        out.write(pending)
-    return parse_job_end(driver.read_file(container, JOB_STATUS))
+        out.write(pending.decode(errors="replace"))
+    return end
 
 
 class WorkerWatch(threading.Thread):
@@ -269,9 +294,11 @@ class WorkerWatch(threading.Thread):
         self.join(timeout=10)
 
 
-def elastic_failure(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, watch: WorkerWatch) -> str | None:
+def elastic_failure(
+    plan: ClusterPlan, drivers: list[NodeDriver], containers: list, watch: WorkerWatch, rank0_ended_first: bool
+) -> str | None:
     """The root cause when an elastic job fails: its driver's node lost, or too few nodes left."""
-    problem = drivers[0].lost_reason(containers[0])
+    problem = drivers[0].lost_reason(containers[0]) if rank0_ended_first else None
     if problem:
         return (
             f"{plan.rank0.name}: {problem} during the run; the elastic driver runs on rank 0's node, so the job "
@@ -366,8 +393,14 @@ def launch(
             if watch:
                 watch.stop()
         if end is None or not end.succeeded:
-            # The engines see more than the agent: which container was killed, or removed.
-            seen = elastic_failure(plan, drivers, containers, watch) if watch else dead_worker(drivers, containers)
+            # The engines see more than the agent: which container was killed, or removed. (Once the job's status
+            # is recorded, rank 0's container exits with it: its exit code is the job's, not a kill.)
+            members = slice(0 if end is None else 1, None)
+            seen = (
+                elastic_failure(plan, drivers, containers, watch, rank0_ended_first=end is None)
+                if watch
+                else dead_worker(drivers[members], containers[members])
+            )
             cause = seen or (end.cause if end else f"{plan.rank0.name}: rank 0's container ended before the job did")
             if cause:
                 raise LaunchError(cause)
@@ -379,4 +412,5 @@ def launch(
         raise
     finally:
         if not detached:
-            cleanup(drivers, plan.cluster_id, say)
+            with signals_ignored():  # a second Ctrl-C must not cut the cleanup short
+                cleanup(drivers, plan.cluster_id, say)

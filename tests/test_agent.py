@@ -33,14 +33,19 @@ class Clock:
 
 
 class Line:
-    def __init__(self) -> None:
+    def __init__(self, address: str, heard: list[str]) -> None:
+        self.address, self.heard = address, heard
         self.open, self.last_word = True, None
 
     def alive(self) -> bool:
         return self.open
 
-    def end(self, message: str) -> None:
+    def send(self, message: str) -> None:
         self.last_word, self.open = message, False
+        self.heard.append(self.address)
+
+    def wait(self) -> None:
+        pass
 
 
 class Transport:
@@ -52,6 +57,8 @@ class Transport:
         self.cannot_start, self.status, self.lost_in_job = cannot_start, status, lost_in_job
         self.files: dict[str, str] = {}
         self.lines: dict[str, Line] = {}
+        self.heard: list[str] = []
+        """Addresses in the order their lifelines got the last word."""
         self.told: dict[str, str] = {}
         self.ran: list[list[str]] = []
         self.run_dirs: list[str] = []
@@ -82,7 +89,7 @@ class Transport:
 
     def lifeline(self, address: str, command: str) -> Line:
         assert "launcher.agent lifeline --driver" in command
-        self.lines[address] = Line()
+        self.lines[address] = Line(address, self.heard)
         return self.lines[address]
 
     def run(self, argv: list[str], cwd: str) -> int:
@@ -126,6 +133,14 @@ def test_the_job_runs_once_every_worker_answers_and_every_worker_is_told_how_it_
     assert {address: line.last_word for address, line in transport.lines.items()} == {
         W1.address: "exit status 0", W2.address: "exit status 0"}
     assert said[-1] == "job succeeded (exit status 0); the workers stop now"
+
+
+def test_the_worker_that_hosts_the_agent_hears_last():
+    """The launcher's rank 0 stops soon after it hears, and the agent in its container with it."""
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
+    run(spec(agent_host=W1.address), clock, transport)
+    assert transport.heard == [W2.address, W1.address]
 
 
 def test_a_job_whose_ranks_fail_keeps_their_status_and_names_no_cause_of_its_own():
