@@ -13,7 +13,7 @@ import typer
 from launcher import jobstate, session
 from launcher.driver import NodeDriver, NodeError
 from launcher.plan import LABEL_CLUSTER, LABEL_ROLE, NIC_SETTING, job_command, nic_problem, run_dir
-from launcher.protocol import JOB_LOG, JOB_STATUS
+from launcher.protocol import AGENT, JOB_LOG, JOB_STATUS
 from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
 
 app = typer.Typer(
@@ -229,7 +229,7 @@ def status(
 def logs(
     nodes: str | None = typer.Option(None, help=NODES_HELP),
     node: str | None = typer.Option(None, help="Whose worker to show (default: rank 0's node)."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
 ) -> None:
     """Show a worker's output; on rank 0's node, the training job's output too (also after the job ended).
@@ -248,10 +248,10 @@ def logs(
     for chunk in container.logs(stream=True, follow=False):
         sys.stdout.write(chunk.decode(errors="replace"))
     job_log = driver.read_file(container, JOB_LOG)
-    if container.status != "running":  # an ended job: its output is still in the stopped container
+    if container.status != "running" or job_log is None or not follow:  # ended jobs keep their output too
         sys.stdout.write(job_log or "")
-    elif job_log is not None:
-        _, stream = driver.exec_stream(container, ["tail", "-n", "+1", *(["-f"] if follow else []), JOB_LOG])
+    else:  # the job agent's follower: it returns once the job has ended
+        _, stream = driver.exec_stream(container, [*AGENT, "follow"])
         for chunk in stream:
             sys.stdout.write(chunk.decode(errors="replace"))
             sys.stdout.flush()

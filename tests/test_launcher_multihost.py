@@ -271,8 +271,11 @@ def test_worker_killed_mid_run(cluster):
 
 def test_ctrl_c_during_training_removes_everything(cluster):
     process = start_in_background(cluster)
+    sent = time.monotonic()
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
+    print(f"\nSIGINT to an attached launch: exit status {process.returncode} in {time.monotonic() - sent:.1f} s, "
+          f"containers left {cluster.project_containers()}")
     assert process.returncode == 130
     assert [l for l in stderr.splitlines() if l.startswith("error: ")] == [
         "error: interrupted; the cluster's containers were removed"]
