@@ -7,6 +7,8 @@ plain `horovodrun` or `mpirun` of the user's left out.
 
 from __future__ import annotations
 
-HOROVOD_DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+HOROVOD_DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1", "NCCL_DEBUG": "WARN"}
 """Open MPI yields the core while it waits, instead of spinning against the rank's own compute threads (Horovod's
-background thread polls MPI every cycle). Measured with `python -m app.bench peers` (README "Performance")."""
+background thread polls MPI every cycle; measured with `python -m app.bench peers`, README "Performance"). NCCL
+says only what goes wrong; `launcher start --debug` (or NCCL_DEBUG=INFO in the job's environment) asks for its
+topology and transport lines."""

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from app import checkpoint, consistency, data, metrics, observe
+from app import checkpoint, consistency, data, gpu, metrics, observe
 from app.config import ConfigError, TrainConfig, parse_config
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from app.model import SimpleNet
@@ -461,6 +461,9 @@ def run(config: TrainConfig) -> EpochResult | None:
 def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
+        problem = gpu.cuda_problem(os.environ, torch.cuda.is_available(), config.no_cuda)
+        if problem:
+            raise ConfigError(problem)
     except ConfigError as error:
         if launcher_rank() == 0:  # every rank validates; one says so
             print(f"error: {error}", file=sys.stderr)

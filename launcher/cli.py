@@ -121,6 +121,9 @@ def start(
         help="With --elastic: start a lost node's worker again; it "
         "rejoins at the next host discovery (not with --detach).",
     ),
+    debug: bool = typer.Option(
+        False, help="NCCL_DEBUG=INFO for every rank: NCCL's topology and transports (default: WARN, errors only)."
+    ),
 ) -> None:
     """Start a worker on every node and run a job; rank 0's output streams here and the exit status is the job's.
 
@@ -147,7 +150,7 @@ def start(
         ssh_port=ssh_port,
         network_interface=network_interface,
         command=tuple(job_command(ctx.args)),
-        env_vars=tuple(env or ()),
+        env_vars=(*(env or ()), *(["NCCL_DEBUG=INFO"] if debug else [])),
         workdir=workdir,
         elastic_min_nodes=(min_nodes or 1) if elastic else None,
         elastic_max_nodes=max_nodes,

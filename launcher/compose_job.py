@@ -12,6 +12,7 @@ import shlex
 import time
 from collections.abc import Mapping
 
+from app.gpu import GPUS_ASKED
 from launcher.plan import RUNS_DIR, WORKDIR, DoorWords, JobSpec, job_command, with_run_dir
 from launcher.protocol import ELASTIC_TIMEOUT_SECONDS, READY_TIMEOUT_SECONDS, SSH_PORT
 
@@ -60,8 +61,11 @@ def job_spec(environ: Mapping[str, str], args: list[str]) -> JobSpec:
     else:
         command = job_command([*args, *environ.get("TRAIN_ARGS", "").split()])
         command = with_run_dir(command, f"{RUNS_DIR}/{environ.get('RUN_ID', '').strip() or new_run_id()}")
+    # Passed to every rank when compose sets them: GPUs given (compose.gpu.yaml) and NCCL's verbosity.
+    env = tuple(f"{key}={environ[key]}" for key in (GPUS_ASKED, "NCCL_DEBUG") if environ.get(key, "").strip())
     return JobSpec(
         job_id=f"compose-{new_run_id()}",
+        env=env,
         command=tuple(command),
         expected_workers=workers,
         slots=slots,

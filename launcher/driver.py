@@ -14,11 +14,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.types import DeviceRequest
+from docker.types import DeviceRequest, Ulimit
 
 import docker
 from launcher.jobstate import ContainerState
-from launcher.plan import LABEL_CLUSTER, LABEL_NODE, SHARED_MOUNT, ClusterPlan, Node
+from launcher.plan import (
+    LABEL_CLUSTER,
+    LABEL_NODE,
+    SHARED_MOUNT,
+    WORKER_CAPABILITIES,
+    WORKER_ULIMITS,
+    ClusterPlan,
+    Node,
+)
 from launcher.protocol import HOME
 from launcher.settings import engine_override_key
 
@@ -176,6 +184,8 @@ class NodeDriver:
                 shm_size=plan.shm_size,
                 volumes={plan.shared_dir: {"bind": SHARED_MOUNT, "mode": "rw"}},
                 device_requests=device_requests,
+                ulimits=[Ulimit(name=name, soft=limit, hard=limit) for name, limit in WORKER_ULIMITS.items()],
+                cap_add=list(WORKER_CAPABILITIES),
                 detach=True,
             )
         except APIError as error:

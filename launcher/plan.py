@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import PurePosixPath as Path
 
+from app.gpu import GPUS_ASKED
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.protocol import (
     CLUSTER_KEY,
@@ -43,6 +44,11 @@ peers often get no TCP reset, so this bounds how soon an elastic job notices the
 HOROVOD_GLOO_TIMEOUT_SECONDS=N overrides it for steps where ranks legitimately wait longer."""
 BLACKLIST_COOLDOWN_SECONDS = (2, 30)
 """A host whose worker failed may rejoin after 4-6 s, doubling on each further failure (horovodrun's range)."""
+WORKER_ULIMITS = {"memlock": -1, "stack": 64 * 1024**2}
+"""NCCL's container advice: unlimited locked memory (RDMA registers its buffers) and a 64 MB stack (compose.yaml sets
+the same)."""
+WORKER_CAPABILITIES = ("IPC_LOCK",)
+"""Lets a rank lock the memory it registers for RDMA (InfiniBand, RoCE)."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
@@ -160,8 +166,6 @@ def mpirun_argv(
         "plm_rsh_no_tree_spawn",
         "1",
         "-x",
-        "NCCL_DEBUG=INFO",
-        "-x",
         "PATH",
         "-x",
         "PYTHONPATH",
@@ -219,7 +223,6 @@ def horovodrun_argv(
     command = trainer_with(command, "--elastic")  # the bundled trainer's loop; a user's script brings its own
     defaults = defaults_unless_set(env, {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS)})
     variables = [
-        "NCCL_DEBUG=INFO",
         *nic_variables(network_interface),
         *defaults,
         *(check_env_assignment(item) for item in env),
@@ -474,12 +477,12 @@ class ClusterPlan:
             workers=workers,
             ssh_port=self.ssh_port,
             network_interface=self.network_interface,
-            env=self.env,
             workdir=WORKDIR if self.workdir else None,
             elastic_min_workers=self.elastic_min_nodes,
             elastic_max_workers=self.elastic_max_nodes,
             elastic_timeout=self.elastic_timeout,
             ready_timeout=self.ready_timeout,
+            env=(*self.env, f"{GPUS_ASKED}=1") if self.gpus_per_node else self.env,
             driver=f"rank 0's container on {self.rank0.name}",
             agent_host=workers[0].address,
             keep_running=keep_running,

@@ -18,5 +18,5 @@ if ! .venv/bin/python -c 'import torch, torchvision' 2>/dev/null; then
 fi
 .venv/bin/pip install -q -r docker/requirements-build.txt
 PYTHON=.venv/bin/python docker/install-horovod.sh cpu
-.venv/bin/pip install -q -e '.[test]'
+.venv/bin/pip install -q -e '.[train,test]'
 echo "[setup] ready: $(.venv/bin/python -c 'import horovod, torch; print("horovod", horovod.__version__, "torch", torch.__version__)')"

@@ -117,6 +117,9 @@ def test_plain_compose_up_trains_across_containers_and_returns(engine, compose_r
     assert set(hosts) == worker_ids, "ranks did not run in the worker containers"
 
     assert project_containers(engine, run.project, status="running") == []
+    for container in project_containers(engine, run.project):  # what NCCL asks of a container
+        assert "IPC_LOCK" in container.attrs["HostConfig"]["CapAdd"]
+        assert {"Name": "memlock", "Soft": -1, "Hard": -1} in container.attrs["HostConfig"]["Ulimits"]
     launcher = next(c for c in project_containers(engine, run.project)
                     if c.labels["com.docker.compose.service"] == "launcher")
     assert not any(PRIVATE_KEY_MARK.decode() in variable for variable in launcher.attrs["Config"]["Env"])

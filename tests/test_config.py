@@ -1,11 +1,13 @@
 """Settings are refused before training starts, each with one line that names the flag."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from app import gpu
 from app.config import ConfigError, TrainConfig, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,3 +75,24 @@ def test_cli_prints_one_line_and_exits_nonzero_before_training():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["error: --epochs must be at least 1 (got 0)"]
     assert "epoch" not in result.stdout
+
+
+@pytest.mark.parametrize("environ, cuda, no_cuda, refused", [
+    ({}, False, False, False),  # a CPU job
+    ({"HOROVOD_STACK_GPUS": "1"}, True, False, False),
+    ({"HOROVOD_STACK_GPUS": "1"}, False, True, False),  # --no-cuda: the user's choice
+    ({"HOROVOD_STACK_GPUS": "1"}, False, False, True),
+])
+def test_ranks_given_gpus_refuse_to_train_on_the_cpu(environ, cuda, no_cuda, refused):
+    problem = gpu.cuda_problem(environ, cuda, no_cuda)
+    assert (problem is not None) == refused
+    if refused:
+        assert "NVIDIA driver >= 580" in problem and "compute capability >= 7.5" in problem
+
+
+def test_a_rank_given_gpus_without_cuda_stops_in_one_line():
+    """Here CUDA is never available, as on a host whose driver is older than torch's CUDA build needs."""
+    result = subprocess.run([sys.executable, "-m", "app.train", "--dataset", "synthetic", "--epochs", "1"], cwd=REPO,
+                            env={**os.environ, "HOROVOD_STACK_GPUS": "1"}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {gpu.cuda_problem({'HOROVOD_STACK_GPUS': '1'}, False, False)}"]

@@ -221,6 +221,9 @@ def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster):
     lags = [seconds_between(log_stat["mtime"], c.attrs["State"]["FinishedAt"]) for c in containers]
     print(f"\ncontainers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's last line")
     assert max(lags) <= 10 and [c.attrs["State"]["ExitCode"] for c in containers] == [0, 0]
+    for container in containers:  # what NCCL asks of a container
+        assert container.attrs["HostConfig"]["CapAdd"] == ["IPC_LOCK"]
+        assert {"Name": "stack", "Soft": 64 * 1024**2, "Hard": 64 * 1024**2} in container.attrs["HostConfig"]["Ulimits"]
 
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
     print(status.stdout)

@@ -66,18 +66,18 @@ def test_mpirun_argv_carries_the_seed_flags_and_trainer_args():
     argv = make_plan(slots=2, command=tuple(job_command(["--dataset", "digits"]))).job_argv()
     assert argv[:5] == ["mpirun", "-np", "4", "--hostfile", "/home/mpiuser/hostfile"]
     assert argv[5:9] == ["-bind-to", "none", "-map-by", "slot"]
-    assert ["-x", "NCCL_DEBUG=INFO"] == argv[argv.index("NCCL_DEBUG=INFO") - 1:argv.index("NCCL_DEBUG=INFO") + 1]
+    assert ["-x", "NCCL_DEBUG=WARN"] == argv[argv.index("NCCL_DEBUG=WARN") - 1:argv.index("NCCL_DEBUG=WARN") + 1]
     assert argv[-7:] == ["python", "-m", "app.train", "--dataset", "digits", "--run-dir", "/shared/runs/c0ffee00"]
     assert "btl_tcp_if_include" not in argv
 
 
 def test_users_command_env_and_workdir_reach_mpirun():
-    argv = make_plan(command=("python", "train.py", "--epochs", "5"), env=("NCCL_DEBUG=WARN", "SEED=3"),
+    argv = make_plan(command=("python", "train.py", "--epochs", "5"), env=("NCCL_DEBUG=INFO", "SEED=3"),
                      workdir=Path(__file__).parent).job_argv()
     assert argv[-4:] == ["python", "train.py", "--epochs", "5"]
     assert argv[-6:-4] == ["-wdir", "/workdir"]
     joined = " ".join(argv)
-    assert "-x NCCL_DEBUG=WARN" in joined and "-x SEED=3" in joined
+    assert "-x NCCL_DEBUG=INFO" in joined and "-x SEED=3" in joined and "NCCL_DEBUG=WARN" not in joined
     assert "app.train" not in joined
 
 
@@ -86,13 +86,13 @@ def test_users_command_env_and_workdir_reach_mpirun():
     (("SEED=3",), ["SEED=3", *(f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items())]),
     (("OMPI_MCA_mpi_yield_when_idle=0",), ["OMPI_MCA_mpi_yield_when_idle=0", *(
         f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items() if name != "OMPI_MCA_mpi_yield_when_idle")]),
-    (("OMPI_MCA_mpi_yield_when_idle_x=1",), ["OMPI_MCA_mpi_yield_when_idle_x=1", "OMPI_MCA_mpi_yield_when_idle=1"]),
+    (("OMPI_MCA_mpi_yield_when_idle_x=1",), ["OMPI_MCA_mpi_yield_when_idle_x=1", "OMPI_MCA_mpi_yield_when_idle=1",
+                                             "NCCL_DEBUG=WARN"]),
     (tuple(f"{name}=9" for name in HOROVOD_DEFAULTS), [f"{name}=9" for name in HOROVOD_DEFAULTS]),
 ])
 def test_horovod_defaults_reach_every_rank_unless_the_user_sets_them(env, expected):
     argv = mpirun_argv(ranks=2, hostfile="/h", command=["python", "t.py"], env=env)
-    passed = [argv[i + 1] for i, word in enumerate(argv) if word == "-x" and "=" in argv[i + 1]
-              and not argv[i + 1].startswith("NCCL_DEBUG=")]
+    passed = [argv[i + 1] for i, word in enumerate(argv) if word == "-x" and "=" in argv[i + 1]]
     assert passed == expected
 
 
@@ -202,6 +202,13 @@ def test_rank0_container_stops_with_the_jobs_status():
     plan = make_plan()
     assert plan.worker_environment(plan.rank0)["EXIT_WITH_JOB"] == "1"
     assert "EXIT_WITH_JOB" not in plan.worker_environment(plan.nodes[1])
+
+
+def test_ranks_given_gpus_are_told_so():
+    assert "HOROVOD_STACK_GPUS=1" in make_plan(gpus_per_node=2).job_spec().env
+    assert "HOROVOD_STACK_GPUS=1" not in " ".join(make_plan().job_argv())
+    assert "-x HOROVOD_STACK_GPUS=1" in " ".join(make_plan(gpus_per_node=2).job_argv())
+    assert compose_spec(HOROVOD_STACK_GPUS="1", NCCL_DEBUG="INFO").env == ("HOROVOD_STACK_GPUS=1", "NCCL_DEBUG=INFO")
 
 
 def test_the_launchers_job_spec_names_every_node_rank0_first_and_survives_json():
@@ -374,3 +381,12 @@ def test_bad_elastic_settings_are_refused(overrides, message):
     with pytest.raises(SettingsError) as error:
         LaunchSettings(**settings)
     assert message in str(error.value)
+
+
+def test_compose_gives_its_containers_the_launchers_limits():
+    from launcher.plan import WORKER_CAPABILITIES, WORKER_ULIMITS
+
+    compose = (Path(__file__).resolve().parents[1] / "compose.yaml").read_text()
+    for name, limit in WORKER_ULIMITS.items():
+        assert f"    {name}: {limit}\n" in compose
+    assert f"cap_add: [{', '.join(WORKER_CAPABILITIES)}]" in compose
