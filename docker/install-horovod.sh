@@ -24,8 +24,8 @@
 #   HOROVOD_VERSION        default 0.28.1
 #   HOROVOD_WHEEL_CACHE    default /var/cache/horovod-stack/wheels
 #   HOROVOD_WHEEL_EXPORT   also copy the wheel into this folder
-#   HOROVOD_CUDA_HOME      a CUDA toolkit; default /usr/local/cuda, else the toolkit from
-#                          NVIDIA's PyPI wheels (installed next to torch if missing).
+#   HOROVOD_CUDA_HOME      a CUDA toolkit; default /usr/local/cuda where its major version is torch's, else
+#                          the toolkit from NVIDIA's PyPI wheels (installed next to torch if missing).
 set -euo pipefail
 
 ops="${1:-}"
@@ -59,7 +59,14 @@ prepare_cuda_toolkit() {
   # toolkit's headers and cudart even for cpu ops.
   local cuda_home="${HOROVOD_CUDA_HOME:-}"
   if [ -z "$cuda_home" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
-    cuda_home=/usr/local/cuda
+    # Only a toolkit of torch's own CUDA major version (a CUDA 12 toolkit under a CUDA 13 torch does not build).
+    local system_cuda
+    system_cuda=$(/usr/local/cuda/bin/nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+    if [ "$system_cuda" = "${torch_cuda%%.*}" ]; then
+      cuda_home=/usr/local/cuda
+    else
+      log "/usr/local/cuda is CUDA ${system_cuda:-unknown}, torch is built for CUDA $torch_cuda: not using it"
+    fi
   fi
   if [ -z "$cuda_home" ]; then
     cuda_home="$site_packages/nvidia/cu13"
