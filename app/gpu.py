@@ -26,3 +26,36 @@ def cuda_problem(environ: Mapping[str, str], cuda_available: bool, no_cuda: bool
         f"NVIDIA driver >= {DRIVER_MINIMUM} and a GPU of compute capability >= {major}.{minor}; update the driver "
         "(nvidia-smi shows its version), or train on CPUs (no --gpus-per-node, or --no-cuda)"
     )
+
+
+GPU_QUERY = ("nvidia-smi", "--query-gpu=index,name,driver_version,compute_cap", "--format=csv,noheader")
+"""What the launcher runs in a container with the workers' GPU request, on every node, before a GPU job."""
+
+
+def gpu_problem(query_output: str, wanted: int) -> str | None:
+    """Why a node cannot run `wanted` ranks on GPUs, from GPU_QUERY's output there; None if it can."""
+    gpus = [[field.strip() for field in line.split(",")] for line in query_output.strip().splitlines() if line.strip()]
+    if len(gpus) < wanted:
+        return (
+            f"only {len(gpus)} GPU(s) visible to a container there, {wanted} asked for; pass a smaller "
+            "--gpus-per-node, or free the busy ones"
+        )
+    for gpu in gpus:
+        try:
+            index, name, driver, capability = gpu[:4]
+            driver_major = int(driver.split(".")[0])
+            major, minor = (int(part) for part in capability.split(".")[:2])
+        except ValueError:
+            return f"nvidia-smi's answer there could not be read ({', '.join(gpu)}); run `nvidia-smi` on that node"
+        if driver_major < DRIVER_MINIMUM:
+            return (
+                f"NVIDIA driver {driver} is older than {DRIVER_MINIMUM}, which torch's CUDA 13.0 build needs; "
+                "update the driver there"
+            )
+        if (major, minor) < COMPUTE_CAPABILITY_MINIMUM:
+            wanted_major, wanted_minor = COMPUTE_CAPABILITY_MINIMUM
+            return (
+                f"GPU {index} ({name}) has compute capability {capability}; CUDA 13 needs "
+                f"{wanted_major}.{wanted_minor} or higher (Turing and later)"
+            )
+    return None

@@ -311,11 +311,13 @@ def doctor(
                 typer.echo(
                     f"{node.name}: network iface {'FAIL ' + nic if nic else 'ok'} ({settings.network_interface})"
                 )
-        if settings.gpus_per_node:
-            gpus = driver.has_nvidia_runtime()
-            if not gpus:
-                problems.append(f"{node.name}: no NVIDIA runtime")
-            typer.echo(f"{node.name}: GPUs          {'ok (nvidia runtime)' if gpus else 'FAIL no nvidia runtime'}")
+        if settings.gpus_per_node and image_id is not None:  # nvidia-smi runs in a container of the image
+            gpu = driver.gpu_problem(settings.image, settings.gpus_per_node)
+            if gpu:
+                problems.append(f"{node.name}: {gpu}")
+            typer.echo(
+                f"{node.name}: GPUs          {'FAIL ' + gpu if gpu else 'ok'} ({settings.gpus_per_node} asked for)"
+            )
         skew = driver.clock_skew_seconds()
         if abs(skew) > 5:
             problems.append(f"{node.name}: clock skew {skew:.1f} s")

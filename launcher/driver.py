@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, Ulimit
 
 import docker
+from app.gpu import GPU_QUERY, gpu_problem
 from launcher.jobstate import ContainerState
 from launcher.plan import (
     LABEL_CLUSTER,
@@ -62,6 +63,10 @@ class HostView:
 
     port_taken: bool
     nics: tuple[str, ...]
+
+
+def gpu_request(count: int) -> DeviceRequest:
+    return DeviceRequest(count=count, capabilities=[["gpu"]])
 
 
 class NodeError(RuntimeError):
@@ -112,8 +117,19 @@ class NodeDriver:
         engine = datetime.fromisoformat(stamp).replace(tzinfo=UTC)
         return (engine - datetime.now(UTC)).total_seconds()
 
-    def has_nvidia_runtime(self) -> bool:
-        return "nvidia" in (self.client.info().get("Runtimes") or {})
+    def gpu_problem(self, image: str, gpus: int) -> str | None:
+        """Why this node cannot give a worker `gpus` usable GPUs (the toolkit, the count, the driver, the GPUs'
+        age), from nvidia-smi in a short-lived container with the workers' own device request; None if it can."""
+        try:
+            output = self.client.containers.run(
+                image, list(GPU_QUERY), remove=True, device_requests=[gpu_request(gpus)]
+            )
+        except (APIError, ContainerError) as error:
+            return (
+                f"no GPUs reach a container there ({_first_line(error)}); install the NVIDIA Container Toolkit, "
+                "run `nvidia-ctk runtime configure --runtime=docker` and restart Docker"
+            )
+        return gpu_problem(output.decode(errors="replace"), gpus)
 
     def host_view(self, image: str, port: int) -> HostView:
         """Whether something on the node already listens on `port`, and the node's NICs, from one short-lived
@@ -170,9 +186,7 @@ class NodeDriver:
 
     # --- the worker container ---------------------------------------------------------------------------------
     def start_worker(self, plan: ClusterPlan) -> object:
-        device_requests = (
-            [DeviceRequest(count=plan.gpus_per_node, capabilities=[["gpu"]])] if plan.gpus_per_node else None
-        )
+        device_requests = [gpu_request(plan.gpus_per_node)] if plan.gpus_per_node else None
         try:
             return self.client.containers.run(
                 plan.image,

@@ -107,6 +107,9 @@ def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, 
                 f"{driver.node.name}: port {plan.ssh_port} is already in use there; free it or pass "
                 "--ssh-port with a free port"
             )
+        gpu = driver.gpu_problem(plan.image, plan.gpus_per_node) if plan.gpus_per_node else None
+        if gpu:  # else Docker's raw error after the first worker started, or a job that trains on the CPU
+            raise LaunchError(f"{driver.node.name}: {gpu}")
         nic = f", NIC {plan.network_interface} present" if plan.network_interface else ""
         say(f"{driver.node.name}: port {plan.ssh_port} free{nic}")
 
