@@ -381,3 +381,17 @@ def test_worker_refuses_passwords_and_other_clusters_keys(engine, tmp_path):
         network.remove()
         for volume in volumes:
             volume.remove(force=True)
+
+
+def test_gpu_variant_gives_one_worker_every_gpu_and_a_rank_per_gpu(compose_run):
+    """Docker turns `count: N` into GPUs 0..N-1 in every container: two workers would share GPU 0."""
+    run = compose_run(GPUS="4")
+    result = run.compose("-f", "compose.yaml", "-f", "compose.gpu.yaml", "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    worker, launcher = services["worker"], services["launcher"]
+    assert worker["deploy"]["replicas"] == 1
+    [device] = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["count"] == 4 and device["capabilities"] == ["gpu"]
+    assert launcher["environment"]["WORKERS"] == "1" and launcher["environment"]["SLOTS_PER_WORKER"] == "4"
+    assert launcher["environment"]["HOROVOD_STACK_GPUS"] == "1"
