@@ -121,6 +121,12 @@ def start(
         help="With --elastic: start a lost node's worker again; it "
         "rejoins at the next host discovery (not with --detach).",
     ),
+    device: list[str] | None = typer.Option(
+        None,
+        "--device",
+        help="A host device for every worker, HOST[:CONTAINER] (repeatable; default: DEVICES in .env), e.g. "
+        "/dev/infiniband so NCCL uses RDMA instead of sockets.",
+    ),
     debug: bool = typer.Option(
         False, help="NCCL_DEBUG=INFO for every rank: NCCL's topology and transports (default: WARN, errors only)."
     ),
@@ -155,6 +161,7 @@ def start(
         elastic_min_nodes=(min_nodes or 1) if elastic else None,
         elastic_max_nodes=max_nodes,
         restart_workers=restart_workers,
+        devices=tuple(device or ()),
     )
     stop_on_signals()
     try:

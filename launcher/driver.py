@@ -200,6 +200,7 @@ class NodeDriver:
                 device_requests=device_requests,
                 ulimits=[Ulimit(name=name, soft=limit, hard=limit) for name, limit in WORKER_ULIMITS.items()],
                 cap_add=list(WORKER_CAPABILITIES),
+                devices=[device if device.count(":") else f"{device}:{device}" for device in plan.devices] or None,
                 detach=True,
             )
         except APIError as error:

@@ -191,9 +191,10 @@ def defaults_unless_set(env: tuple[str, ...], extra: dict[str, str] | None = Non
 
 
 def nic_variables(network_interface: str | None) -> list[str]:
-    """The variables that pin NCCL's and Gloo's traffic to one NIC (Open MPI's own flags are separate)."""
+    """The variables that pin NCCL's and Gloo's traffic to one NIC (Open MPI's own flags are separate). NCCL takes
+    a bare name as a prefix (eth0 would also match eth01); a leading `=` makes it exact, as Gloo's are."""
     nic = network_interface
-    return [f"NCCL_SOCKET_IFNAME={nic}", f"GLOO_SOCKET_IFNAME={nic}", f"HOROVOD_GLOO_IFACE={nic}"] if nic else []
+    return [f"NCCL_SOCKET_IFNAME=={nic}", f"GLOO_SOCKET_IFNAME={nic}", f"HOROVOD_GLOO_IFACE={nic}"] if nic else []
 
 
 def horovodrun_argv(
@@ -411,6 +412,8 @@ class ClusterPlan:
     """What every rank runs (job_command): the user's command, or the trainer with its options."""
     env: tuple[str, ...] = ()
     """KEY=VALUE pairs every rank gets (mpirun -x)."""
+    devices: tuple[str, ...] = ()
+    """Host devices every worker gets, HOST_PATH[:CONTAINER_PATH] (RDMA: /dev/infiniband)."""
     workdir: str | None = None
     """A local folder copied to WORKDIR in every container, the job's working directory; None: none."""
     addresses: tuple[tuple[str, str], ...] = ()

@@ -73,6 +73,8 @@ class LaunchSettings:
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
     restart_workers: bool = False
     """Elastic: the launcher starts a node's worker again when it stops; it rejoins at the next discovery."""
+    devices: tuple[str, ...] = ()
+    """Host devices for every worker, HOST_PATH[:CONTAINER_PATH] (e.g. /dev/infiniband for RDMA)."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -99,6 +101,12 @@ class LaunchSettings:
                 check_env_assignment(item)
             except ValueError as error:
                 raise SettingsError(str(error)) from None
+        for device in self.devices:
+            if not all(part.startswith("/dev/") for part in device.split(":")[:2]):
+                raise SettingsError(
+                    f"--device {device!r} is not HOST_PATH[:CONTAINER_PATH] under /dev: pass e.g. "
+                    "--device /dev/infiniband"
+                )
         if self.workdir is not None:
             if not self.workdir.is_dir():
                 raise SettingsError(
@@ -156,6 +164,7 @@ class LaunchSettings:
             shm_size=self.shm_size,
             command=tuple(with_run_dir(self.command, run_dir(cluster_id))),
             env=self.env,
+            devices=self.devices,
             workdir=str(self.workdir) if self.workdir else None,
             elastic_min_nodes=self.elastic_min_nodes,
             elastic_max_nodes=self.elastic_max_nodes,
@@ -200,6 +209,7 @@ def resolve_settings(
     elastic_min_nodes: int | None = None,
     elastic_max_nodes: int | None = None,
     restart_workers: bool = False,
+    devices: tuple[str, ...] = (),
 ) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults. Compose's keys (NETWORK_INTERFACE, WORKERS, ...)
     are not read: they describe compose's containers, not the nodes."""
@@ -227,5 +237,6 @@ def resolve_settings(
         elastic_min_nodes=elastic_min_nodes,
         elastic_max_nodes=elastic_max_nodes,
         restart_workers=restart_workers,
+        devices=devices or tuple(item.strip() for item in env.get("DEVICES", "").split(",") if item.strip()),
         **{key: value for key, value in chosen.items() if value is not None},
     )

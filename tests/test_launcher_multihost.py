@@ -212,7 +212,8 @@ def seconds_between(earlier: str, later: str) -> float:
 
 
 def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster):
-    detached = launcher(cluster, *start_args(cluster, "--detach"), "--", "--dataset", "digits", "--epochs", "2")
+    detached = launcher(cluster, *start_args(cluster, "--detach", "--device", "/dev/null:/dev/hst-test-device"),
+                        "--", "--dataset", "digits", "--epochs", "2")
     assert detached.returncode == 0, detached.stderr[-3000:]
     assert "every container stops when the job ends" in detached.stderr
     containers = wait_until_stopped(cluster)  # the launcher process is long gone: nothing depends on it
@@ -224,6 +225,8 @@ def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster):
     for container in containers:  # what NCCL asks of a container
         assert container.attrs["HostConfig"]["CapAdd"] == ["IPC_LOCK"]
         assert {"Name": "stack", "Soft": 64 * 1024**2, "Hard": 64 * 1024**2} in container.attrs["HostConfig"]["Ulimits"]
+        [device] = container.attrs["HostConfig"]["Devices"]  # --device, as RDMA's /dev/infiniband would be
+        assert (device["PathOnHost"], device["PathInContainer"]) == ("/dev/null", "/dev/hst-test-device")
 
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
     print(status.stdout)

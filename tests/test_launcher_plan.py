@@ -179,7 +179,7 @@ def test_workdir_archive_is_owned_by_mpiuser_and_skips_caches(tmp_path):
 def test_one_nic_setting_reaches_open_mpi_nccl_and_gloo():
     argv = make_plan(network_interface="ens5").job_argv()
     joined = " ".join(argv)
-    for expected in ("--mca btl_tcp_if_include ens5", "--mca oob_tcp_if_include ens5", "-x NCCL_SOCKET_IFNAME=ens5",
+    for expected in ("--mca btl_tcp_if_include ens5", "--mca oob_tcp_if_include ens5", "-x NCCL_SOCKET_IFNAME==ens5",
                      "-x GLOO_SOCKET_IFNAME=ens5", "-x HOROVOD_GLOO_IFACE=ens5"):
         assert expected in joined
 
@@ -248,6 +248,8 @@ def test_ssh_client_config_is_strict_on_the_stacks_port():
     ({"env": ("NO_EQUALS",)}, "is not KEY=VALUE"),
     ({"env": ("1BAD=x",)}, "is not KEY=VALUE"),
     ({"workdir": Path("/no/such/folder")}, "--workdir /no/such/folder is not a folder here"),
+    ({"devices": ("infiniband",)}, r"--device 'infiniband' is not HOST_PATH\[:CONTAINER_PATH\] under /dev"),
+    ({"devices": ("/dev/infiniband:/etc",)}, r"is not HOST_PATH\[:CONTAINER_PATH\] under /dev"),
 ])
 def test_bad_settings_are_refused(overrides, message):
     with pytest.raises(SettingsError, match=message):
@@ -390,3 +392,10 @@ def test_compose_gives_its_containers_the_launchers_limits():
     for name, limit in WORKER_ULIMITS.items():
         assert f"    {name}: {limit}\n" in compose
     assert f"cap_add: [{', '.join(WORKER_CAPABILITIES)}]" in compose
+
+
+def test_devices_come_from_the_flag_or_the_env_file():
+    from_env = resolve_settings({"NODES": "a", "DEVICES": "/dev/infiniband, /dev/null:/dev/x"}, nodes=None)
+    assert from_env.plan().devices == ("/dev/infiniband", "/dev/null:/dev/x")
+    flag = resolve_settings({"NODES": "a", "DEVICES": "/dev/infiniband"}, nodes=None, devices=("/dev/null",))
+    assert flag.devices == ("/dev/null",)
