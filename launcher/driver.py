@@ -13,13 +13,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, Ulimit
 
-import docker
 from app.gpu import GPU_QUERY, gpu_problem
 from launcher.jobstate import ContainerState
 from launcher.plan import (
+    GPU_WORKER_ULIMITS,
     LABEL_CLUSTER,
     LABEL_NODE,
     SHARED_MOUNT,
@@ -187,6 +188,7 @@ class NodeDriver:
     # --- the worker container ---------------------------------------------------------------------------------
     def start_worker(self, plan: ClusterPlan) -> object:
         device_requests = [gpu_request(plan.gpus_per_node)] if plan.gpus_per_node else None
+        ulimits = GPU_WORKER_ULIMITS if plan.gpus_per_node else WORKER_ULIMITS
         try:
             return self.client.containers.run(
                 plan.image,
@@ -198,7 +200,7 @@ class NodeDriver:
                 shm_size=plan.shm_size,
                 volumes={plan.shared_dir: {"bind": SHARED_MOUNT, "mode": "rw"}},
                 device_requests=device_requests,
-                ulimits=[Ulimit(name=name, soft=limit, hard=limit) for name, limit in WORKER_ULIMITS.items()],
+                ulimits=[Ulimit(name=name, soft=limit, hard=limit) for name, limit in ulimits.items()],
                 cap_add=list(WORKER_CAPABILITIES),
                 devices=[device if device.count(":") else f"{device}:{device}" for device in plan.devices] or None,
                 detach=True,

@@ -44,9 +44,12 @@ peers often get no TCP reset, so this bounds how soon an elastic job notices the
 HOROVOD_GLOO_TIMEOUT_SECONDS=N overrides it for steps where ranks legitimately wait longer."""
 BLACKLIST_COOLDOWN_SECONDS = (2, 30)
 """A host whose worker failed may rejoin after 4-6 s, doubling on each further failure (horovodrun's range)."""
-WORKER_ULIMITS = {"memlock": -1, "stack": 64 * 1024**2}
-"""NCCL's container advice: unlimited locked memory (RDMA registers its buffers) and a 64 MB stack (compose.yaml sets
-the same)."""
+WORKER_ULIMITS = {"stack": 64 * 1024**2}
+"""NCCL's container advice, for every worker: a 64 MB stack (compose.yaml sets the same)."""
+GPU_WORKER_ULIMITS = {**WORKER_ULIMITS, "memlock": -1}
+"""GPU workers also get unlimited locked memory, which NCCL's RDMA transports register their buffers in
+(compose.gpu.yaml sets the same). Not for CPU workers: raising the limit needs the engine's CAP_SYS_RESOURCE,
+which some hosts (sandboxes, rootless engines) lack, and CPU jobs have no use for it."""
 WORKER_CAPABILITIES = ("IPC_LOCK",)
 """Lets a rank lock the memory it registers for RDMA (InfiniBand, RoCE)."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

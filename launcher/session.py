@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 import docker
+
 from launcher import sshtrust, workdir
 from launcher.driver import NodeDriver
 from launcher.plan import LABEL_CLUSTER, WORKDIR, ClusterPlan, Node, nic_problem

@@ -119,7 +119,7 @@ def test_plain_compose_up_trains_across_containers_and_returns(engine, compose_r
     assert project_containers(engine, run.project, status="running") == []
     for container in project_containers(engine, run.project):  # what NCCL asks of a container
         assert "IPC_LOCK" in container.attrs["HostConfig"]["CapAdd"]
-        assert {"Name": "memlock", "Soft": -1, "Hard": -1} in container.attrs["HostConfig"]["Ulimits"]
+        assert {"Name": "stack", "Soft": 64 * 1024**2, "Hard": 64 * 1024**2} in container.attrs["HostConfig"]["Ulimits"]
     launcher = next(c for c in project_containers(engine, run.project)
                     if c.labels["com.docker.compose.service"] == "launcher")
     assert not any(PRIVATE_KEY_MARK.decode() in variable for variable in launcher.attrs["Config"]["Env"])
@@ -393,5 +393,6 @@ def test_gpu_variant_gives_one_worker_every_gpu_and_a_rank_per_gpu(compose_run):
     assert worker["deploy"]["replicas"] == 1
     [device] = worker["deploy"]["resources"]["reservations"]["devices"]
     assert device["count"] == 4 and device["capabilities"] == ["gpu"]
+    assert worker["ulimits"]["memlock"] == -1 and worker["ulimits"]["stack"] == 64 * 1024**2
     assert launcher["environment"]["WORKERS"] == "1" and launcher["environment"]["SLOTS_PER_WORKER"] == "4"
     assert launcher["environment"]["HOROVOD_STACK_GPUS"] == "1"

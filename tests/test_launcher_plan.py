@@ -386,11 +386,14 @@ def test_bad_elastic_settings_are_refused(overrides, message):
 
 
 def test_compose_gives_its_containers_the_launchers_limits():
-    from launcher.plan import WORKER_CAPABILITIES, WORKER_ULIMITS
+    from launcher.plan import GPU_WORKER_ULIMITS, WORKER_CAPABILITIES, WORKER_ULIMITS
 
-    compose = (Path(__file__).resolve().parents[1] / "compose.yaml").read_text()
+    repo = Path(__file__).resolve().parents[1]
+    compose, gpu_file = (repo / "compose.yaml").read_text(), (repo / "compose.gpu.yaml").read_text()
     for name, limit in WORKER_ULIMITS.items():
         assert f"    {name}: {limit}\n" in compose
+    for name in GPU_WORKER_ULIMITS.keys() - WORKER_ULIMITS.keys():
+        assert f"      {name}: {GPU_WORKER_ULIMITS[name]}\n" in gpu_file and f"{name}:" not in compose
     assert f"cap_add: [{', '.join(WORKER_CAPABILITIES)}]" in compose
 
 
