@@ -20,13 +20,14 @@
 set -euo pipefail
 
 ROLE="${1:-worker}"
-eval "$(python -m launcher.protocol shell)"
-SSH_PORT="${SSH_PORT:-$DEFAULT_SSH_PORT}"
 log() { echo "[$(date +%H:%M:%S) ${ROLE}] $*"; }
 
 run_worker() {
   local keydir="$HOME/.sshd" address started ended="" status=0
+  eval "$(python -m launcher.protocol shell)"
+  SSH_PORT="${SSH_PORT:-$DEFAULT_SSH_PORT}"
   mkdir -p "$keydir"
+  echo "$SSH_PORT" > "$keydir/port"  # for the healthcheck, which runs often and needs no Python
   [ -f "$keydir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$keydir/host_ed25519"
   rm -f "$JOB_END_FILE" "$WORKER_CLAIMED"  # a restarted container waits for a new claim
   # The agent pins this key: it reads it from the cluster's files, never trusts it over the network.
@@ -71,6 +72,6 @@ run_worker() {
 case "$ROLE" in
   worker) run_worker ;;
   launcher) shift; exec python -m launcher.agent compose "$@" ;;
-  healthcheck) ss -Hltn "sport = :$SSH_PORT" | grep -q LISTEN ;;
+  healthcheck) port=$(cat "$HOME/.sshd/port") && ss -Hltn "sport = :$port" | grep -q LISTEN ;;
   *) exec "$@" ;;
 esac

@@ -51,9 +51,11 @@ from launcher.protocol import (
     KNOWN_HOSTS,
     SSH_CONFIG,
     SSH_CONNECT_TIMEOUT_SECONDS,
+    STOP_SIGNALS,
     WORKER_CLAIM_TIMEOUT_SECONDS,
     WORKER_CLAIMED,
     JobEnd,
+    Signalled,
     lost_driver_message,
     parse_job_end,
 )
@@ -74,14 +76,6 @@ def say(message: str) -> None:
 
 class JobError(RuntimeError):
     """The job could not run, or failed for a reason the agent can name; one line naming the fix."""
-
-
-class Stopped(Exception):
-    """The agent was told to stop (SIGTERM, SIGINT, SIGHUP) before the job ran."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 class Lifeline(Protocol):
@@ -260,7 +254,7 @@ class Agent:
         except JobError as error:
             self.say(f"error: {error}")
             end = JobEnd(2, str(error))
-        except Stopped as stop:
+        except Signalled as stop:  # before the job ran; once it runs, the signal goes to it
             end = JobEnd(128 + stop.signum, f"the job's agent was stopped ({stop}) before the job ended")
             self.say(f"error: {end.cause}")
         except Exception as error:  # noqa: BLE001  a bug of ours still ends the job, every worker told
@@ -296,39 +290,41 @@ class Agent:
         self.wind_down(end, workers, patience)
 
     def wind_down(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
-        """Tells every worker the job ended: down its lifeline, or over a new connection where it has none open
-        (never claimed: retried for `patience` seconds). The worker whose container runs this agent (the
-        launcher's rank 0) hears last: it stops soon after, and this agent with it."""
+        """Tells every worker the job ended. The worker whose container runs this agent (the launcher's rank 0)
+        hears last: it stops soon after, and this agent with it."""
         message = KEEP_RUNNING if self.spec.keep_running else end.message()
         own = self.spec.agent_host
-        others = {address: line for address, line in self.lifelines.items() if address != own}
-        sent = [line for line in others.values() if line.alive()]
-        # A worker whose lifeline closed has recorded that itself and stopped; one more word costs a short try.
-        closed = [worker for worker in workers if worker.address in others and not others[worker.address].alive()]
-        for line in sent:
+        self.tell_all([worker for worker in workers if worker.address != own], message, patience)
+        if own is not None:
+            self.tell_all([worker for worker in workers if worker.address == own] or [Worker(own, own)], message)
+
+    def tell_all(self, workers: list[Worker], message: str, patience: float = 0) -> None:
+        """Every open lifeline gets the word before any is waited on. A worker whose lifeline closed has recorded
+        that itself and stopped: one more word costs a short try. One never claimed is told over a new connection,
+        retried for `patience` seconds."""
+        lines = {
+            worker.address: self.lifelines[worker.address] for worker in workers if worker.address in self.lifelines
+        }
+        sent = {address: line for address, line in lines.items() if line.alive()}
+        for line in sent.values():
             line.send(message)
-        for worker in closed:
-            self.tell(worker, message, timeout=DISCOVERY_SSH_TIMEOUT)
+        for worker in workers:
+            if worker.address in lines and worker.address not in sent:
+                self.tell(worker, message, timeout=DISCOVERY_SSH_TIMEOUT)
         deadline = self.clock() + patience
-        pending = [worker for worker in workers if worker.address not in self.lifelines and worker.address != own]
+        pending = [worker for worker in workers if worker.address not in lines]
         while pending:
             pending = [worker for worker in pending if not self.tell(worker, message)]
             if not pending or self.clock() > deadline:
                 break
             self.sleep(1)
-        for line in sent:
+        for line in sent.values():
             line.wait()
         if pending:
             self.say(
                 f"could not reach {', '.join(worker.name for worker in pending)} to say the job ended; a "
                 f"worker no job claims stops by itself {WORKER_CLAIM_TIMEOUT_SECONDS} s after it started"
             )
-        own_line = self.lifelines.get(own) if own is not None else None
-        if own_line is not None and own_line.alive():
-            own_line.send(message)
-            own_line.wait()
-        elif own is not None:
-            self.tell(Worker(own, own), message)
 
     def tell(self, worker: Worker, message: str, timeout: float = SSH_CONNECT_TIMEOUT_SECONDS) -> bool:
         command = lifeline_command(self.spec.driver)
@@ -361,6 +357,13 @@ class ElasticClaims(threading.Thread):
 
 
 # --- the real side effects ---------------------------------------------------------------------------------------
+def read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
 def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -415,10 +418,7 @@ class SshTransport:
         return sorted({str(entry[4][0]) for entry in found}, key=ipaddress.ip_address)
 
     def read(self, path: str) -> str | None:
-        try:
-            return Path(path).read_text()
-        except OSError:
-            return None
+        return read_text(path)
 
     def write(self, path: str, text: str, mode: int = 0o644) -> None:
         Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -474,9 +474,9 @@ def stop_on_signals(transport: SshTransport) -> None:
         if transport.child is not None and transport.child.poll() is None:
             transport.child.send_signal(signum)
         elif not transport.job_over:  # once the job is over, its end is recorded and told as it is
-            raise Stopped(signum)
+            raise Signalled(signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, handler)
 
 
@@ -524,7 +524,7 @@ def follow(
     """Prints JOB_LOG from byte `start` as it grows; returns the job's status once JOB_STATUS says it ended."""
     started, position = time.monotonic(), start
     while True:
-        ended = parse_job_end(SshTransport().read(status_path))  # read before the log: then the log is complete
+        ended = parse_job_end(read_text(status_path))  # read before the log: then the log is complete
         try:
             with open(log_path, "rb") as log:
                 log.seek(position)

@@ -13,7 +13,7 @@ import typer
 from launcher import jobstate, session
 from launcher.driver import NodeDriver, NodeError
 from launcher.plan import LABEL_CLUSTER, LABEL_ROLE, NIC_SETTING, job_command, nic_problem, run_dir
-from launcher.protocol import AGENT, JOB_LOG, JOB_STATUS
+from launcher.protocol import AGENT, JOB_LOG, JOB_STATUS, STOP_SIGNALS, Signalled
 from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
 
 app = typer.Typer(
@@ -57,11 +57,11 @@ def stop_on_signals() -> None:
     job's SIGINT) stays ignored: that is the caller's choice."""
 
     def stop(signum: int, _frame: object) -> None:
-        for other in session.STOP_SIGNALS:
+        for other in STOP_SIGNALS:
             signal.signal(other, signal.SIG_IGN)
-        raise session.Signalled(signum)
+        raise Signalled(signum)
 
-    for signum in session.STOP_SIGNALS:
+    for signum in STOP_SIGNALS:
         if signum == signal.SIGTERM or signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, stop)
 
@@ -170,7 +170,7 @@ def start(
         )
     except (session.LaunchError, NodeError) as error:
         fail(str(error))
-    except session.Signalled as stop:
+    except Signalled as stop:
         fail(f"{STOPPED_BY[signal.Signals(stop.signum)]}; the cluster's containers were removed", 128 + stop.signum)
     except KeyboardInterrupt:
         fail(f"{STOPPED_BY[signal.SIGINT]}; the cluster's containers were removed", 128 + signal.SIGINT)

@@ -38,6 +38,10 @@ def _whole(environ: Mapping[str, str], key: str, default: int, low: int = 1, hig
     return int(raw)
 
 
+def _worker_service(environ: Mapping[str, str]) -> str:
+    return environ.get("WORKER_SERVICE", "").strip() or "worker"
+
+
 def new_run_id(now: float | None = None) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(2)
 
@@ -69,7 +73,7 @@ def job_spec(environ: Mapping[str, str], args: list[str]) -> JobSpec:
         command=tuple(command),
         expected_workers=workers,
         slots=slots,
-        worker_service=environ.get("WORKER_SERVICE", "").strip() or "worker",
+        worker_service=_worker_service(environ),
         ssh_port=ssh_port,
         network_interface=environ.get("NETWORK_INTERFACE", "").strip() or None,
         workdir=WORKDIR if environ.get("WORKDIR", "").strip() else None,
@@ -90,7 +94,7 @@ def fallback_spec(environ: Mapping[str, str]) -> JobSpec:
         job_id="refused",
         command=(),
         expected_workers=0,
-        worker_service=environ.get("WORKER_SERVICE", "").strip() or "worker",
+        worker_service=_worker_service(environ),
         ssh_port=int(port) if port.isdigit() else SSH_PORT,
         driver="compose's launcher container",
         make_key=True,

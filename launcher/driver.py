@@ -233,15 +233,10 @@ class NodeDriver:
 
     def worker_problem(self, container) -> str | None:
         """Why the worker container is not running, or None while it runs."""
-        try:
-            container.reload()
-        except NotFound:
-            return "its worker container is gone (removed)"
-        if container.status == "running":
-            return None
+        lost = self.lost_reason(container)
+        if lost or container.status == "running":
+            return lost
         exit_code = container.attrs["State"].get("ExitCode")
-        if exit_code == 137:
-            return "its worker container stopped (killed)"
         last_line = container.logs(tail=1).decode().strip() or "no output"
         return f"its worker container stopped (exit status {exit_code}; last output: {last_line})"
 

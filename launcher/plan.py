@@ -353,7 +353,7 @@ class JobSpec:
 
     @property
     def cwd(self) -> str:
-        return WORKDIR if self.workdir else HOME
+        return self.workdir or HOME
 
     def job_argv(self) -> list[str]:
         """The job's one command line: mpirun over HOSTFILE_PATH, or elastic horovodrun over the discovery."""
@@ -510,10 +510,10 @@ class ClusterPlan:
             if self.elastic
             else ""
         )
-        program = "horovodrun" if self.elastic else "mpirun"
+        spec = self.job_spec()
         return (
             f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.nodes)} nodes [{nodes}], "
             f"{self.slots_per_node} slot(s) per node{', GPUs' if self.gpus_per_node else ''}, image "
             f"{self.image}, ssh port {self.ssh_port}, NIC {self.network_interface or 'any'}, shared "
-            f"{self.shared_dir}{code}{elastic}\n{program}: {' '.join(self.job_argv())}"
+            f"{self.shared_dir}{code}{elastic}\n{spec.program}: {' '.join(spec.job_argv())}"
         )

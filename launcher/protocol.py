@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 import sys
 from dataclasses import dataclass
 
@@ -56,6 +57,18 @@ WORKER_CLAIMED = f"{HOME}/.claimed"
 AGENT = ("python", "-m", "launcher.agent")
 DISCOVERY_SCRIPT = "/opt/horovod-stack/docker/discover-hosts.sh"
 """Elastic Horovod's host discovery, in the image (`python -m launcher.agent discover`)."""
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Ctrl-C, `kill` or a service manager's stop, a closed terminal: what the launcher and the agent stop on."""
+
+
+class Signalled(BaseException):
+    """A process was told to stop by one of STOP_SIGNALS; like KeyboardInterrupt, not an Exception."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
 
 # --- messages -----------------------------------------------------------------------------------------------------
 AGENT_PREFIX = "[agent "
@@ -117,7 +130,7 @@ def main(argv: list[str]) -> int:
         end = parse_job_end(argv[1])
         print(end.status if end else 1)
         return 0
-    print(__doc__.strip().splitlines()[-2:][0].strip(), file=sys.stderr)
+    print(__doc__, file=sys.stderr)
     return 2
 
 

@@ -32,7 +32,9 @@ from launcher.protocol import (
     JOB_LOG,
     JOB_SPEC,
     JOB_STATUS,
+    STOP_SIGNALS,
     JobEnd,
+    Signalled,
     parse_job_end,
 )
 from launcher.settings import LaunchSettings
@@ -42,9 +44,6 @@ Say = Callable[[str], None]
 
 class LaunchError(RuntimeError):
     """The launch stopped; the message is the one root cause, naming the fix."""
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextmanager
@@ -57,14 +56,6 @@ def signals_ignored() -> Iterator[None]:
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
-
-
-class Signalled(BaseException):
-    """The launcher was told to stop (SIGINT, SIGTERM, SIGHUP); like KeyboardInterrupt, not an Exception."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def connect_all(plan: ClusterPlan, say: Say) -> list[NodeDriver]:
@@ -316,8 +307,10 @@ def elastic_failure(
     return None
 
 
-def dead_worker(drivers: list[NodeDriver], containers: list) -> str | None:
-    for driver, container in zip(drivers, containers, strict=True):
+def dead_worker(drivers: list[NodeDriver], containers: list, rank0_ended_first: bool) -> str | None:
+    """A worker killed or removed during the run (rank 0's own exit code is the job's once the job has ended)."""
+    start = 0 if rank0_ended_first else 1
+    for driver, container in zip(drivers[start:], containers[start:], strict=True):
         problem = driver.lost_reason(container)
         if problem:
             return f"{driver.node.name}: {problem} during the run"
@@ -399,11 +392,11 @@ def launch(
         if end is None or not end.succeeded:
             # The engines see more than the agent: which container was killed, or removed. (Once the job's status
             # is recorded, rank 0's container exits with it: its exit code is the job's, not a kill.)
-            members = slice(0 if end is None else 1, None)
+            rank0_ended_first = end is None
             seen = (
-                elastic_failure(plan, drivers, containers, watch, rank0_ended_first=end is None)
+                elastic_failure(plan, drivers, containers, watch, rank0_ended_first)
                 if watch
-                else dead_worker(drivers[members], containers[members])
+                else dead_worker(drivers, containers, rank0_ended_first)
             )
             cause = seen or (end.cause if end else f"{plan.rank0.name}: rank 0's container ended before the job did")
             if cause:
