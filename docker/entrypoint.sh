@@ -44,14 +44,14 @@ run_worker() {
     if [ -f "$JOB_END_FILE" ]; then
       ended=$(cat "$JOB_END_FILE")
       # After a job's end the grace lets its driver exit first (compose's `up --exit-code-from launcher`).
-      if [[ "$ended" == lost:* ]]; then log "${ended#lost: }; stopping"
+      if [[ "$ended" == "$LOST_PREFIX"* ]]; then log "${ended#"$LOST_PREFIX"}; stopping"
       else sleep "$WORKER_STOP_GRACE"; log "the job ended ($ended); stopping"; fi
       kill -TERM "$sshd" 2>/dev/null
       break
     fi
     if [ ! -e "$WORKER_CLAIMED" ] && [ $((SECONDS - started)) -ge "$WORKER_CLAIM_TIMEOUT" ]; then
-      ended="lost: no job claimed this worker within $WORKER_CLAIM_TIMEOUT s"
-      log "${ended#lost: }; stopping"
+      ended="${LOST_PREFIX}no job claimed this worker within $WORKER_CLAIM_TIMEOUT s"
+      log "${ended#"$LOST_PREFIX"}; stopping"
       kill -TERM "$sshd" 2>/dev/null
       break
     fi
@@ -63,7 +63,7 @@ run_worker() {
     # Lost its driver: not a normal end. Else the job's end: rank 0's container (EXIT_WITH_JOB=1) keeps the job's
     # status as its own; every other worker ended normally.
     status=0
-    if [[ "$ended" == lost:* ]]; then status=1
+    if [[ "$ended" == "$LOST_PREFIX"* ]]; then status=1
     elif [ "${EXIT_WITH_JOB:-0}" = 1 ]; then status=$(python -m launcher.protocol exit-code "$ended"); fi
   fi
   exit "$status"

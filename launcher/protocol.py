@@ -73,6 +73,8 @@ class Signalled(BaseException):
 # --- messages -----------------------------------------------------------------------------------------------------
 AGENT_PREFIX = "[agent "
 """Every line the agent itself prints starts so ("[agent 12:00:01] ..."): the launcher tells them from the job's."""
+LOST_PREFIX = "lost: "
+"""How a worker's end file starts when the job's driver went away instead of ending the job."""
 KEEP_RUNNING = "keep running"
 """Sent over a lifeline instead of a job-end message: the job ended, but the worker stays (--keep-running)."""
 _JOB_END = re.compile(r"^exit status (\d+)(?:: (.*))?$")
@@ -107,7 +109,7 @@ def parse_job_end(text: str | None) -> JobEnd | None:
 
 def lost_driver_message(driver: str) -> str:
     """What a worker's lifeline records when its agent went away without a job-end message."""
-    return f"lost: {driver} went away (its ssh lifeline closed)"
+    return f"{LOST_PREFIX}{driver} went away (its ssh lifeline closed)"
 
 
 def shell_settings() -> dict[str, str]:
@@ -118,6 +120,7 @@ def shell_settings() -> dict[str, str]:
         "WORKER_CLAIMED": WORKER_CLAIMED,
         "HOSTKEYS_DIR": HOSTKEYS_DIR,
         "WORKER_STOP_GRACE": str(WORKER_STOP_GRACE_SECONDS),
+        "LOST_PREFIX": LOST_PREFIX,
         "WORKER_CLAIM_TIMEOUT": str(WORKER_CLAIM_TIMEOUT_SECONDS),
     }
 
