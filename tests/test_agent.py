@@ -293,7 +293,7 @@ def test_shell_settings_are_the_protocols(capsys):
     from launcher import protocol
 
     assert protocol.main(["shell"]) == 0
-    printed = dict(line.split("=", 1) for line in capsys.readouterr().out.split())
+    printed = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
     assert printed["DEFAULT_SSH_PORT"] == "12345" and printed["JOB_END_FILE"] == protocol.JOB_END_FILE
     assert protocol.main(["exit-code", "exit status 5: x"]) == 0 and capsys.readouterr().out == "5\n"
     assert Path(protocol.DISCOVERY_SCRIPT).name == "discover-hosts.sh"
