@@ -172,8 +172,6 @@ def start(
         fail(str(error))
     except Signalled as stop:
         fail(f"{STOPPED_BY[signal.Signals(stop.signum)]}; the cluster's containers were removed", 128 + stop.signum)
-    except KeyboardInterrupt:
-        fail(f"{STOPPED_BY[signal.SIGINT]}; the cluster's containers were removed", 128 + signal.SIGINT)
     except Exception as error:  # anything unforeseen still ends as one line; cleanup already ran
         fail(
             f"unexpected {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}; "

@@ -358,8 +358,8 @@ def launch(
     out: IO[str] = sys.stdout,
 ) -> int:
     """Runs one training job across the nodes; returns the job's exit status (raises LaunchError on failure).
-    Attached, the job's output goes to `out` and the agent's lines to `relay`; a Signalled or KeyboardInterrupt
-    while attached removes the cluster on every node."""
+    Attached, the job's output goes to `out` and the agent's lines to `relay`; a Signalled (the CLI's
+    handler for STOP_SIGNALS) while attached removes the cluster on every node."""
     plan = settings.plan()
     say(plan.describe())
     drivers = connect_all(plan, say)
@@ -404,8 +404,8 @@ def launch(
         assert end is not None
         say(f"job finished with exit status {end.status}")
         return end.status
-    except (KeyboardInterrupt, Signalled) as stop:
-        say(f"{'SIGINT' if isinstance(stop, KeyboardInterrupt) else stop}: removing the cluster on every node")
+    except Signalled as stop:
+        say(f"{stop}: removing the cluster on every node")
         raise
     finally:
         if not detached:
