@@ -1,0 +1,240 @@
+"""The docs name only what exists: every launcher option written in README.md and docs/*.md is an option of that
+command in the typer CLI, and every .env key they name as a setting is in .env.example or one of compose's
+${...} variables.
+
+Only launcher command lines count as options (a line or a backticked span that starts with `launcher`, up to a
+standalone `--`, after which the words belong to the job), plus backticked options later on a prose line that
+names `launcher SUBCOMMAND`; mpirun's, docker's and the trainer's own flags are left alone. A key counts as a
+setting in a `.env`-style line of a code block (`KEY=value` alone), in `KEY=value` words before
+`docker compose`, and in prose as a backticked `KEY` (or `KEY=value`) followed by "in .env", or right after
+"in `.env` as/with".
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+
+from launcher.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+END_OF_OPTIONS = re.compile(r"(?<!\S)--(?!\S)")
+SPAN = re.compile(r"`([^`]+)`")
+COMMAND_LINE = re.compile(r"^(?:\$\s+)?(?:\S*/)?launcher(?:\s+(.*))?$", re.DOTALL)
+KEY = r"[A-Z][A-Z0-9]*(?:_(?:[A-Z0-9]+|<[A-Z]+>))*"
+ENV_FILE = r"`?\.env`?(?![\w.-])"
+KEY_IN_ENV = re.compile(rf"`({KEY})(?:=[^`]*)?`\s+in\s+{ENV_FILE}")
+ENV_AS_KEY = re.compile(rf"in\s+{ENV_FILE}(?:\s+as|\s+with|:)\s+`({KEY})=[^`]*`((?:\s+(?:with|and)\s+`{KEY}=[^`]*`)*)")
+CHAINED_KEY = re.compile(rf"`({KEY})=")
+ENV_LINE = re.compile(rf"^({KEY})=\S*(?:\s+#.*)?$")
+ASSIGNMENT = re.compile(rf"^({KEY})=")
+PER_NODE_ENGINE = re.compile(r"DOCKER_HOST_(?:<NODE>|[A-Z0-9_]+)")  # launcher/settings.py engine_override_key
+# `--gpus` (a count or GPU IDs; `--gpus-per-node` is its alias) on start and doctor: the docs may name it while the
+# option lands in launcher/cli.py.
+EXPECTED_SOON = {"start": {"--gpus"}, "doctor": {"--gpus"}}
+
+
+def cli_options() -> dict[str, set[str]]:
+    """Each command's options (with --no-... forms and the --help every command has); '' is the group's own."""
+    group = typer.main.get_command(app)
+    group_context = group.context_class(group, info_name="launcher")
+    commands = {"": {opt for param in group.get_params(group_context) for opt in param.opts}}
+    for name, command in group.commands.items():
+        context = command.context_class(command, info_name=name, parent=group_context)
+        commands[name] = {
+            opt for param in command.get_params(context) for opt in [*param.opts, *getattr(param, "secondary_opts", [])]
+        } | EXPECTED_SOON.get(name, set())
+    return commands
+
+
+def allowed_keys() -> set[str]:
+    """The keys .env.example sets (or shows commented out) and the variables compose's files read."""
+    keys = set()
+    for line in (REPO / ".env.example").read_text().splitlines():
+        match = re.match(rf"^#?\s?({KEY})=\S*$", line)
+        if match:
+            keys.add(match.group(1))
+    for compose_file in REPO.glob("compose*.yaml"):
+        keys |= set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", compose_file.read_text()))
+    return keys
+
+
+def blocks(text: str) -> tuple[list[tuple[int, str]], list[list[tuple[int, str]]]]:
+    """(code lines, prose paragraphs), each line with its number; a paragraph is a run of non-blank prose lines."""
+    code: list[tuple[int, str]] = []
+    paragraphs: list[list[tuple[int, str]]] = [[]]
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            paragraphs.append([])
+        elif fenced:
+            code.append((number, line.strip()))
+        elif line.strip():
+            paragraphs[-1].append((number, line))
+        else:
+            paragraphs.append([])
+    return code, [paragraph for paragraph in paragraphs if paragraph]
+
+
+def command_options(words: str) -> tuple[str, list[str]]:
+    """The subcommand and the options of the text after `launcher`, up to a standalone `--` or a # comment."""
+    words = re.split(r"(?:^|\s)#", words, maxsplit=1)[0]
+    words = END_OF_OPTIONS.split(words, maxsplit=1)[0]
+    subcommand = next((word for word in words.split() if not word.startswith("-")), "")
+    return ("*" if subcommand == "..." else subcommand), OPTION.findall(words)  # `launcher ...`: any command
+
+
+def option_uses(text: str, commands: set[str]) -> list[tuple[int, str, str]]:
+    """(line, subcommand or '*' for any, option) for every launcher option the text writes."""
+    uses: list[tuple[int, str, str]] = []
+
+    def add_command(number: int, rest: str) -> None:
+        subcommand, options = command_options(rest or "")
+        uses.append((number, subcommand, ""))  # the subcommand itself must exist
+        uses.extend((number, subcommand, option) for option in options)
+
+    code, paragraphs = blocks(text)
+    for number, line in code:
+        match = COMMAND_LINE.match(line)
+        if match:
+            add_command(number, match.group(1))
+    mention = re.compile(rf"(?<![\w./-])launcher\s+(?:{'|'.join(sorted(c for c in commands if c))})\b")
+    for paragraph in paragraphs:
+        joined = "\n".join(line for _, line in paragraph)
+        line_of = [number for number, line in paragraph for _ in range(len(line) + 1)]
+        mentioned: set[int] = set()  # lines with a launcher command named so far
+        for position, kind, body in sorted(
+            [(m.start(), "mention", "") for m in mention.finditer(joined)]
+            + [(m.start(), "span", m.group(1).replace("\n", " ")) for m in SPAN.finditer(joined)]
+        ):
+            number = line_of[position]
+            if kind == "mention":
+                mentioned.add(number)
+                continue
+            match = COMMAND_LINE.match(body)
+            if match:
+                add_command(number, match.group(1))
+                mentioned.add(number)
+            elif number in mentioned and body.startswith("-"):
+                uses.extend((number, "*", option) for option in command_options(body)[1])
+            elif number in mentioned and body.split()[0] in commands and " -" in body:
+                add_command(number, body)
+    return uses
+
+
+def option_problems(text: str, cli: dict[str, set[str]]) -> list[str]:
+    every = set().union(*cli.values())
+    problems = []
+    for number, subcommand, option in option_uses(text, set(cli)):
+        if subcommand not in cli and subcommand != "*":
+            if not option:
+                problems.append(f"line {number}: `launcher {subcommand}`: no such command")
+        elif option and option not in (every if subcommand == "*" else cli[subcommand]):
+            where = "any command" if subcommand == "*" else f"launcher {subcommand or '(group)'}"
+            problems.append(f"line {number}: {option} is not an option of {where}")
+    return problems
+
+
+def key_uses(text: str) -> list[tuple[int, str]]:
+    """(line, key) for every .env key the text names as a setting."""
+    uses: list[tuple[int, str]] = []
+
+    def compose_prefix(number: int, command: str) -> None:
+        try:
+            words = shlex.split(command, comments=True)
+        except ValueError:
+            return
+        keys = []
+        while words and ASSIGNMENT.match(words[0]):
+            keys.append(ASSIGNMENT.match(words.pop(0)).group(1))
+        if words[:2] == ["docker", "compose"]:
+            uses.extend((number, key) for key in keys)
+
+    code, paragraphs = blocks(text)
+    for number, line in code:
+        match = ENV_LINE.match(line)
+        if match:
+            uses.append((number, match.group(1)))
+        else:
+            compose_prefix(number, line)
+    for paragraph in paragraphs:
+        joined = "\n".join(line for _, line in paragraph)
+        line_of = [number for number, line in paragraph for _ in range(len(line) + 1)]
+        for match in KEY_IN_ENV.finditer(joined):
+            uses.append((line_of[match.start()], match.group(1)))
+        for match in ENV_AS_KEY.finditer(joined):
+            uses.append((line_of[match.start()], match.group(1)))
+            uses.extend((line_of[match.start()], key) for key in CHAINED_KEY.findall(match.group(2)))
+        for match in SPAN.finditer(joined):
+            compose_prefix(line_of[match.start()], match.group(1).replace("\n", " "))
+    return uses
+
+
+def key_problems(text: str, keys: set[str]) -> list[str]:
+    return [
+        f"line {number}: {key} is not a key of .env.example or a variable of compose's files"
+        for number, key in key_uses(text)
+        if key not in keys and not PER_NODE_ENGINE.fullmatch(key)
+    ]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_launcher_option_in_the_docs_exists(doc):
+    assert option_problems(doc.read_text(), cli_options()) == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_env_key_in_the_docs_exists(doc):
+    assert key_problems(doc.read_text(), allowed_keys()) == []
+
+
+def test_the_docs_are_read_at_all():
+    """The extraction finds what the README plainly writes (a parser that finds nothing would pass everything)."""
+    readme = (REPO / "README.md").read_text()
+    options = {option for _, _, option in option_uses(readme, set(cli_options()))}
+    assert {"--nodes", "--gpus", "--workdir", "--network-interface", "--push-image"} <= options
+    assert {"NODES", "NODE_NETWORK_INTERFACE", "TRAIN_COMMAND", "WORKDIR", "GPUS"} <= {k for _, k in key_uses(readme)}
+    assert len(DOCS) >= 9
+
+
+SAMPLE = """\
+Start with `launcher start --nodes a,b --no-such-flag`, then `launcher doctor` and `--also-no-such-flag`.
+
+```sh
+launcher stop --follow
+launcher strat --nodes a
+launcher start --nodes a,b -- python train.py --epochs 5 --not-ours
+mpirun -np 2 --bind-to none python train.py
+docker compose up --exit-code-from launcher
+NO_SUCH_KEY=1 WORKERS=3 docker compose up
+NO_SUCH_ENV_LINE=1
+```
+
+Set `MISSING_KEY` in `.env`, or `NODES` in `.env`; `HOROVOD_CYCLE_TIME=0.2` is Horovod's own.
+Once in `.env` as `COMPOSE_FILE=compose.yaml:compose.gpu.yaml` with `OTHER_MISSING=N`.
+The trainer takes `--epochs`, and `docker compose run --rm --no-deps launcher python -m app.report`.
+"""
+
+
+def test_a_made_up_option_or_key_is_reported():
+    problems = option_problems(SAMPLE, cli_options())
+    assert problems == [
+        "line 4: --follow is not an option of launcher stop",
+        "line 5: `launcher strat`: no such command",
+        "line 1: --no-such-flag is not an option of launcher start",
+        "line 1: --also-no-such-flag is not an option of any command",
+    ]
+    assert key_problems(SAMPLE, allowed_keys()) == [
+        "line 9: NO_SUCH_KEY is not a key of .env.example or a variable of compose's files",
+        "line 10: NO_SUCH_ENV_LINE is not a key of .env.example or a variable of compose's files",
+        "line 13: MISSING_KEY is not a key of .env.example or a variable of compose's files",
+        "line 14: OTHER_MISSING is not a key of .env.example or a variable of compose's files",
+    ]
