@@ -61,8 +61,12 @@ COPY app /opt/horovod-stack/app
 # The job agent (launcher/agent.py) runs every job from the rank-0 container, whichever door started it.
 COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
-ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    PIP_FIND_LINKS=
+# GPUs only when a container asks for them: Docker's device request (--gpus, compose's devices:, the launcher's
+# GPU workers) sets NVIDIA_VISIBLE_DEVICES to the GPUs asked for, over this `void`, so a CPU worker on a host whose
+# default runtime is nvidia sees none. torch 2.14.1 from PyPI is a CUDA 13.0 build: the NVIDIA Container Toolkit
+# refuses a driver too old for it (< 580) with its own message, instead of a job that quietly trains on the CPU.
+ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=void NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA="cuda>=13.0" PIP_FIND_LINKS=
 USER mpiuser
 # matplotlib's font cache, made once here rather than by every job's rank 0 (curves.png) in a fresh container.
 RUN python -c "import matplotlib.font_manager"

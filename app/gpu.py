@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 GPUS_ASKED = "HOROVOD_STACK_GPUS"
-"""Set to 1 in every rank's environment by a door that gave the ranks GPUs (launcher --gpus-per-node, compose's
+"""Set to 1 in every rank's environment by a door that gave the ranks GPUs (launcher --gpus, compose's
 GPU file)."""
 DRIVER_MINIMUM = 580
 COMPUTE_CAPABILITY_MINIMUM = (7, 5)
@@ -24,7 +24,7 @@ def cuda_problem(environ: Mapping[str, str], cuda_available: bool, no_cuda: bool
     return (
         f"GPUs were asked for but CUDA is not available to this rank: torch is a CUDA 13.0 build, which needs an "
         f"NVIDIA driver >= {DRIVER_MINIMUM} and a GPU of compute capability >= {major}.{minor}; update the driver "
-        "(nvidia-smi shows its version), or train on CPUs (no --gpus-per-node, or --no-cuda)"
+        "(nvidia-smi shows its version), or train on CPUs (no --gpus, or --no-cuda)"
     )
 
 
@@ -38,7 +38,7 @@ def gpu_problem(query_output: str, wanted: int) -> str | None:
     if len(gpus) < wanted:
         return (
             f"only {len(gpus)} GPU(s) visible to a container there, {wanted} asked for; pass a smaller "
-            "--gpus-per-node, or free the busy ones"
+            "--gpus, or name free ones by ID (--gpus 2,3)"
         )
     for gpu in gpus:
         try:

@@ -210,7 +210,7 @@ class Agent:
         spec = self.spec
         argv = spec.job_argv()
         self.transport.write(HOSTFILE_PATH, hostfile(ready, spec.slots))
-        self.say(f"hostfile: {' '.join(f'{worker.address}:{spec.slots}' for worker in ready)}")
+        self.say(f"hostfile: {' '.join(f'{worker.address}:{spec.slots_of(worker)}' for worker in ready)}")
         self.say(f"running: {' '.join(argv)}")
         watch = ElasticClaims(self) if spec.elastic else None
         if watch:
@@ -557,7 +557,7 @@ def discover(transport: Transport, marker_dir: str = "/tmp") -> list[str]:
     lines = []
     for worker in agent.candidates():
         if agent.answers(worker, DISCOVERY_SSH_TIMEOUT):
-            lines.append(f"{worker.address}:{spec.slots}")
+            lines.append(f"{worker.address}:{spec.slots_of(worker)}")
             if not first_answered.exists():
                 first_answered.touch()
                 break

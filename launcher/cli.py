@@ -12,7 +12,7 @@ import typer
 
 from launcher import jobstate, session
 from launcher.driver import NodeDriver, NodeError
-from launcher.plan import LABEL_CLUSTER, LABEL_ROLE, NIC_SETTING, job_command, nic_problem, run_dir
+from launcher.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, NIC_SETTING, job_command, nic_problem, run_dir
 from launcher.protocol import AGENT, JOB_LOG, JOB_STATUS, STOP_SIGNALS, Signalled
 from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
 
@@ -22,9 +22,17 @@ app = typer.Typer(
     help="Run Horovod training across Docker hosts: one worker container per node, mpirun from rank 0.",
 )
 
-NODES_HELP = "Comma-separated hosts, rank 0 first (default: NODES in .env)."
-NIC_HELP = f"NIC every node has, for Open MPI, NCCL and Gloo traffic (default: {NIC_SETTING} in .env)."
+NODES_HELP = "Comma-separated hosts, rank 0 first, each HOST or HOST:RANKS as horovodrun's -H (default: NODES in .env)."
+HOSTFILE_HELP = "Open MPI hostfile listing the nodes instead of --nodes: one `HOST slots=N` line each, rank 0 first."
+NIC_HELP = (
+    "The nodes' NIC for Open MPI, NCCL and Gloo: a name every node has (eth0), or a subnet (10.0.0.0/24) where "
+    f"the names differ: each node uses its NIC in it (default: {NIC_SETTING} in .env; none: virtual NICs left out)."
+)
 ENV_FILE_HELP = "Settings file (default: ./.env if present)."
+GPUS_HELP = (
+    "GPUs per node, one rank each (NVIDIA Container Toolkit): a count, or GPU IDs such as 0,1 (device=1 for one "
+    "GPU by ID); default: GPUS_PER_NODE in .env."
+)
 
 
 STOPPED_BY = {
@@ -66,9 +74,9 @@ def stop_on_signals() -> None:
             signal.signal(signum, stop)
 
 
-def settings_from(nodes: str | None, env_file: Path | None, **flags) -> LaunchSettings:
+def settings_from(nodes: str | None, env_file: Path | None, hostfile: Path | None, **flags) -> LaunchSettings:
     try:
-        return resolve_settings(load_env_file(env_file), nodes=nodes, **flags)
+        return resolve_settings(load_env_file(env_file), nodes=nodes, hostfile=hostfile, **flags)
     except SettingsError as error:
         fail(str(error), 2)
 
@@ -84,8 +92,9 @@ def connect(settings: LaunchSettings) -> list[NodeDriver]:
 def start(
     ctx: typer.Context,
     nodes: str | None = typer.Option(None, help=NODES_HELP),
+    hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
     slots: int | None = typer.Option(None, help="Ranks per node on CPUs (default 1)."),
-    gpus_per_node: int | None = typer.Option(None, help="Ranks per node, one GPU each (NVIDIA Container Toolkit)."),
+    gpus: str | None = typer.Option(None, "--gpus", "--gpus-per-node", help=GPUS_HELP),
     image: str | None = typer.Option(None, help="Image to run (default horovod-stack:latest)."),
     ssh_port: int | None = typer.Option(None, help="Port of the workers' sshd (default 12345)."),
     network_interface: str | None = typer.Option(None, help=NIC_HELP),
@@ -130,6 +139,10 @@ def start(
     debug: bool = typer.Option(
         False, help="NCCL_DEBUG=INFO for every rank: NCCL's topology and transports (default: WARN, errors only)."
     ),
+    dry_run: bool = typer.Option(
+        False,
+        help="Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
+    ),
 ) -> None:
     """Start a worker on every node and run a job; rank 0's output streams here and the exit status is the job's.
 
@@ -150,8 +163,9 @@ def start(
     settings = settings_from(
         nodes,
         env_file,
+        hostfile,
         slots=slots,
-        gpus_per_node=gpus_per_node,
+        gpus=gpus,
         image=image,
         ssh_port=ssh_port,
         network_interface=network_interface,
@@ -163,6 +177,12 @@ def start(
         restart_workers=restart_workers,
         devices=tuple(device or ()),
     )
+    if dry_run:
+        try:
+            session.dry_run(settings, push_image=push_image, say=say)
+        except (session.LaunchError, NodeError) as error:
+            fail(str(error))
+        raise typer.Exit(0)
     stop_on_signals()
     try:
         status = session.launch(
@@ -183,6 +203,7 @@ def start(
 @app.command()
 def stop(
     nodes: str | None = typer.Option(None, help=NODES_HELP),
+    hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
     cluster: str | None = typer.Option(None, help="Cluster ID (default: every cluster of this stack)."),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
 ) -> None:
@@ -190,7 +211,7 @@ def stop(
 
     Example: launcher stop --nodes node_1,node_2 --cluster 3f9a1c2e
     """
-    settings = settings_from(nodes, env_file)
+    settings = settings_from(nodes, env_file, hostfile)
     for driver in connect(settings):
         removed = driver.remove_cluster(cluster)
         typer.echo(f"{driver.node.name}: removed {removed} container(s)")
@@ -199,13 +220,14 @@ def stop(
 @app.command()
 def status(
     nodes: str | None = typer.Option(None, help=NODES_HELP),
+    hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
 ) -> None:
     """Each cluster's job (running: epoch, accuracy, throughput; succeeded; failed, with its cause) and containers.
 
     Example: launcher status --nodes node_1,node_2
     """
-    settings = settings_from(nodes, env_file)
+    settings = settings_from(nodes, env_file, hostfile)
     drivers = connect(settings)
     found = False
     for driver in drivers:
@@ -227,7 +249,7 @@ def status(
                 ended = "" if member_state.running else f" (exit status {member_state.exit_code})"
                 typer.echo(
                     f"  {member_driver.node.name}: {member.name} role={member.labels.get(LABEL_ROLE)} "
-                    f"{member.status}{ended}"
+                    f"ranks={member.labels.get(LABEL_RANKS, '?')} {member.status}{ended}"
                 )
     if not found:
         typer.echo("no cluster on " + ", ".join(driver.node.name for driver in drivers))
@@ -236,6 +258,7 @@ def status(
 @app.command()
 def logs(
     nodes: str | None = typer.Option(None, help=NODES_HELP),
+    hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
     node: str | None = typer.Option(None, help="Whose worker to show (default: rank 0's node)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
@@ -244,7 +267,7 @@ def logs(
 
     Example: launcher logs --nodes node_1,node_2 --follow
     """
-    settings = settings_from(nodes, env_file)
+    settings = settings_from(nodes, env_file, hostfile)
     name = node or settings.nodes[0]
     if name not in settings.nodes:
         fail(f"--node {name} is not one of --nodes {','.join(settings.nodes)}", 2)
@@ -268,9 +291,10 @@ def logs(
 @app.command()
 def doctor(
     nodes: str | None = typer.Option(None, help=NODES_HELP),
+    hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
     image: str | None = typer.Option(None, help="Image to check (default horovod-stack:latest)."),
     ssh_port: int | None = typer.Option(None, help="Port the workers' sshd will use."),
-    gpus_per_node: int | None = typer.Option(None, help="Check for GPUs too."),
+    gpus: str | None = typer.Option(None, "--gpus", "--gpus-per-node", help="Check for these GPUs too: " + GPUS_HELP),
     network_interface: str | None = typer.Option(None, help=NIC_HELP),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
 ) -> None:
@@ -281,9 +305,10 @@ def doctor(
     settings = settings_from(
         nodes,
         env_file,
+        hostfile,
         image=image,
         ssh_port=ssh_port,
-        gpus_per_node=gpus_per_node,
+        gpus=gpus,
         network_interface=network_interface,
     )
     problems, image_ids = [], {}
@@ -316,13 +341,12 @@ def doctor(
                 typer.echo(
                     f"{node.name}: network iface {'FAIL ' + nic if nic else 'ok'} ({settings.network_interface})"
                 )
-        if settings.gpus_per_node and image_id is not None:  # nvidia-smi runs in a container of the image
-            gpu = driver.gpu_problem(settings.image, settings.gpus_per_node)
+        gpu_request = settings.plan(cluster_id="-").gpu_request(node)
+        if gpu_request and image_id is not None:  # nvidia-smi runs in a container of the image
+            gpu = driver.gpu_problem(settings.image, gpu_request)
             if gpu:
                 problems.append(f"{node.name}: {gpu}")
-            typer.echo(
-                f"{node.name}: GPUs          {'FAIL ' + gpu if gpu else 'ok'} ({settings.gpus_per_node} asked for)"
-            )
+            typer.echo(f"{node.name}: GPUs          {'FAIL ' + gpu if gpu else 'ok'} ({gpu_request} asked for)")
         skew = driver.clock_skew_seconds()
         if abs(skew) > 5:
             problems.append(f"{node.name}: clock skew {skew:.1f} s")

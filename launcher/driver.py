@@ -7,6 +7,7 @@ the fix. The order of a launch lives in session.py.
 from __future__ import annotations
 
 import io
+import shlex
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -19,16 +20,7 @@ from docker.types import DeviceRequest, Ulimit
 
 from app.gpu import GPU_QUERY, gpu_problem
 from launcher.jobstate import ContainerState
-from launcher.plan import (
-    GPU_WORKER_ULIMITS,
-    LABEL_CLUSTER,
-    LABEL_NODE,
-    SHARED_MOUNT,
-    WORKER_CAPABILITIES,
-    WORKER_ULIMITS,
-    ClusterPlan,
-    Node,
-)
+from launcher.plan import LABEL_CLUSTER, LABEL_NODE, ClusterPlan, GpuRequest, Node
 from launcher.protocol import HOME
 from launcher.settings import engine_override_key
 
@@ -64,10 +56,16 @@ class HostView:
 
     port_taken: bool
     nics: tuple[str, ...]
+    addresses: tuple[tuple[str, str], ...] = ()
+    """(NIC, IPv4 address/prefix) for each address the node has."""
+    resolved: tuple[tuple[str, str], ...] = ()
+    """(name, IPv4 address) for each name asked about that resolves there."""
 
 
-def gpu_request(count: int) -> DeviceRequest:
-    return DeviceRequest(count=count, capabilities=[["gpu"]])
+def device_request(gpu: GpuRequest) -> DeviceRequest:
+    if gpu.device_ids:
+        return DeviceRequest(device_ids=list(gpu.device_ids), capabilities=[["gpu"]])
+    return DeviceRequest(count=gpu.count, capabilities=[["gpu"]])
 
 
 class NodeError(RuntimeError):
@@ -118,23 +116,29 @@ class NodeDriver:
         engine = datetime.fromisoformat(stamp).replace(tzinfo=UTC)
         return (engine - datetime.now(UTC)).total_seconds()
 
-    def gpu_problem(self, image: str, gpus: int) -> str | None:
-        """Why this node cannot give a worker `gpus` usable GPUs (the toolkit, the count, the driver, the GPUs'
-        age), from nvidia-smi in a short-lived container with the workers' own device request; None if it can."""
+    def gpu_problem(self, image: str, gpu: GpuRequest) -> str | None:
+        """Why this node cannot give a worker the GPUs asked for (the toolkit, the count or IDs, the driver, the
+        GPUs' age), from nvidia-smi in a short-lived container with the workers' own device request; None if it
+        can."""
         try:
             output = self.client.containers.run(
-                image, list(GPU_QUERY), remove=True, device_requests=[gpu_request(gpus)]
+                image, list(GPU_QUERY), remove=True, device_requests=[device_request(gpu)]
             )
         except (APIError, ContainerError) as error:
             return (
                 f"no GPUs reach a container there ({_first_line(error)}); install the NVIDIA Container Toolkit, "
                 "run `nvidia-ctk runtime configure --runtime=docker` and restart Docker"
             )
-        return gpu_problem(output.decode(errors="replace"), gpus)
+        return gpu_problem(output.decode(errors="replace"), len(gpu.device_ids) or gpu.count)
 
-    def host_view(self, image: str, port: int) -> HostView:
-        """Whether something on the node already listens on `port`, and the node's NICs, from one short-lived
-        host-network container of the image (what the workers will see, whatever the launcher's machine has)."""
+    def host_view(self, image: str, port: int, resolve: tuple[str, ...] = ()) -> HostView:
+        """Whether something on the node already listens on `port`, the node's NICs and addresses, and what the
+        names in `resolve` resolve to there, from one short-lived host-network container of the image (what the
+        workers will see, whatever the launcher's machine has)."""
+        lookups = "".join(
+            f'; getent ahostsv4 {shlex.quote(name)} | awk \'{{print "resolved", "{name}", $1; exit}}\''
+            for name in resolve
+        )
         output = self.client.containers.run(
             # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
             image,
@@ -142,14 +146,21 @@ class NodeDriver:
                 "bash",
                 "-c",
                 f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo taken || echo free; "
-                "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print $2}'",
+                "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print \"nic\", $2}'; "
+                "ip -o -4 addr show | awk '{print \"address\", $2, $4}'" + lookups,
             ],
             network_mode="host",
             remove=True,
             user="mpiuser",
         )
-        port_state, *nics = output.decode().split()
-        return HostView(port_taken=port_state == "taken", nics=tuple(nics))
+        port_state, *lines = output.decode().splitlines()
+        rows = [line.split() for line in lines]
+        return HostView(
+            port_taken=port_state.strip() == "taken",
+            nics=tuple(row[1] for row in rows if row[:1] == ["nic"] and len(row) == 2),
+            addresses=tuple((row[1], row[2]) for row in rows if row[:1] == ["address"] and len(row) == 3),
+            resolved=tuple((row[1], row[2]) for row in rows if row[:1] == ["resolved"] and len(row) == 3),
+        )
 
     # --- the image --------------------------------------------------------------------------------------------
     def push_image_from(self, source: NodeDriver, image: str, progress: Callable[[str], None]) -> None:
@@ -187,22 +198,21 @@ class NodeDriver:
 
     # --- the worker container ---------------------------------------------------------------------------------
     def start_worker(self, plan: ClusterPlan) -> object:
-        device_requests = [gpu_request(plan.gpus_per_node)] if plan.gpus_per_node else None
-        ulimits = GPU_WORKER_ULIMITS if plan.gpus_per_node else WORKER_ULIMITS
+        spec = plan.worker_container(self.node)
         try:
             return self.client.containers.run(
-                plan.image,
+                spec.image,
                 ["worker"],
-                name=plan.container_name(self.node),
-                labels=plan.labels(self.node),
-                environment=plan.worker_environment(self.node),
+                name=spec.name,
+                labels=spec.labels,
+                environment=spec.environment,
                 network_mode="host",
-                shm_size=plan.shm_size,
-                volumes={plan.shared_dir: {"bind": SHARED_MOUNT, "mode": "rw"}},
-                device_requests=device_requests,
-                ulimits=[Ulimit(name=name, soft=limit, hard=limit) for name, limit in ulimits.items()],
-                cap_add=list(WORKER_CAPABILITIES),
-                devices=[device if device.count(":") else f"{device}:{device}" for device in plan.devices] or None,
+                shm_size=spec.shm_size,
+                volumes={source: {"bind": target, "mode": "rw"} for source, target in spec.volumes.items()},
+                device_requests=[device_request(spec.gpu)] if spec.gpu else None,
+                ulimits=[Ulimit(name=name, soft=limit, hard=limit) for name, limit in spec.ulimits.items()],
+                cap_add=list(spec.capabilities),
+                devices=list(spec.devices) or None,
                 detach=True,
             )
         except APIError as error:

@@ -8,6 +8,7 @@ launcher.compose_job): the job agent in the rank-0 container (launcher/agent.py)
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -22,6 +23,7 @@ from launcher.protocol import (
     HOME,
     HOSTFILE_PATH,
     KNOWN_HOSTS,
+    RANK_NIC,
     READY_TIMEOUT_SECONDS,
     SSH_CONNECT_TIMEOUT_SECONDS,
     SSH_PORT,
@@ -30,6 +32,7 @@ from launcher.protocol import (
 LABEL_CLUSTER = "horovod-stack.cluster"
 LABEL_NODE = "horovod-stack.node"
 LABEL_ROLE = "horovod-stack.role"
+LABEL_RANKS = "horovod-stack.ranks"
 SHARED_MOUNT = "/shared"
 RUNS_DIR = f"{SHARED_MOUNT}/runs"
 """Each cluster's trainer run writes into RUNS_DIR/<cluster id> (run_dir): metrics, checkpoints, TensorBoard."""
@@ -52,6 +55,10 @@ GPU_WORKER_ULIMITS = {**WORKER_ULIMITS, "memlock": -1}
 which some hosts (sandboxes, rootless engines) lack, and CPU jobs have no use for it."""
 WORKER_CAPABILITIES = ("IPC_LOCK",)
 """Lets a rank lock the memory it registers for RDMA (InfiniBand, RoCE)."""
+VIRTUAL_NIC_PREFIXES = ("lo", "docker", "br-", "veth", "virbr")
+"""NICs that never carry traffic between hosts: loopback, Docker's bridges (docker0 is 172.17.0.1 on every host, so
+a rank that picks it "reaches" its own host) and their veth ends, libvirt's bridges. Across hosts with no NIC
+pinned, Open MPI and NCCL are told to leave them out rather than left to pick one and hang."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
@@ -112,15 +119,81 @@ def with_run_dir(command: list[str] | tuple[str, ...], folder: str) -> list[str]
     return trainer_with(command, "--run-dir", folder)
 
 
+def subnet_of(network_interface: str | None) -> str | None:
+    """The subnet (CIDR) a --network-interface value names, or None where it names a NIC (or nothing)."""
+    return network_interface if network_interface and "/" in network_interface else None
+
+
+def nic_in_subnet(addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...], subnet: str) -> str | None:
+    """The NIC that holds an address in `subnet`, among (NIC, address/prefix) pairs; None if none does."""
+    network = ipaddress.ip_network(subnet)
+    for nic, address in addresses:
+        if ipaddress.ip_interface(address).ip in network:
+            return nic
+    return None
+
+
+def subnet_problem(subnet: str, addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str | None:
+    """Why a node cannot use `subnet` (no address in it), naming the addresses it has; None if it can."""
+    if nic_in_subnet(addresses, subnet):
+        return None
+    listing = ", ".join(f"{nic} {address}" for nic, address in addresses if not address.startswith("127."))
+    return (
+        f"no address in {subnet} there (it has {listing or 'none'}); pass --network-interface with a subnet every "
+        f"node has an address in, or set {NIC_SETTING} in .env"
+    )
+
+
 def nic_problem(wanted: str | None, nics: list[str] | tuple[str, ...]) -> str | None:
     """Why a node cannot use the NIC `wanted`, given the NICs it has; None if it can, or if none is asked for.
     Gloo and Horovod take one exact name (no prefix or subnet, as NCCL and Open MPI would), so it must match."""
-    if not wanted or wanted in nics:
+    if not wanted or wanted in nics or subnet_of(wanted):
         return None
     return (
         f"no network interface {wanted} there (it has {', '.join(sorted(nics)) or 'none'}); pass "
         f"--network-interface with one of them, or set {NIC_SETTING} in .env"
     )
+
+
+def virtual_subnets(addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> list[str]:
+    """The IPv4 subnets (CIDR) of the virtual NICs (VIRTUAL_NIC_PREFIXES) among (NIC, address/prefix) pairs, sorted;
+    loopback's is Open MPI's default and left out."""
+    subnets = {
+        str(ipaddress.ip_interface(address).network)
+        for nic, address in addresses
+        if nic.startswith(VIRTUAL_NIC_PREFIXES) and not ipaddress.ip_interface(address).is_loopback
+    }
+    return sorted(subnets, key=lambda subnet: ipaddress.ip_network(subnet))
+
+
+OPEN_MPI_DEFAULT_EXCLUDE = "127.0.0.1/8"
+
+
+def nic_selection(
+    network_interface: str | None,
+    excluded_subnets: tuple[str, ...] = (),
+    across_hosts: bool = True,
+    user_set: frozenset[str] = frozenset(),
+) -> list[str]:
+    """mpirun's arguments that choose the NICs of a job: the pinned NIC for Open MPI, NCCL and Gloo; or, across
+    hosts with none pinned, the virtual NICs left out. Open MPI matches names exactly, and warns on every rank
+    about a name its host lacks, so it is told the virtual NICs' subnets (found on each node before the job);
+    NCCL takes prefixes after `^`, which also cover NICs that appear later. Gloo takes one name only and runs
+    only in elastic jobs, which require a pinned NIC. A variable the user sets (`user_set`) is theirs."""
+    if network_interface:
+        # Open MPI takes a NIC name or a subnet; for a subnet, each rank finds its own host's NIC in it (RANK_NIC).
+        argv = ["--mca", "btl_tcp_if_include", network_interface, "--mca", "oob_tcp_if_include", network_interface]
+        if subnet_of(network_interface):
+            return argv
+        return argv + [word for variable in nic_variables(network_interface) for word in ("-x", variable)]
+    if not across_hosts:
+        return []
+    argv = [] if "NCCL_SOCKET_IFNAME" in user_set else ["-x", f"NCCL_SOCKET_IFNAME=^{','.join(VIRTUAL_NIC_PREFIXES)}"]
+    if excluded_subnets:
+        # Setting the list replaces Open MPI's default exclusion (loopback), so loopback stays in it.
+        subnets = ",".join([OPEN_MPI_DEFAULT_EXCLUDE, *excluded_subnets])
+        argv = ["--mca", "btl_tcp_if_exclude", subnets, "--mca", "oob_tcp_if_exclude", subnets, *argv]
+    return argv
 
 
 def check_env_assignment(item: str) -> str:
@@ -148,12 +221,14 @@ def mpirun_argv(
     hostfile: str,
     command: list[str] | tuple[str, ...],
     network_interface: str | None = None,
+    excluded_subnets: tuple[str, ...] = (),
+    across_hosts: bool = False,
     env: tuple[str, ...] = (),
     workdir: str | None = None,
 ) -> list[str]:
     """The one mpirun command line of a job: the seed article's flags, NIC selection for Open MPI, NCCL and
-    Gloo, the user's variables (-x), the stack's Horovod defaults the user did not set, the working directory,
-    then the command every rank runs."""
+    Gloo (nic_selection), the user's variables (-x), the stack's Horovod defaults the user did not set, the
+    working directory, then the command every rank runs."""
     argv = [
         "mpirun",
         "-np",
@@ -173,17 +248,15 @@ def mpirun_argv(
         "-x",
         "PYTHONPATH",
     ]
-    if network_interface:
-        argv += ["--mca", "btl_tcp_if_include", network_interface, "--mca", "oob_tcp_if_include", network_interface]
-        for variable in nic_variables(network_interface):
-            argv += ["-x", variable]
+    user_set = frozenset(check_env_assignment(item).partition("=")[0] for item in env)
+    argv += nic_selection(network_interface, excluded_subnets, across_hosts, user_set)
     for item in env:
         argv += ["-x", check_env_assignment(item)]
     for item in defaults_unless_set(env):
         argv += ["-x", item]
     if workdir:
         argv += ["-wdir", workdir]
-    return argv + list(command)
+    return argv + rank_command(command, network_interface, user_set)
 
 
 def defaults_unless_set(env: tuple[str, ...], extra: dict[str, str] | None = None) -> list[str]:
@@ -191,6 +264,19 @@ def defaults_unless_set(env: tuple[str, ...], extra: dict[str, str] | None = Non
     not set themselves."""
     chosen = {check_env_assignment(item).partition("=")[0] for item in env}
     return [f"{name}={value}" for name, value in {**HOROVOD_DEFAULTS, **(extra or {})}.items() if name not in chosen]
+
+
+def rank_command(
+    command: list[str] | tuple[str, ...], network_interface: str | None, user_set: frozenset[str] = frozenset()
+) -> list[str]:
+    """What each rank runs: the command itself, or, when the job's NIC is a subnet, the command behind RANK_NIC,
+    which sets NCCL's and Gloo's NIC to the one its own host has in the subnet (the names may differ between hosts)
+    and leaves a variable the user set (`user_set`) as it is."""
+    subnet = subnet_of(network_interface)
+    if not subnet:
+        return list(command)
+    keep = sorted(user_set & {variable.partition("=")[0] for variable in nic_variables("x")})
+    return [*RANK_NIC, subnet, *(["--keep", ",".join(keep)] if keep else []), "--", *command]
 
 
 def nic_variables(network_interface: str | None) -> list[str]:
@@ -211,12 +297,15 @@ def horovodrun_argv(
     command: list[str] | tuple[str, ...],
     env: tuple[str, ...] = (),
     workdir: str | None = None,
+    driver_nic: str | None = None,
 ) -> list[str]:
     """The one horovodrun command line of an elastic job (Gloo): it starts max_ranks ranks on the hosts that
     DISCOVERY_SCRIPT lists, carries on while at least min_ranks remain, takes returning hosts back, and gives up
     after elastic_timeout seconds below the minimum. horovodrun hands its own environment to every rank and runs
     them in its own working directory, hence `env -C WORKDIR VARIABLES...` in front. The discovery script reads
-    the job's workers from the job spec (launcher.agent discover)."""
+    the job's workers from the job spec (launcher.agent discover). With a subnet for a NIC, horovodrun is given
+    its own host's NIC in it (`driver_nic`: it serves the ranks' rendezvous there) and each rank finds its own
+    (rank_command)."""
     if not network_interface:
         # Without it horovodrun probes every host pair for common NICs and, with all slots on one host, waits for
         # that probe until it times out.
@@ -224,10 +313,14 @@ def horovodrun_argv(
             "elastic training needs the NIC the nodes reach each other on: pass --network-interface "
             "(e.g. eth0; `ip -br addr` on a node lists them)"
         )
+    own_nic = driver_nic if subnet_of(network_interface) else network_interface
+    if not own_nic:
+        raise ValueError(f"elastic training over the subnet {network_interface} needs rank 0's NIC in it")
     command = trainer_with(command, "--elastic")  # the bundled trainer's loop; a user's script brings its own
     defaults = defaults_unless_set(env, {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS)})
+    user_set = frozenset(check_env_assignment(item).partition("=")[0] for item in env)
     variables = [
-        *nic_variables(network_interface),
+        *nic_variables(own_nic),
         *defaults,
         *(check_env_assignment(item) for item in env),
     ]
@@ -248,20 +341,21 @@ def horovodrun_argv(
         "--host-discovery-script",
         DISCOVERY_SCRIPT,
         "--network-interface",
-        network_interface,
+        own_nic,
         "--ssh-port",
         str(ssh_port),
         "--elastic-timeout",
         str(elastic_timeout),
         "--blacklist-cooldown-range",
         *map(str, BLACKLIST_COOLDOWN_SECONDS),
-        *command,
+        *rank_command(command, network_interface, user_set),
     ]
 
 
 def hostfile(workers: list[Worker] | tuple[Worker, ...], slots: int) -> str:
-    """Open MPI's hostfile: one line per worker, by the address mpirun and ssh use."""
-    return "".join(f"{worker.address} slots={slots}\n" for worker in workers)
+    """Open MPI's hostfile: one line per worker, by the address mpirun and ssh use, with its own rank count (or
+    `slots`, the job's, for a worker without one)."""
+    return "".join(f"{worker.address} slots={worker.slots or slots}\n" for worker in workers)
 
 
 def pin_known_host(known_hosts: str, address: str, port: int, host_key: str) -> str:
@@ -287,6 +381,8 @@ class Worker:
     """How logs and errors name it: the node's name (launcher) or its address (compose)."""
     address: str
     """What ssh and mpirun connect to."""
+    slots: int | None = None
+    """Its ranks (a node's count from --nodes HOST:SLOTS or --hostfile); None: the job's slots."""
 
 
 @dataclass(frozen=True)
@@ -317,6 +413,13 @@ class JobSpec:
     worker_service: str | None = None
     ssh_port: int = SSH_PORT
     network_interface: str | None = None
+    excluded_subnets: tuple[str, ...] = ()
+    """With no NIC pinned: the subnets of the workers' hosts' virtual NICs, which Open MPI leaves out
+    (nic_selection)."""
+    across_hosts: bool = False
+    """The workers are on more than one host (the multi-host launcher): an unpinned NIC is not left to chance."""
+    driver_nic: str | None = None
+    """With a subnet for network_interface: rank 0's host's NIC in it (elastic horovodrun serves there)."""
     env: tuple[str, ...] = ()
     """KEY=VALUE pairs every rank gets."""
     workdir: str | None = None
@@ -355,21 +458,32 @@ class JobSpec:
     def cwd(self) -> str:
         return self.workdir or HOME
 
+    def slots_of(self, worker: Worker) -> int:
+        return worker.slots or self.slots
+
+    def rank_counts(self) -> list[int]:
+        """Each expected worker's ranks: the listed workers' own counts, or the job's slots for each."""
+        return [self.slots_of(worker) for worker in self.workers] or [self.slots] * self.expected_workers
+
     def job_argv(self) -> list[str]:
         """The job's one command line: mpirun over HOSTFILE_PATH, or elastic horovodrun over the discovery."""
         if not self.elastic:
             return mpirun_argv(
-                ranks=self.expected_workers * self.slots,
+                ranks=sum(self.rank_counts()),
                 hostfile=HOSTFILE_PATH,
                 command=self.command,
                 network_interface=self.network_interface,
+                excluded_subnets=self.excluded_subnets,
+                across_hosts=self.across_hosts,
                 env=self.env,
                 workdir=self.workdir,
             )
         assert self.elastic_min_workers is not None
+        # Counts that differ between hosts: the minimum holds whichever hosts remain, the maximum whichever join.
+        counts = sorted(self.rank_counts())
         return horovodrun_argv(
-            min_ranks=self.elastic_min_workers * self.slots,
-            max_ranks=(self.elastic_max_workers or self.expected_workers) * self.slots,
+            min_ranks=sum(counts[: self.elastic_min_workers]),
+            max_ranks=sum(counts[::-1][: self.elastic_max_workers or self.expected_workers]),
             slots_per_host=self.slots,
             network_interface=self.network_interface,
             ssh_port=self.ssh_port,
@@ -377,6 +491,7 @@ class JobSpec:
             command=self.command,
             env=self.env,
             workdir=self.workdir,
+            driver_nic=self.driver_nic,
         )
 
     def to_json(self) -> str:
@@ -386,7 +501,7 @@ class JobSpec:
     def from_json(cls, text: str) -> JobSpec:
         known = {item.name for item in fields(cls)}
         data = {key: value for key, value in json.loads(text).items() if key in known}  # a newer launcher's extras
-        tuples = {key: tuple(data[key]) for key in ("command", "env")}
+        tuples = {key: tuple(data.get(key, ())) for key in ("command", "env", "excluded_subnets")}
         workers = tuple(Worker(**worker) for worker in data["workers"])
         return cls(**{**data, **tuples, "workers": workers, "words": DoorWords(**data["words"])})
 
@@ -397,6 +512,37 @@ class Node:
     """The name mpirun and ssh use for this host; it must resolve to the host on every node."""
     engine_url: str
     """How the launcher reaches the node's Docker engine: ssh://NAME by default, or an override."""
+    slots: int | None = None
+    """Its ranks, from --nodes HOST:SLOTS or --hostfile (with GPUs: its GPUs, one rank each); None: the default."""
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """Docker's device request for GPUs: `count` of them, or the ones named (an index or a UUID each)."""
+
+    count: int = 0
+    device_ids: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return f"GPUs {','.join(self.device_ids)}" if self.device_ids else f"{self.count} GPU(s)"
+
+
+@dataclass(frozen=True)
+class WorkerContainer:
+    """One worker container as the launcher starts it: host networking (ranks talk over the node's own NICs)."""
+
+    image: str
+    name: str
+    labels: dict[str, str]
+    environment: dict[str, str]
+    shm_size: str
+    volumes: dict[str, str]
+    """Host folder or volume name -> path in the container."""
+    gpu: GpuRequest | None
+    ulimits: dict[str, int]
+    capabilities: tuple[str, ...]
+    devices: tuple[str, ...]
+    """HOST_PATH:CONTAINER_PATH, each."""
 
 
 @dataclass(frozen=True)
@@ -405,7 +551,9 @@ class ClusterPlan:
     nodes: tuple[Node, ...]
     image: str
     slots_per_node: int
+    """Ranks on a node without a count of its own (Node.slots)."""
     gpus_per_node: int
+    """GPUs per node (one rank each) for nodes without a count of their own; 0: CPU ranks."""
     ssh_port: int
     network_interface: str | None
     shared_dir: str
@@ -417,6 +565,12 @@ class ClusterPlan:
     """KEY=VALUE pairs every rank gets (mpirun -x)."""
     devices: tuple[str, ...] = ()
     """Host devices every worker gets, HOST_PATH[:CONTAINER_PATH] (RDMA: /dev/infiniband)."""
+    gpu_ids: tuple[str, ...] = ()
+    """The GPUs each node's worker gets, by index or UUID (--gpus 0,1); empty: any gpus_per_node of them."""
+    excluded_subnets: tuple[str, ...] = ()
+    """The subnets of the nodes' virtual NICs (virtual_subnets), found by the node checks, when no NIC is pinned."""
+    node_nics: tuple[tuple[str, str], ...] = ()
+    """(node name, NIC) in the subnet network_interface names, as the node checks found them."""
     workdir: str | None = None
     """A local folder copied to WORKDIR in every container, the job's working directory; None: none."""
     addresses: tuple[tuple[str, str], ...] = ()
@@ -434,9 +588,12 @@ class ClusterPlan:
     def rank0(self) -> Node:
         return self.nodes[0]
 
+    def slots(self, node: Node) -> int:
+        return node.slots or self.slots_per_node
+
     @property
     def total_ranks(self) -> int:
-        return self.slots_per_node * len(self.nodes)
+        return sum(self.slots(node) for node in self.nodes)
 
     def container_name(self, node: Node) -> str:
         return f"horovod-stack-{self.cluster_id}-{node.name}"
@@ -446,6 +603,7 @@ class ClusterPlan:
             LABEL_CLUSTER: self.cluster_id,
             LABEL_NODE: node.name,
             LABEL_ROLE: "rank0" if node == self.rank0 else "worker",
+            LABEL_RANKS: str(self.slots(node)),
         }
 
     def worker_environment(self, node: Node) -> dict[str, str]:
@@ -455,6 +613,28 @@ class ClusterPlan:
             environment["EXIT_WITH_JOB"] = "1"  # rank 0's container stops with the job's exit status
         return environment
 
+    def gpu_request(self, node: Node) -> GpuRequest | None:
+        """The device request the worker on `node` makes (the same as doctor's and start's nvidia-smi check)."""
+        if not self.gpus_per_node:
+            return None
+        return GpuRequest(device_ids=self.gpu_ids) if self.gpu_ids else GpuRequest(count=self.slots(node))
+
+    def worker_container(self, node: Node) -> WorkerContainer:
+        """Everything the worker container on `node` is started with (driver.start_worker passes it to Docker)."""
+        gpu = self.gpu_request(node)
+        return WorkerContainer(
+            image=self.image,
+            name=self.container_name(node),
+            labels=self.labels(node),
+            environment=self.worker_environment(node),
+            shm_size=self.shm_size,
+            volumes={self.shared_dir: SHARED_MOUNT},
+            gpu=gpu,
+            ulimits=GPU_WORKER_ULIMITS if gpu else WORKER_ULIMITS,
+            capabilities=WORKER_CAPABILITIES,
+            devices=tuple(device if ":" in device else f"{device}:{device}" for device in self.devices),
+        )
+
     def mpi_host(self, node: Node) -> str:
         return mpi_host(node.name, dict(self.addresses).get(node.name))
 
@@ -462,7 +642,7 @@ class ClusterPlan:
         return [node for node in self.nodes if not OPEN_MPI_HOST_NAME.match(node.name)]
 
     def workers(self) -> tuple[Worker, ...]:
-        return tuple(Worker(node.name, self.mpi_host(node)) for node in self.nodes)
+        return tuple(Worker(node.name, self.mpi_host(node), self.slots(node)) for node in self.nodes)
 
     @property
     def elastic(self) -> bool:
@@ -473,7 +653,8 @@ class ClusterPlan:
         first logged, a name Open MPI would refuse stands for itself.)"""
         resolved = dict(self.addresses)
         workers = tuple(
-            Worker(node.name, mpi_host(node.name, resolved.get(node.name, node.name))) for node in self.nodes
+            Worker(node.name, mpi_host(node.name, resolved.get(node.name, node.name)), self.slots(node))
+            for node in self.nodes
         )
         return JobSpec(
             job_id=self.cluster_id,
@@ -483,6 +664,9 @@ class ClusterPlan:
             workers=workers,
             ssh_port=self.ssh_port,
             network_interface=self.network_interface,
+            excluded_subnets=() if self.network_interface else self.excluded_subnets,
+            across_hosts=len(self.nodes) > 1,
+            driver_nic=dict(self.node_nics).get(self.rank0.name),
             workdir=WORKDIR if self.workdir else None,
             elastic_min_workers=self.elastic_min_nodes,
             elastic_max_workers=self.elastic_max_nodes,
@@ -500,9 +684,46 @@ class ClusterPlan:
         """What the agent in rank 0's container runs: mpirun, or horovodrun for an elastic job."""
         return self.job_spec().job_argv()
 
+    def dry_run_report(self, image_id: str | None) -> str:
+        """What a start would do, node by node (the container, never a key: keys reach containers as files after
+        they start), then the hostfile and the job's command line."""
+        spec = self.job_spec()
+        lines = [f"plan: {self.total_ranks} ranks on {len(self.nodes)} node(s); a start gives the cluster a new ID"]
+        for node in self.nodes:
+            container = self.worker_container(node)
+            mounts = [f"{source} -> {target}" for source, target in container.volumes.items()]
+            if self.workdir:
+                mounts.append(f"{self.workdir} -> {WORKDIR} (copied)")
+            nic = dict(self.node_nics).get(node.name)
+            limits = ", ".join(f"{name}={limit}" for name, limit in container.ulimits.items())
+            lines += [
+                f"{node.name} ({'rank 0, runs the job agent' if node == self.rank0 else 'worker'}; engine "
+                f"{node.engine_url})",
+                f"  container {container.name}: image {container.image} "
+                f"({image_id[7:19] if image_id else 'to be copied'}), network host"
+                f"{f' (NIC {nic})' if nic else ''}, shared memory {container.shm_size}",
+                f"  ranks {self.slots(node)}; GPUs {container.gpu or 'none'}; ulimits {limits}; capabilities "
+                f"{','.join(container.capabilities)}; devices {', '.join(container.devices) or 'none'}",
+                f"  mounts {'; '.join(mounts)}",
+                f"  environment {', '.join(container.environment)} (names only)",
+            ]
+        lines.append(f"hostfile {HOSTFILE_PATH}:" if not spec.elastic else "elastic host discovery answers:")
+        lines += [
+            f"  {worker.address} slots={spec.slots_of(worker)}"
+            if not spec.elastic
+            else f"  {worker.address}:{spec.slots_of(worker)}"
+            for worker in spec.workers
+        ]
+        lines.append(f"{spec.program}: {' '.join(spec.job_argv())}")
+        return "\n".join(lines) + "\n"
+
     def describe(self) -> str:
         """The effective plan in a few lines, logged once at start."""
-        nodes = ", ".join(f"{node.name} ({node.engine_url})" for node in self.nodes)
+        nodes = ", ".join(
+            f"{node.name}: {self.slots(node)} rank(s){f' on {gpu}' if (gpu := self.gpu_request(node)) else ''}"
+            f"{f' over {nic}' if (nic := dict(self.node_nics).get(node.name)) else ''} ({node.engine_url})"
+            for node in self.nodes
+        )
         code = f", code {self.workdir} -> {WORKDIR}" if self.workdir else ""
         elastic = (
             f", elastic: at least {self.elastic_min_nodes} of {self.elastic_max_nodes or len(self.nodes)} "
@@ -511,9 +732,9 @@ class ClusterPlan:
             else ""
         )
         spec = self.job_spec()
+        nic_default = "any but " + ",".join(VIRTUAL_NIC_PREFIXES) if len(self.nodes) > 1 else "any"
         return (
-            f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.nodes)} nodes [{nodes}], "
-            f"{self.slots_per_node} slot(s) per node{', GPUs' if self.gpus_per_node else ''}, image "
-            f"{self.image}, ssh port {self.ssh_port}, NIC {self.network_interface or 'any'}, shared "
+            f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.nodes)} node(s) [{nodes}], image "
+            f"{self.image}, ssh port {self.ssh_port}, NIC {self.network_interface or nic_default}, shared "
             f"{self.shared_dir}{code}{elastic}\n{spec.program}: {' '.join(spec.job_argv())}"
         )

@@ -55,6 +55,8 @@ JOB_END_FILE = f"{HOME}/.job-ended"
 WORKER_CLAIMED = f"{HOME}/.claimed"
 """In every worker: made when an agent's lifeline first reaches it."""
 AGENT = ("python", "-m", "launcher.agent")
+RANK_NIC = ("python", "-m", "launcher.rank_nic")
+"""In front of each rank's command when the job's NIC is a subnet: sets NCCL's and Gloo's NIC to the rank's own."""
 DISCOVERY_SCRIPT = "/opt/horovod-stack/docker/discover-hosts.sh"
 """Elastic Horovod's host discovery, in the image (`python -m launcher.agent discover`)."""
 

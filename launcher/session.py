@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -23,7 +23,18 @@ import docker
 
 from launcher import sshtrust, workdir
 from launcher.driver import NodeDriver
-from launcher.plan import LABEL_CLUSTER, WORKDIR, ClusterPlan, Node, nic_problem
+from launcher.plan import (
+    LABEL_CLUSTER,
+    VIRTUAL_NIC_PREFIXES,
+    WORKDIR,
+    ClusterPlan,
+    Node,
+    nic_in_subnet,
+    nic_problem,
+    subnet_of,
+    subnet_problem,
+    virtual_subnets,
+)
 from launcher.protocol import (
     AGENT,
     AGENT_PREFIX,
@@ -72,7 +83,13 @@ def connect_all(plan: ClusterPlan, say: Say) -> list[NodeDriver]:
     return [future.result() for future in futures]
 
 
-def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say) -> None:
+def check_nodes(
+    plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say, dry_run: bool = False
+) -> ClusterPlan:
+    """Every check a start makes before any container starts (old clusters, the image, the port, the NIC or subnet,
+    the GPUs, the names Open MPI needs addresses for); returns the plan with what the checks found: each node's NIC
+    in the subnet, the addresses, or, with no NIC pinned across nodes, the virtual NICs' subnets the job leaves out.
+    A dry run copies no image: a node that lacks it is named, and checked once it has it."""
     node_list = ",".join(n.name for n in plan.nodes)
     for driver in drivers:
         containers = driver.cluster_containers()
@@ -88,10 +105,21 @@ def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, 
                 f"{driver.node.name}: finished cluster {cluster} is kept for `launcher status` and `launcher logs`; "
                 f"`launcher stop --nodes {node_list} --cluster {cluster}` removes it"
             )
-    ensure_image_everywhere(plan, drivers, push_image, say)
+    lacking = ensure_image_everywhere(plan, drivers, push_image, say, copy=not dry_run)
+    subnet = subnet_of(plan.network_interface)
+    addresses: list[tuple[str, str]] = []
+    node_nics: list[tuple[str, str]] = []
+    resolved: list[tuple[str, str]] = []
     for driver in drivers:
-        view = driver.host_view(plan.image, plan.ssh_port)
-        problem = nic_problem(plan.network_interface, view.nics)
+        if driver.node.name in lacking:
+            say(f"{driver.node.name}: port, NIC and GPU checks run once the image is there")
+            continue
+        is_rank0 = driver.node == plan.rank0
+        names = tuple(node.name for node in plan.needs_addresses()) if is_rank0 else ()
+        view = driver.host_view(plan.image, plan.ssh_port, resolve=names)
+        addresses += view.addresses
+        resolved += view.resolved
+        problem = subnet_problem(subnet, view.addresses) if subnet else nic_problem(plan.network_interface, view.nics)
         if problem:  # else mpirun fails after every container started, in paragraphs that never name the NIC
             raise LaunchError(f"{driver.node.name}: {problem}")
         if view.port_taken:
@@ -99,14 +127,47 @@ def check_nodes(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, 
                 f"{driver.node.name}: port {plan.ssh_port} is already in use there; free it or pass "
                 "--ssh-port with a free port"
             )
-        gpu = driver.gpu_problem(plan.image, plan.gpus_per_node) if plan.gpus_per_node else None
+        gpu_request = plan.gpu_request(driver.node)
+        gpu = driver.gpu_problem(plan.image, gpu_request) if gpu_request else None
         if gpu:  # else Docker's raw error after the first worker started, or a job that trains on the CPU
             raise LaunchError(f"{driver.node.name}: {gpu}")
-        nic = f", NIC {plan.network_interface} present" if plan.network_interface else ""
+        unresolved = sorted(set(names) - {name for name, _ in view.resolved})
+        if unresolved:
+            raise LaunchError(
+                f"{unresolved[0]} does not resolve on {plan.rank0.name}; add it to DNS or /etc/hosts on every node"
+            )
+        nic = f", NIC {plan.network_interface} present" if plan.network_interface and not subnet else ""
+        if subnet:
+            own = nic_in_subnet(view.addresses, subnet) or ""  # found: subnet_problem said so
+            node_nics.append((driver.node.name, own))
+            nic = f", NIC {own} in {subnet}"
         say(f"{driver.node.name}: port {plan.ssh_port} free{nic}")
+    plan = dataclasses.replace(plan, node_nics=tuple(node_nics), addresses=tuple(resolved))
+    if plan.network_interface or len(plan.nodes) == 1:
+        return plan
+    subnets = virtual_subnets(addresses)
+    say(
+        f"no NIC pinned: Open MPI and NCCL leave out {', '.join(f'{prefix}*' for prefix in VIRTUAL_NIC_PREFIXES)} "
+        f"({', '.join(subnets) or 'no such subnet here'}); pin one with --network-interface if a node has more "
+        "than one real NIC"
+    )
+    return dataclasses.replace(plan, excluded_subnets=tuple(subnets))
 
 
-def ensure_image_everywhere(plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say) -> None:
+def check_same_image(image: str, ids: Mapping[str, str | None]) -> None:
+    if len(set(ids.values())) > 1:
+        listing = ", ".join(f"{name} {(image_id or '-')[7:19]}" for name, image_id in ids.items())
+        raise LaunchError(
+            f"image {image} differs between nodes ({listing}); mismatched Horovod/MPI builds "
+            "hang, so load one image on every node (docker save | docker load)"
+        )
+
+
+def ensure_image_everywhere(
+    plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say, copy: bool = True
+) -> set[str]:
+    """The same image on every node, copied from this machine's engine where one lacks it and --push-image asks
+    for it; returns the nodes that still lack it (only where `copy` is False: a dry run)."""
     missing = [driver for driver in drivers if driver.image_id(plan.image) is None]
     if missing and not push_image:
         raise LaunchError(
@@ -124,7 +185,16 @@ def ensure_image_everywhere(plan: ClusterPlan, drivers: list[NodeDriver], push_i
         except docker.errors.DockerException as error:
             raise LaunchError(f"--push-image: this machine's Docker engine is not reachable ({error})") from None
         for driver in missing:
-            driver.push_image_from(source, plan.image, say)
+            if copy:
+                driver.push_image_from(source, plan.image, say)
+            else:
+                size = source.client.images.get(plan.image).attrs.get("Size") or 0
+                say(f"{driver.node.name}: lacks {plan.image}; a start copies it there ({size / 1e9:.1f} GB)")
+        if not copy:
+            # The nodes that have it must hold the very image the copy would bring.
+            present = {driver.node.name: driver.image_id(plan.image) for driver in drivers if driver not in missing}
+            check_same_image(plan.image, {**present, "this machine": source.image_id(plan.image)})
+            return {driver.node.name for driver in missing}
     found = {driver.node.name: driver.image_id(plan.image) for driver in drivers}
     still_missing = [name for name, image_id in found.items() if image_id is None]
     ids = {name: image_id for name, image_id in found.items() if image_id}
@@ -132,26 +202,9 @@ def ensure_image_everywhere(plan: ClusterPlan, drivers: list[NodeDriver], push_i
         raise LaunchError(
             f"{still_missing[0]}: image {plan.image} is still missing after the copy; load it there by hand"
         )
-    if len(set(ids.values())) > 1:
-        listing = ", ".join(f"{name} {image_id[7:19]}" for name, image_id in ids.items())
-        raise LaunchError(
-            f"image {plan.image} differs between nodes ({listing}); mismatched Horovod/MPI builds "
-            "hang, so load one image on every node (docker save | docker load)"
-        )
+    check_same_image(plan.image, ids)
     say(f"image {plan.image} ({next(iter(ids.values()))[7:19]}) is the same on all {len(drivers)} nodes")
-
-
-def resolve_for_open_mpi(plan: ClusterPlan, containers: list) -> ClusterPlan:
-    """Adds the addresses of nodes whose names Open MPI refuses, as rank 0's container resolves them."""
-    addresses = []
-    for node in plan.needs_addresses():
-        found = containers[0].exec_run(["getent", "ahostsv4", node.name], user="mpiuser")
-        if found.exit_code != 0 or not found.output.split():
-            raise LaunchError(
-                f"{node.name} does not resolve on {plan.rank0.name}; add it to DNS or /etc/hosts on every node"
-            )
-        addresses.append((node.name, found.output.split()[0].decode()))
-    return dataclasses.replace(plan, addresses=tuple(addresses))
+    return set()
 
 
 def hand_over_trust(
@@ -347,6 +400,17 @@ def start_agent(
         )
 
 
+def dry_run(settings: LaunchSettings, *, push_image: bool = False, say: Say, out: IO[str] = sys.stdout) -> None:
+    """Every check a start makes, then the whole plan on `out`; starts nothing (raises LaunchError where a start
+    would stop)."""
+    plan = settings.plan()
+    drivers = connect_all(plan, say)
+    plan = check_nodes(plan, drivers, push_image, say, dry_run=True)
+    image_id = next((found for driver in drivers if (found := driver.image_id(plan.image))), None)
+    out.write(plan.dry_run_report(image_id))
+    say("dry run: nothing was started")
+
+
 def launch(
     settings: LaunchSettings,
     *,
@@ -361,9 +425,9 @@ def launch(
     Attached, the job's output goes to `out` and the agent's lines to `relay`; a Signalled (the CLI's
     handler for STOP_SIGNALS) while attached removes the cluster on every node."""
     plan = settings.plan()
-    say(plan.describe())
     drivers = connect_all(plan, say)
-    check_nodes(plan, drivers, push_image, say)
+    plan = check_nodes(plan, drivers, push_image, say)
+    say(plan.describe())
 
     keys = sshtrust.make_key_pair(f"horovod-stack cluster {plan.cluster_id}")
     containers: list = []
@@ -375,7 +439,6 @@ def launch(
         deadline = time.monotonic() + settings.ready_timeout
         if plan.workdir:
             copy_workdir(plan, drivers, containers, say)
-        plan = resolve_for_open_mpi(plan, containers)
         hand_over_trust(plan, drivers, containers, keys, deadline, keep_running, say)
         start_agent(plan, drivers, containers, detach, keep_running, say)
         if detach:

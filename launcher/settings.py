@@ -5,6 +5,7 @@ Every error names the setting and the fix, so a bad value stops the launcher bef
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -26,12 +27,69 @@ from launcher.plan import (
 from launcher.protocol import ELASTIC_TIMEOUT_SECONDS, READY_TIMEOUT_SECONDS, SSH_PORT
 from launcher.workdir import payload_bytes
 
+GPU_ID = re.compile(r"^(\d+|GPU-[0-9A-Fa-f-]+|MIG-[0-9A-Za-z/-]+)$")
+"""A GPU as Docker's device request and nvidia-smi name it: an index, or a GPU's or MIG instance's UUID."""
+GPUS_FIX = "pass a count (--gpus 2) or GPU IDs (--gpus 0,1; one GPU by ID: --gpus device=1)"
+
 WORKDIR_LIMIT_BYTES = 256 * 1024**2
 """--workdir copies through the Docker API to every node; past this a derived image or a shared folder is the way."""
 
 
 class SettingsError(ValueError):
     """A setting the launcher refuses; one line that names the fix."""
+
+
+NODE_WITH_SLOTS = "HOST or HOST:SLOTS, as horovodrun's -H (node_1:4,node_2:2)"
+
+
+def parse_node_list(text: str, source: str = "--nodes") -> list[tuple[str, int | None]]:
+    """(host, ranks or None) for each `host` or `host:slots` in a comma-separated list."""
+    nodes: list[tuple[str, int | None]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, colon, count = item.partition(":")
+        if colon and not (count.isdigit() and int(count) >= 1):
+            raise SettingsError(
+                f"{source}: {item!r} has no whole rank count of at least 1 after the colon: write {NODE_WITH_SLOTS}"
+            )
+        nodes.append((name, int(count) if colon else None))
+    return nodes
+
+
+HOSTFILE_LINE = re.compile(r"^(?P<host>\S+)(?:\s+slots=(?P<slots>\d+))?(?:\s+max_slots=\d+)?$")
+
+
+def parse_hostfile(text: str, source: str) -> list[tuple[str, int | None]]:
+    """(host, ranks or None) for each line of an Open MPI hostfile (`node_1 slots=4`; `#` comments, blank lines;
+    max_slots, which a launch never exceeds anyway, is accepted and left aside)."""
+    nodes: list[tuple[str, int | None]] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = HOSTFILE_LINE.match(line)
+        if not match or (match["slots"] is not None and int(match["slots"]) < 1):
+            raise SettingsError(
+                f"{source} line {number}: {raw.strip()!r} is not `HOST` or `HOST slots=N` with N >= 1 "
+                "(Open MPI's hostfile format)"
+            )
+        nodes.append((match["host"], int(match["slots"]) if match["slots"] else None))
+    if not nodes:
+        raise SettingsError(f"{source} lists no host: write one `HOST slots=N` line per node")
+    return nodes
+
+
+def parse_gpus(text: str, source: str = "--gpus") -> tuple[int, tuple[str, ...]]:
+    """The GPUs each worker gets, as (count, IDs): `2` is a count (any two GPUs of the node); `0,1`, `device=1` or
+    `GPU-<uuid>,...` name them (IDs empty for a count). As Docker's `--gpus`, a bare number is a count."""
+    value = text.strip()
+    if value.isdigit():
+        return int(value), ()
+    ids = tuple(item.strip() for item in value.removeprefix("device=").split(","))
+    if not all(GPU_ID.match(item) for item in ids) or len(set(ids)) != len(ids):
+        raise SettingsError(f"{source} {text!r} is neither a GPU count nor distinct GPU IDs: {GPUS_FIX}")
+    return len(ids), ids
 
 
 def engine_override_key(node: str) -> str:
@@ -44,9 +102,13 @@ class LaunchSettings:
     nodes: tuple[str, ...]
     """Hosts to run on, rank 0 first. Each must resolve to its host on every node."""
     slots: int = 1
-    """Ranks per node (CPU)."""
+    """Ranks per node (CPU) for nodes without a count of their own."""
+    node_slots: dict[str, int] = field(default_factory=dict)
+    """Nodes' own rank counts (--nodes HOST:SLOTS, --hostfile); with GPUs, each such node's GPUs."""
     gpus_per_node: int = 0
     """Ranks per node, one GPU each through the NVIDIA Container Toolkit; replaces slots when set."""
+    gpu_ids: tuple[str, ...] = ()
+    """The GPUs each worker gets, by index or UUID (--gpus 0,1); empty: any gpus_per_node of the node's."""
     image: str = "horovod-stack:latest"
     ssh_port: int = SSH_PORT
     network_interface: str | None = None
@@ -85,13 +147,31 @@ class LaunchSettings:
         duplicates = sorted({node for node in self.nodes if self.nodes.count(node) > 1})
         if duplicates:
             raise SettingsError(
-                f"node {duplicates[0]} is listed twice in --nodes: list each host once "
-                "and use --slots for more ranks per host"
+                f"node {duplicates[0]} is listed twice: list each host once, with its rank count "
+                f"({duplicates[0]}:4) for more ranks there"
             )
+        if sorted(set(self.node_slots) - set(self.nodes)) or min(self.node_slots.values(), default=1) < 1:
+            raise SettingsError(f"every node's own rank count needs a listed node and at least 1: {NODE_WITH_SLOTS}")
+        if self.gpu_ids and any(count != len(self.gpu_ids) for count in self.node_slots.values()):
+            raise SettingsError(
+                f"--gpus names {len(self.gpu_ids)} GPU(s) for every node, but a node's count differs: give per-node "
+                "counts with --gpus N (any N of each node's GPUs), or drop the counts"
+            )
+        if "/" in (self.network_interface or ""):
+            try:
+                subnet = ipaddress.IPv4Network(self.network_interface or "", strict=False)
+            except ValueError:
+                raise SettingsError(
+                    f"--network-interface {self.network_interface!r} is neither a NIC name nor an IPv4 subnet in "
+                    "CIDR form: pass e.g. eth0 or 10.0.0.0/24"
+                ) from None
+            object.__setattr__(self, "network_interface", str(subnet))
         if self.slots < 1:
             raise SettingsError(f"--slots must be at least 1 (got {self.slots})")
         if self.gpus_per_node < 0:
-            raise SettingsError(f"--gpus-per-node must be 0 or more (got {self.gpus_per_node})")
+            raise SettingsError(f"--gpus must be 0 or more (got {self.gpus_per_node}): {GPUS_FIX}")
+        if self.gpu_ids and len(self.gpu_ids) != self.gpus_per_node:
+            raise SettingsError(f"--gpus names {len(self.gpu_ids)} GPU(s) for {self.gpus_per_node} ranks: {GPUS_FIX}")
         if not 1 <= self.ssh_port <= 65535:
             raise SettingsError(f"--ssh-port must be a TCP port, 1-65535 (got {self.ssh_port})")
         if self.ready_timeout <= 0:
@@ -154,10 +234,11 @@ class LaunchSettings:
         cluster_id = cluster_id or secrets.token_hex(4)
         return ClusterPlan(
             cluster_id=cluster_id,
-            nodes=tuple(Node(name, self.engine_url(name)) for name in self.nodes),
+            nodes=tuple(Node(name, self.engine_url(name), self.node_slots.get(name)) for name in self.nodes),
             image=self.image,
             slots_per_node=self.gpus_per_node or self.slots,
             gpus_per_node=self.gpus_per_node,
+            gpu_ids=self.gpu_ids,
             ssh_port=self.ssh_port,
             network_interface=self.network_interface,
             shared_dir=self.shared_dir,
@@ -198,8 +279,9 @@ def resolve_settings(
     env: dict[str, str],
     *,
     nodes: str | None,
+    hostfile: Path | None = None,
     slots: int | None = None,
-    gpus_per_node: int | None = None,
+    gpus: str | None = None,
     image: str | None = None,
     ssh_port: int | None = None,
     network_interface: str | None = None,
@@ -213,12 +295,17 @@ def resolve_settings(
 ) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults. Compose's keys (NETWORK_INTERFACE, WORKERS, ...)
     are not read: they describe compose's containers, not the nodes."""
-    node_list = tuple(n.strip() for n in (nodes or env.get("NODES", "")).split(",") if n.strip())
+    if hostfile is not None and nodes:
+        raise SettingsError("--hostfile and --nodes both list the nodes: pass one of them")
+    if hostfile is not None:
+        if not hostfile.is_file():
+            raise SettingsError(f"--hostfile {hostfile} does not exist: pass an Open MPI hostfile (node_1 slots=4)")
+        listed = parse_hostfile(hostfile.read_text(), f"--hostfile {hostfile}")
+    else:
+        listed = parse_node_list(nodes or env.get("NODES", ""), "--nodes" if nodes else "NODES in .env")
+    node_list = tuple(name for name, _ in listed)
     chosen: dict[str, Any] = {
         "slots": slots if slots is not None else _as_int(env, "SLOTS_PER_WORKER", "--slots"),
-        "gpus_per_node": gpus_per_node
-        if gpus_per_node is not None
-        else _as_int(env, "GPUS_PER_NODE", "--gpus-per-node"),
         "image": image or env.get("IMAGE"),
         "ssh_port": ssh_port if ssh_port is not None else _as_int(env, "SSH_PORT", "--ssh-port"),
         "network_interface": network_interface or env.get(NIC_SETTING) or None,
@@ -227,9 +314,14 @@ def resolve_settings(
         "ready_timeout": _as_int(env, "READY_TIMEOUT", "READY_TIMEOUT in .env"),
         "elastic_timeout": _as_int(env, "ELASTIC_TIMEOUT", "ELASTIC_TIMEOUT in .env"),
     }
+    if gpus is not None:
+        chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(gpus)
+    elif env.get("GPUS_PER_NODE", "").strip():
+        chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(env["GPUS_PER_NODE"], "GPUS_PER_NODE in .env")
     engines = {node: env[engine_override_key(node)] for node in node_list if env.get(engine_override_key(node))}
     return LaunchSettings(
         nodes=node_list,
+        node_slots={name: count for name, count in listed if count is not None},
         engines=engines,
         command=tuple(command),
         env=tuple(env_vars),

@@ -93,6 +93,11 @@ class Cluster:
             sh("ip", "-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", NIC)
             sh("ip", "-n", node.namespace, "link", "set", NIC, "up")
             sh("ip", "-n", node.namespace, "link", "set", "lo", "up")
+            # As on hosts where Docker runs with its default bridge: a docker0 of 172.17.0.1/16 on every node, which
+            # a rank must not take for a way to another node (the node engines themselves run with --bridge=none).
+            sh("ip", "-n", node.namespace, "link", "add", "docker0", "type", "bridge")
+            sh("ip", "-n", node.namespace, "addr", "add", "172.17.0.1/16", "dev", "docker0")
+            sh("ip", "-n", node.namespace, "link", "set", "docker0", "up")
             hosts.append(f"{node.address} {node.name} {HOSTS_MARK}\n")
             self.nodes.append(node)
         with open("/etc/hosts", "a") as etc_hosts:
@@ -159,9 +164,10 @@ class Cluster:
             env[f"DOCKER_HOST_{node.name.upper()}"] = node.engine_url
         return env
 
-    def env_file(self) -> Path:
-        path = self.root / "launcher.env"
-        lines = [f"NODES={','.join(n.name for n in self.nodes)}", f"NODE_NETWORK_INTERFACE={NIC}", "READY_TIMEOUT=120"]
+    def env_file(self, pin_nic: bool = True) -> Path:
+        path = self.root / ("launcher.env" if pin_nic else "launcher-unpinned.env")
+        lines = [f"NODES={','.join(n.name for n in self.nodes)}", "READY_TIMEOUT=120"]
+        lines += [f"NODE_NETWORK_INTERFACE={NIC}"] if pin_nic else []
         lines += [f"DOCKER_HOST_{node.name.upper()}={node.engine_url}" for node in self.nodes[1:]]
         path.write_text("\n".join(lines) + "\n")
         return path

@@ -279,7 +279,7 @@ def test_job_end_message_round_trip(text, end):
 
 def test_job_spec_json_is_what_discovery_reads():
     job = spec(elastic_min_workers=1, network_interface="eth0")
-    assert json.loads(job.to_json())["workers"][1] == {"name": "node_2", "address": "10.0.0.2"}
+    assert json.loads(job.to_json())["workers"][1] == {"name": "node_2", "address": "10.0.0.2", "slots": None}
     assert JobSpec.from_json(job.to_json()) == job
 
 
@@ -297,3 +297,15 @@ def test_shell_settings_are_the_protocols(capsys):
     assert printed["DEFAULT_SSH_PORT"] == "12345" and printed["JOB_END_FILE"] == protocol.JOB_END_FILE
     assert protocol.main(["exit-code", "exit status 5: x"]) == 0 and capsys.readouterr().out == "5\n"
     assert Path(protocol.DISCOVERY_SCRIPT).name == "discover-hosts.sh"
+
+
+def test_discovery_and_the_hostfile_give_each_worker_its_own_rank_count(tmp_path):
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
+    workers = (Worker("node_1", "10.0.0.1", 4), Worker("node_2", "10.0.0.2", 2))
+    transport.files[JOB_SPEC] = spec(elastic_min_workers=1, workers=workers, network_interface="eth0").to_json()
+    agent.discover(transport, marker_dir=str(tmp_path))
+    assert agent.discover(transport, marker_dir=str(tmp_path)) == ["10.0.0.1:4", "10.0.0.2:2"]
+    end, said = run(spec(workers=workers), clock, transport)
+    assert transport.files[HOSTFILE_PATH] == "10.0.0.1 slots=4\n10.0.0.2 slots=2\n"
+    assert "hostfile: 10.0.0.1:4 10.0.0.2:2" in said

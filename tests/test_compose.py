@@ -339,6 +339,14 @@ def test_gpu_image_has_nccl_mpi_and_gloo_ops(engine):
         assert line in output, output
 
 
+def test_image_sees_no_gpu_unless_asked_and_requires_a_cuda_13_driver(engine):
+    # On a host whose default runtime is nvidia, a CPU worker must not see every GPU (`void`: none unless a
+    # device request names them), and the toolkit refuses a driver older than torch's CUDA 13.0 build needs.
+    env = dict(item.split("=", 1) for item in engine.images.get(IMAGE).attrs["Config"]["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["NVIDIA_REQUIRE_CUDA"] == "cuda>=13.0"
+
+
 def test_worker_refuses_passwords_and_other_clusters_keys(engine, tmp_path):
     """A worker accepts its own cluster's key only: not a password, not another cluster's key."""
     name = f"hst-sec-{uuid.uuid4().hex[:8]}"

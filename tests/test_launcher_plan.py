@@ -1,6 +1,7 @@
 """The launch plan and settings: pure, table-driven."""
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ from launcher import compose_job, workdir
 from launcher.plan import (ClusterPlan, JobSpec, Node, Worker, command_probe, hostfile, horovodrun_argv, job_command,
                            mpi_host, mpirun_argv, nic_problem, pin_known_host, run_dir, ssh_config, trainer_option,
                            with_run_dir)
-from launcher.settings import LaunchSettings, SettingsError, engine_override_key, load_env_file, resolve_settings
+from launcher.plan import GPU_WORKER_ULIMITS, WORKER_ULIMITS, GpuRequest, nic_selection, virtual_subnets
+from launcher.settings import (LaunchSettings, SettingsError, engine_override_key, load_env_file, parse_gpus,
+                               resolve_settings)
 
 
 def make_plan(**overrides) -> ClusterPlan:
@@ -46,7 +49,7 @@ def test_underscored_nodes_go_to_mpirun_by_address():
         plan.mpi_host(plan.rank0)
     plan = dataclasses.replace(plan, addresses=(("node_1", "10.0.0.1"), ("node_2", "10.0.0.2")))
     spec = plan.job_spec()
-    assert spec.workers == (Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2"))
+    assert spec.workers == (Worker("node_1", "10.0.0.1", 1), Worker("node_2", "10.0.0.2", 1))
     assert hostfile(spec.workers, spec.slots) == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
 
 
@@ -189,7 +192,7 @@ def test_containers_are_named_and_labelled_per_cluster_and_node():
     first, second = plan.nodes
     assert plan.container_name(second) == "horovod-stack-c0ffee00-gpu-b"
     assert plan.labels(first) == {"horovod-stack.cluster": "c0ffee00", "horovod-stack.node": "gpu-a",
-                                  "horovod-stack.role": "rank0"}
+                                  "horovod-stack.role": "rank0", "horovod-stack.ranks": "1"}
     assert plan.labels(second)["horovod-stack.role"] == "worker"
 
 
@@ -402,3 +405,225 @@ def test_devices_come_from_the_flag_or_the_env_file():
     assert from_env.plan().devices == ("/dev/infiniband", "/dev/null:/dev/x")
     flag = resolve_settings({"NODES": "a", "DEVICES": "/dev/infiniband"}, nodes=None, devices=("/dev/null",))
     assert flag.devices == ("/dev/null",)
+
+
+@pytest.mark.parametrize("overrides, gpu, ulimits, devices", [
+    ({}, None, WORKER_ULIMITS, ()),
+    ({"gpus_per_node": 2}, GpuRequest(count=2), GPU_WORKER_ULIMITS, ()),
+    ({"gpus_per_node": 2, "gpu_ids": ("2", "3")}, GpuRequest(device_ids=("2", "3")), GPU_WORKER_ULIMITS, ()),
+    ({"devices": ("/dev/infiniband", "/dev/null:/dev/x")}, None, WORKER_ULIMITS,
+     ("/dev/infiniband:/dev/infiniband", "/dev/null:/dev/x")),
+])
+def test_worker_container_requests(overrides, gpu, ulimits, devices):
+    plan = make_plan(**overrides)
+    container = plan.worker_container(plan.nodes[1])
+    assert (container.gpu, container.ulimits, container.devices) == (gpu, ulimits, devices)
+    assert container.capabilities == ("IPC_LOCK",)
+    assert GPU_WORKER_ULIMITS == {"stack": 64 * 1024**2, "memlock": -1}
+    assert container.volumes == {"horovod-stack-shared": "/shared"}
+    assert container.environment == plan.worker_environment(plan.nodes[1])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("2", (2, ())),
+    ("0", (0, ())),
+    ("0,1", (2, ("0", "1"))),
+    (" 3, 1 ", (2, ("3", "1"))),
+    ("device=1", (1, ("1",))),
+    ("GPU-8f6b3c1e-aaaa-bbbb", (1, ("GPU-8f6b3c1e-aaaa-bbbb",))),
+    ("0,0", SettingsError),
+    ("two", SettingsError),
+    ("", SettingsError),
+    ("1,", SettingsError),
+])
+def test_gpus_are_a_count_or_ids(text, expected):
+    if expected is SettingsError:
+        with pytest.raises(SettingsError, match="is neither a GPU count nor distinct GPU IDs: pass a count"):
+            parse_gpus(text)
+        return
+    assert parse_gpus(text) == expected
+
+
+def test_gpus_come_from_the_flag_or_the_env_file():
+    from_env = resolve_settings({"NODES": "a", "GPUS_PER_NODE": "0,1"}, nodes=None)
+    assert (from_env.gpus_per_node, from_env.gpu_ids, from_env.plan().slots_per_node) == (2, ("0", "1"), 2)
+    assert resolve_settings({"NODES": "a", "GPUS_PER_NODE": "0,1"}, nodes=None, gpus="4").gpu_ids == ()
+    assert resolve_settings({"NODES": "a", "GPUS_PER_NODE": ""}, nodes=None).gpus_per_node == 0
+    with pytest.raises(SettingsError, match="^GPUS_PER_NODE in .env 'x' is neither"):
+        resolve_settings({"NODES": "a", "GPUS_PER_NODE": "x"}, nodes=None)
+
+
+@pytest.mark.parametrize("nic, subnets, across_hosts, expected", [
+    ("ens5", ("172.17.0.0/16",), True, "--mca btl_tcp_if_include ens5 --mca oob_tcp_if_include ens5 "
+                                       "-x NCCL_SOCKET_IFNAME==ens5 -x GLOO_SOCKET_IFNAME=ens5 -x HOROVOD_GLOO_IFACE=ens5"),
+    (None, (), False, ""),
+    (None, (), True, "-x NCCL_SOCKET_IFNAME=^lo,docker,br-,veth,virbr"),
+    (None, ("172.17.0.0/16", "172.26.0.0/16"), True,
+     "--mca btl_tcp_if_exclude 127.0.0.1/8,172.17.0.0/16,172.26.0.0/16 --mca oob_tcp_if_exclude "
+     "127.0.0.1/8,172.17.0.0/16,172.26.0.0/16 -x NCCL_SOCKET_IFNAME=^lo,docker,br-,veth,virbr"),
+])
+def test_nic_selection(nic, subnets, across_hosts, expected):
+    assert " ".join(nic_selection(nic, subnets, across_hosts)) == expected
+
+
+@pytest.mark.parametrize("addresses, expected", [
+    ((("lo", "127.0.0.1/8"), ("eth0", "10.0.0.1/24")), []),
+    ((("docker0", "172.17.0.1/16"), ("br-5e", "172.26.0.1/16"), ("virbr0", "192.168.122.1/24"),
+      ("docker0", "172.17.0.1/16"), ("ens5", "10.1.2.3/16")), ["172.17.0.0/16", "172.26.0.0/16", "192.168.122.0/24"]),
+])
+def test_virtual_subnets(addresses, expected):
+    assert virtual_subnets(addresses) == expected
+
+
+def test_unpinned_nics_are_left_out_of_a_multi_host_job_and_survive_json():
+    plan = dataclasses.replace(make_plan(), excluded_subnets=("172.17.0.0/16",))
+    spec = JobSpec.from_json(plan.job_spec().to_json())
+    assert (spec.excluded_subnets, spec.across_hosts) == (("172.17.0.0/16",), True)
+    assert "--mca btl_tcp_if_exclude 127.0.0.1/8,172.17.0.0/16" in " ".join(spec.job_argv())
+    pinned = dataclasses.replace(make_plan(network_interface="ens5"), excluded_subnets=("172.17.0.0/16",))
+    assert pinned.job_spec().excluded_subnets == ()
+    assert "NCCL_SOCKET_IFNAME=^" not in " ".join(make_plan(nodes=("gpu-a",)).job_argv())
+    users_own = " ".join(make_plan(env=("NCCL_SOCKET_IFNAME=ib0",)).job_argv())
+    assert "NCCL_SOCKET_IFNAME=^" not in users_own and "-x NCCL_SOCKET_IFNAME=ib0" in users_own
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("node_1,node_2", [("node_1", None), ("node_2", None)]),
+    ("node_1:4, node_2:2", [("node_1", 4), ("node_2", 2)]),
+    ("gpu-a:1,gpu-b", [("gpu-a", 1), ("gpu-b", None)]),
+    ("node_1:0", "'node_1:0' has no whole rank count of at least 1 after the colon"),
+    ("node_1:x", "'node_1:x' has no whole rank count"),
+    ("node_1:", "'node_1:' has no whole rank count"),
+])
+def test_nodes_are_hosts_with_optional_rank_counts(text, expected):
+    from launcher.settings import parse_node_list
+
+    if isinstance(expected, str):
+        with pytest.raises(SettingsError, match=expected):
+            parse_node_list(text)
+        return
+    assert parse_node_list(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("node_1 slots=4\nnode_2 slots=2\n", [("node_1", 4), ("node_2", 2)]),
+    ("# rank 0 first\n\nnode_1 slots=2 max_slots=2  # the big box\nnode_2\n", [("node_1", 2), ("node_2", None)]),
+    ("node_1 slots=4\nnode_2 slots = 2\n", "line 2: 'node_2 slots = 2' is not `HOST` or `HOST slots=N`"),
+    ("node_1 slots=0\n", "line 1: 'node_1 slots=0' is not"),
+    ("node_1 cpus=4\n", "line 1"),
+    ("# nothing\n", "lists no host"),
+])
+def test_hostfiles_in_open_mpis_format(text, expected):
+    from launcher.settings import parse_hostfile
+
+    if isinstance(expected, str):
+        with pytest.raises(SettingsError, match=expected):
+            parse_hostfile(text, "--hostfile hosts")
+        return
+    assert parse_hostfile(text, "--hostfile hosts") == expected
+
+
+def test_per_node_counts_reach_the_hostfile_the_gpus_and_the_plan_line(tmp_path):
+    settings = resolve_settings({}, nodes="gpu-a:4,gpu-b", gpus="2")
+    plan = settings.plan(cluster_id="c0ffee00")
+    spec = plan.job_spec()
+    assert hostfile(spec.workers, spec.slots) == "gpu-a slots=4\ngpu-b slots=2\n"
+    assert [plan.gpu_request(node) for node in plan.nodes] == [GpuRequest(count=4), GpuRequest(count=2)]
+    assert plan.total_ranks == 6 and "mpirun -np 6 " in " ".join(spec.job_argv())
+    assert "6 ranks on 2 node(s) [gpu-a: 4 rank(s) on 4 GPU(s) (ssh://gpu-a), gpu-b: 2 rank(s) on 2 GPU(s)" in (
+        plan.describe())
+    hosts = tmp_path / "hosts"
+    hosts.write_text("gpu-a slots=4\ngpu-b slots=2\n")
+    from_file = resolve_settings({"NODES": "x"}, nodes=None, hostfile=hosts).plan(cluster_id="c0ffee00")
+    assert [plan.slots(node) for node in from_file.nodes] == [4, 2]
+
+
+@pytest.mark.parametrize("env, flags, message", [
+    ({}, {"nodes": "a:2,a"}, "node a is listed twice: list each host once, with its rank count"),
+    ({}, {"nodes": "a,b", "hostfile": Path("/nonexistent/hosts")}, "--hostfile and --nodes both list the nodes"),
+    ({}, {"nodes": None, "hostfile": Path("/nonexistent/hosts")}, "--hostfile /nonexistent/hosts does not exist"),
+    ({"NODES": "a:0"}, {"nodes": None}, "NODES in .env: 'a:0' has no whole rank count"),
+    ({}, {"nodes": "a:4,b", "gpus": "0,1"}, "--gpus names 2 GPU\\(s\\) for every node, but a node's count differs"),
+    ({}, {"nodes": "a,b", "network_interface": "10.0.0/24"}, "--network-interface '10.0.0/24' is neither a NIC name "
+                                                             "nor an IPv4 subnet in CIDR form"),
+])
+def test_bad_node_lists_and_subnets_are_refused(env, flags, message):
+    with pytest.raises(SettingsError, match=message):
+        resolve_settings(env, **flags)
+
+
+def test_a_subnet_is_normalised_and_gives_open_mpi_the_subnet_and_each_rank_its_own_nic():
+    settings = resolve_settings({}, nodes="a,b", network_interface="10.0.0.7/24")
+    assert settings.network_interface == "10.0.0.0/24"
+    plan = dataclasses.replace(settings.plan(cluster_id="c0ffee00"), node_nics=(("a", "ens5"), ("b", "eno1")))
+    argv = " ".join(plan.job_argv())
+    assert "--mca btl_tcp_if_include 10.0.0.0/24 --mca oob_tcp_if_include 10.0.0.0/24" in argv
+    assert "NCCL_SOCKET_IFNAME" not in argv  # each rank's own, from launcher.rank_nic
+    assert argv.endswith("python -m launcher.rank_nic 10.0.0.0/24 -- python -m app.train --run-dir /shared/runs/c0ffee00")
+
+
+def test_an_elastic_job_over_a_subnet_serves_on_rank0s_nic_and_ranks_find_their_own():
+    settings = resolve_settings({}, nodes="a:2,b:1,c:3", network_interface="10.0.0.0/24",
+                                elastic_min_nodes=2, env_vars=("NCCL_SOCKET_IFNAME=ib0",))
+    plan = dataclasses.replace(settings.plan(cluster_id="c0ffee00"), node_nics=(("a", "ens5"), ("b", "eno1")))
+    argv = " ".join(plan.job_argv())
+    # The two smallest hosts (1 + 2 ranks) still hold the minimum; all three (6) are the most.
+    assert "-np 6 --min-np 3 --max-np 6 " in argv
+    assert "GLOO_SOCKET_IFNAME=ens5 HOROVOD_GLOO_IFACE=ens5" in argv and "--network-interface ens5 " in argv
+    assert "python -m launcher.rank_nic 10.0.0.0/24 --keep NCCL_SOCKET_IFNAME -- python -m app.train" in argv
+
+
+@pytest.mark.parametrize("addresses, subnet, nic, problem", [
+    ((("lo", "127.0.0.1/8"), ("ens5", "10.0.0.2/24")), "10.0.0.0/24", "ens5", None),
+    ((("eno1", "10.0.0.9/16"),), "10.0.0.0/24", "eno1", None),
+    ((("lo", "127.0.0.1/8"), ("eth0", "192.0.2.2/24"), ("docker0", "172.17.0.1/16")), "10.0.0.0/24", None,
+     "no address in 10.0.0.0/24 there (it has eth0 192.0.2.2/24, docker0 172.17.0.1/16); pass --network-interface "
+     "with a subnet every node has an address in"),
+])
+def test_the_nic_in_a_subnet(addresses, subnet, nic, problem):
+    from launcher.plan import nic_in_subnet, subnet_problem
+
+    assert nic_in_subnet(addresses, subnet) == nic
+    found = subnet_problem(subnet, addresses)
+    assert (found is None) if problem is None else found.startswith(problem)
+
+
+def test_the_dry_run_report_shows_each_container_the_hostfile_and_the_command_but_no_key():
+    plan = dataclasses.replace(resolve_settings({}, nodes="gpu-a:2,gpu-b", gpus="1").plan(cluster_id="c0ffee00"),
+                               addresses=())
+    report = plan.dry_run_report("sha256:7405069ce4ce0000")
+    for expected in ("plan: 3 ranks on 2 node(s)", "gpu-a (rank 0, runs the job agent; engine ssh://gpu-a)",
+                     "container horovod-stack-c0ffee00-gpu-a: image horovod-stack:latest (7405069ce4ce), network host",
+                     "ranks 2; GPUs 2 GPU(s); ulimits stack=67108864, memlock=-1; capabilities IPC_LOCK",
+                     "mounts horovod-stack-shared -> /shared", "environment SSH_PORT, WORKER_ADDRESS, EXIT_WITH_JOB",
+                     "hostfile /home/mpiuser/hostfile:\n  gpu-a slots=2\n  gpu-b slots=1\n", "mpirun: mpirun -np 3 "):
+        assert expected in report, report
+    assert "PRIVATE KEY" not in report and "id_ed25519" not in report
+
+
+@pytest.mark.parametrize("argv, addresses, environ", [
+    (["10.0.0.0/24", "--", "python", "t.py"], [("lo", "127.0.0.1/8"), ("eno1", "10.0.0.2/24")],
+     {"NCCL_SOCKET_IFNAME": "=eno1", "GLOO_SOCKET_IFNAME": "eno1", "HOROVOD_GLOO_IFACE": "eno1"}),
+    (["10.0.0.0/24", "--keep", "NCCL_SOCKET_IFNAME", "--", "python", "t.py"], [("ens5", "10.0.0.1/24")],
+     {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ens5", "HOROVOD_GLOO_IFACE": "ens5"}),
+])
+def test_each_rank_takes_its_own_hosts_nic_in_the_subnet(argv, addresses, environ, monkeypatch):
+    from launcher import rank_nic
+
+    ran = []
+    monkeypatch.setattr(rank_nic, "host_addresses", lambda: addresses)
+    monkeypatch.setattr(rank_nic.os, "execvp", lambda program, args: ran.append(args))
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    for name in ("GLOO_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE"):  # what horovodrun set: rank 0's NIC
+        monkeypatch.setenv(name, "eth0")
+    rank_nic.main(argv)
+    assert ran == [["python", "t.py"]]
+    assert {name: os.environ[name] for name in environ} == environ
+
+
+def test_a_rank_whose_host_has_no_address_in_the_subnet_says_so(monkeypatch, capsys):
+    from launcher import rank_nic
+
+    monkeypatch.setattr(rank_nic, "host_addresses", lambda: [("eth0", "192.0.2.2/24")])
+    assert rank_nic.main(["10.0.0.0/24", "--", "python", "t.py"]) == 1
+    assert "no address in 10.0.0.0/24 (it has eth0 192.0.2.2/24)" in capsys.readouterr().err
