@@ -52,6 +52,16 @@ FROM runtime AS image
 RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
     pip install --no-deps /dist/horovod-*.whl \
  && horovodrun --check-build
+# py-spy reads another process's memory: the workers get the SYS_PTRACE capability (launcher/plan.py
+# WORKER_CAPABILITIES, compose.yaml), and the binary may use it as mpiuser, which hosts with Yama's ptrace_scope 1
+# (Ubuntu's default) require for processes that are not its children.
+RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,source=docker/requirements-tools.txt,target=/tmp/requirements-tools.txt \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
+    pip install -r /tmp/requirements-tools.txt \
+ && apt-get update && apt-get install -y --no-install-recommends libcap2-bin && rm -rf /var/lib/apt/lists/* \
+ && setcap cap_sys_ptrace+ep "$(readlink -f /opt/venv/bin/py-spy)"
 # Runs as a non-root user, sshd and mpirun included. /cluster holds the per-cluster SSH trust (a volume
 # filled at run time); /shared the datasets, checkpoints and metrics; /workdir the user's code, if any.
 RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \

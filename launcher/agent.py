@@ -1,17 +1,20 @@
 """The job agent: owns one job from inside the rank-0 container, whichever door started it.
 
     python -m launcher.agent compose [ARGS...]    compose's launcher service: the job its environment describes
+    python -m launcher.agent mpijob [OPTIONS] -- COMMAND   an MPIJob's launcher pod (launcher/mpijob_job.py)
     python -m launcher.agent run [--log FILE]     the job in JOB_SPEC (the multi-host launcher wrote it)
     python -m launcher.agent follow [--from N]    print JOB_LOG as it grows; exit with the job's status once it ends
     python -m launcher.agent discover             elastic host discovery: ADDRESS:SLOTS per worker answering now
     python -m launcher.agent lifeline --driver D  on a worker, over ssh: hold the line, record how the job ended
+    python -m launcher.agent stacks [--native]    every rank's stack now, on every worker, grouped
 
 One job, in order (Agent.run): ssh client set-up (for compose also the cluster's key pair) -> readiness: every
 worker's published host key pinned and its sshd answering -> a lifeline to every worker -> a check that every
 worker can start the command -> the hostfile and mpirun (or elastic horovodrun) -> its exit status and root cause
--> every worker told that the job ended. The job's life is the cluster's: it does not depend on the client that
-started it, and when the agent itself dies (its container killed, out of memory, a reboot) its lifelines close and
-every worker stops by itself.
+-> every worker told that the job ended. While it runs, a stall watch notices a job that prints nothing and records
+no new metrics for the stall timeout, and gathers every rank's stack once (launcher/stall.py, stacks.py). The job's
+life is the cluster's: it does not depend on the client that started it, and when the agent itself dies (its
+container killed, out of memory, a reboot) its lifelines close and every worker stops by itself.
 
 Side effects go through a Transport (SshTransport here; a stand-in in the unit tests), so every decision above is
 tested without containers.
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Protocol
 
+from launcher import stacks, stall
 from launcher.plan import JobSpec, Worker, command_probe, hostfile, pin_known_host, ssh_config
 from launcher.protocol import (
     AGENT,
@@ -46,11 +50,13 @@ from launcher.protocol import (
     JOB_END_FILE,
     JOB_LOG,
     JOB_SPEC,
+    JOB_STALL,
     JOB_STATUS,
     KEEP_RUNNING,
     KNOWN_HOSTS,
     SSH_CONFIG,
     SSH_CONNECT_TIMEOUT_SECONDS,
+    STACKS,
     STOP_SIGNALS,
     WORKER_CLAIM_TIMEOUT_SECONDS,
     WORKER_CLAIMED,
@@ -66,6 +72,7 @@ DISCOVERY_SSH_TIMEOUT = 2
 REFUSED_JOB_PATIENCE_SECONDS = 30
 """How long a job refused before it started keeps trying to tell the workers (they may still be starting)."""
 ELASTIC_CLAIM_INTERVAL = 2
+STALL_POLL_SECONDS = 5
 
 Say = Callable[[str], None]
 
@@ -101,7 +108,20 @@ class Transport(Protocol):
 
     def lifeline(self, address: str, command: str) -> Lifeline: ...
 
-    def run(self, argv: list[str], cwd: str) -> int: ...
+    def run(self, argv: list[str], cwd: str) -> int:
+        """Runs the job, its output through to the agent's; returns its exit status."""
+
+    def output_age(self) -> float:
+        """Seconds since the running job last printed a line (or since it started)."""
+
+    def file_age(self, path: str) -> float | None:
+        """Seconds since the file changed; None if it is not there."""
+
+    def horovod_warning(self) -> str | None:
+        """Horovod's latest stall warning in the job's output (stall.HorovodWarnings)."""
+
+    def stop_job(self) -> None:
+        """Asks the running job to end (SIGTERM: mpirun and horovodrun pass it to every rank)."""
 
     def make_cluster_key(self) -> None: ...
 
@@ -213,15 +233,35 @@ class Agent:
         self.say(f"hostfile: {' '.join(f'{worker.address}:{spec.slots_of(worker)}' for worker in ready)}")
         self.say(f"running: {' '.join(argv)}")
         watch = ElasticClaims(self) if spec.elastic else None
-        if watch:
-            watch.start()
+        stall = StallWatch(self, ready) if spec.stall_timeout > 0 else None
+        for thread in (watch, stall):
+            if thread:
+                thread.start()
         try:
             status = self.transport.run(argv, cwd=HOME)
         finally:
-            if watch:
-                watch.stop()
+            for thread in (watch, stall):
+                if thread:
+                    thread.stop()
         self.say(f"{spec.program} exited with status {status}")
+        if stall and stall.cause:
+            return JobEnd(status or 1, stall.cause)
         return JobEnd(status, None if status == 0 else self.failure_cause(ready))
+
+    def gather_stacks(self, workers: list[Worker], native: bool = False) -> list[stacks.RankStack]:
+        """Every rank's stack on every worker (py-spy in each worker container, over ssh); a worker that cannot
+        say is named in the agent's log."""
+        found: list[stacks.RankStack] = []
+        for worker in workers:
+            command = shlex.join([*STACKS, "collect", "--node", worker.name, *(["--native"] if native else [])])
+            code, output = self.transport.ssh(worker.address, command, stacks.PY_SPY_TIMEOUT_SECONDS * 4)
+            try:
+                found += stacks.from_json(output.strip().splitlines()[-1]) if code == 0 else []
+            except (ValueError, KeyError, IndexError):
+                code = code or 1
+            if code != 0:
+                self.say(f"{worker.name}: no stacks ({(output.strip().splitlines() or ['no answer'])[-1]})")
+        return found
 
     def failure_cause(self, ready: list[Worker]) -> str | None:
         """Why a job that ran failed, when it is a lost worker (a rank's own error is in the job's output)."""
@@ -356,6 +396,59 @@ class ElasticClaims(threading.Thread):
         self.join()  # before the wind-down reads the lifelines
 
 
+class StallWatch(threading.Thread):
+    """While the job runs: when it prints nothing and records no new metrics for the stall timeout, every rank's
+    stack goes into the job's log once, and JOB_STALL says so for `launcher status` (also Horovod's own stall
+    warnings); with the stall action `fail`, the job is ended with the stall as its cause."""
+
+    def __init__(self, agent: Agent, workers: list[Worker]) -> None:
+        super().__init__(name="stall-watch", daemon=True)
+        self.agent, self.workers = agent, workers
+        self.done = threading.Event()
+        self.cause: str | None = None
+        """Why the job was ended (the stall), when the stall action is `fail`."""
+
+    def run(self) -> None:
+        spec, transport = self.agent.spec, self.agent.transport
+        metrics = f"{spec.run_dir}/metrics.jsonl" if spec.run_dir else None
+        where, written = "", None
+        while not self.done.wait(min(STALL_POLL_SECONDS, max(1.0, spec.stall_timeout / 4))):
+            try:
+                idle = stall.idle_seconds(transport.output_age(), transport.file_age(metrics) if metrics else None)
+                if not stall.is_stalled(idle, spec.stall_timeout):
+                    if where:
+                        self.agent.say(f"the job shows progress again after a stall of {idle:.0f} s or more")
+                    where = ""
+                elif not where:
+                    where = self.stalled(idle) or "no rank's stack could be taken"
+                record = stall.StallRecord(int(idle) if where else 0, where, transport.horovod_warning())
+                if record != written:
+                    transport.write(JOB_STALL, record.to_json() + "\n")
+                    written = record
+            except Exception as error:  # noqa: BLE001  the job goes on; the next round tries again
+                self.agent.say(f"stall watch: {type(error).__name__}: {error}")
+
+    def stalled(self, idle: float) -> str:
+        spec = self.agent.spec
+        self.agent.say(
+            f"the job looks stalled: no output and no new metrics for {idle:.0f} s (stall timeout "
+            f"{spec.stall_timeout} s); every rank's stack:"
+        )
+        found = self.agent.gather_stacks(self.workers)
+        for line in stacks.report(found).splitlines():
+            self.agent.say(line)
+        where = stacks.summary(found) if found else ""
+        if spec.stall_action == "fail":
+            self.cause = f"the job stalled: no output and no new metrics for {idle:.0f} s; {where or 'no stacks'}"
+            self.agent.say(f"error: {self.cause}; ending the job (stall action fail)")
+            self.agent.transport.stop_job()
+        return where
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+
 # --- the real side effects ---------------------------------------------------------------------------------------
 def read_text(path: str) -> str | None:
     try:
@@ -409,6 +502,8 @@ class SshTransport:
     def __init__(self) -> None:
         self.child: subprocess.Popen | None = None
         self.job_over = False
+        self.last_output = time.monotonic()
+        self.warnings = stall.HorovodWarnings()
 
     def resolve(self, service: str) -> list[str]:
         try:
@@ -441,12 +536,37 @@ class SshTransport:
         return SshLifeline(address, command)
 
     def run(self, argv: list[str], cwd: str) -> int:
-        self.child = subprocess.Popen(argv, cwd=cwd)
+        # The job's output passes through here, so the stall watch knows when it last printed.
+        self.last_output = time.monotonic()
+        self.child = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert self.child.stdout is not None
         try:
+            for line in self.child.stdout:
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
+                self.last_output = time.monotonic()
+                self.warnings.feed(line.decode(errors="replace"))
             code = self.child.wait()
         finally:
             self.child, self.job_over = None, True
         return 128 - code if code < 0 else code
+
+    def output_age(self) -> float:
+        return time.monotonic() - self.last_output
+
+    def file_age(self, path: str) -> float | None:
+        try:
+            return time.time() - os.stat(path).st_mtime
+        except OSError:
+            return None
+
+    def horovod_warning(self) -> str | None:
+        return self.warnings.current()
+
+    def stop_job(self) -> None:
+        child = self.child
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
 
     def make_cluster_key(self) -> None:
         from launcher.sshtrust import make_key_pair  # ssh-keygen, only where the agent makes the key
@@ -511,6 +631,18 @@ def run_spec(log_file: str | None) -> int:
         transport.write(JOB_STATUS, end.message() + "\n")
         return end.status
     return Agent(spec, transport).run().status
+
+
+def print_stacks(native: bool) -> int:
+    """Every rank's stack now, grouped, for `launcher stacks` (and compose's `exec launcher ... stacks`)."""
+    try:
+        spec = JobSpec.from_json(Path(JOB_SPEC).read_text())
+    except (OSError, ValueError, TypeError) as error:
+        print(f"error: no job here to take stacks of ({JOB_SPEC}: {error})", file=sys.stderr)
+        return 1
+    agent = Agent(spec, SshTransport(), say=lambda line: print(line, file=sys.stderr))
+    sys.stdout.write(stacks.report(agent.gather_stacks(agent.candidates(), native)))
+    return 0
 
 
 def follow(
@@ -581,9 +713,14 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["compose"]:  # the trainer's flags follow, which argparse would take for the agent's own
         args = argv[2:] if argv[1:2] == ["--"] else argv[1:]
         return run_compose(dict(os.environ), args)
+    if argv[:1] == ["mpijob"]:  # the same: the job's command follows `--`
+        from launcher import mpijob_job
+
+        return mpijob_job.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m launcher.agent", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("compose", help="run the job compose's environment describes (ARGS: the trainer's flags)")
+    commands.add_parser("mpijob", help="run an MPIJob's job in its launcher pod (launcher export mpijob)")
     run = commands.add_parser("run", help=f"run the job in {JOB_SPEC}")
     run.add_argument("--log", help="append the agent's and the job's output to this file")
     following = commands.add_parser("follow", help=f"print {JOB_LOG} until the job ends; exit with its status")
@@ -591,7 +728,11 @@ def main(argv: list[str]) -> int:
     commands.add_parser("discover", help="elastic host discovery")
     line = commands.add_parser("lifeline", help="a worker's end of the agent's lifeline")
     line.add_argument("--driver", default="the job's agent")
+    stacking = commands.add_parser("stacks", help="every rank's stack now, grouped")
+    stacking.add_argument("--native", action="store_true", help="native (C/C++) frames too")
     options = parser.parse_args(argv)
+    if options.command == "stacks":
+        return print_stacks(options.native)
     if options.command == "run":
         return run_spec(options.log)
     if options.command == "follow":

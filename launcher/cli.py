@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import NoReturn
 
@@ -12,8 +13,20 @@ import typer
 
 from launcher import jobstate, session
 from launcher.driver import NodeDriver, NodeError
-from launcher.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, NIC_SETTING, job_command, nic_problem, run_dir
-from launcher.protocol import AGENT, JOB_LOG, JOB_STATUS, STOP_SIGNALS, Signalled
+from launcher.plan import (
+    LABEL_CLUSTER,
+    LABEL_RANKS,
+    LABEL_ROLE,
+    NIC_SETTING,
+    job_command,
+    nic_in_subnet,
+    nic_problem,
+    run_dir,
+    subnet_of,
+    subnet_problem,
+    virtual_subnets,
+)
+from launcher.protocol import AGENT, JOB_LOG, JOB_STALL, JOB_STATUS, STOP_SIGNALS, Signalled
 from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
 
 app = typer.Typer(
@@ -139,6 +152,14 @@ def start(
     debug: bool = typer.Option(
         False, help="NCCL_DEBUG=INFO for every rank: NCCL's topology and transports (default: WARN, errors only)."
     ),
+    stall_timeout: int | None = typer.Option(
+        None,
+        help="Seconds without output or new metrics before the job counts as stalled: every rank's stack goes into "
+        "its log and `launcher status` says so (default: STALL_TIMEOUT in .env, else 300; 0: off).",
+    ),
+    stall_action: str | None = typer.Option(
+        None, help="On a stall: warn (the job goes on) or fail (it ends with the stall as its error); default warn."
+    ),
     dry_run: bool = typer.Option(
         False,
         help="Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
@@ -176,6 +197,8 @@ def start(
         elastic_max_nodes=max_nodes,
         restart_workers=restart_workers,
         devices=tuple(device or ()),
+        stall_timeout=stall_timeout,
+        stall_action=stall_action,
     )
     if dry_run:
         try:
@@ -243,6 +266,7 @@ def status(
                 driver.read_file(container, JOB_LOG) or "",
                 [m[2] for m in members],
                 metrics=driver.read_file(container, f"{run_dir(cluster)}/metrics.jsonl"),
+                stall=driver.read_file(container, JOB_STALL),
             )
             typer.echo(f"cluster {cluster}: {state}")
             for member_driver, member, member_state in members:
@@ -253,6 +277,35 @@ def status(
                 )
     if not found:
         typer.echo("no cluster on " + ", ".join(driver.node.name for driver in drivers))
+
+
+@app.command()
+def stacks(
+    nodes: str | None = typer.Option(None, help=NODES_HELP),
+    hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
+    cluster: str | None = typer.Option(None, help="Cluster ID (default: the running one)."),
+    native: bool = typer.Option(False, help="Native (C/C++) frames too, e.g. inside Horovod's or NCCL's code."),
+    env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+) -> None:
+    """Every rank's Python stack now, on every node (py-spy), identical stacks printed once: where a hung job hangs.
+
+    Example: launcher stacks --nodes node_1,node_2
+    """
+    settings = settings_from(nodes, env_file, hostfile)
+    rank0 = [
+        (driver, container)
+        for driver in connect(settings)
+        for container in driver.cluster_containers(cluster)
+        if container.labels.get(LABEL_ROLE) == "rank0" and container.status == "running"
+    ]
+    if not rank0:
+        fail("no running cluster on these nodes: `launcher status` lists the clusters")
+    driver, container = rank0[0]
+    exec_id, stream = driver.exec_stream(container, [*AGENT, "stacks", *(["--native"] if native else [])])
+    for chunk in stream:
+        sys.stdout.write(chunk.decode(errors="replace"))
+    sys.stdout.flush()
+    raise typer.Exit(driver.exec_exit_code(exec_id) or 0)
 
 
 @app.command()
@@ -334,13 +387,23 @@ def doctor(
             typer.echo(
                 f"{node.name}: ssh port      {'FAIL in use' if view.port_taken else 'ok free'} ({settings.ssh_port})"
             )
-            if settings.network_interface:
+            subnet = subnet_of(settings.network_interface)
+            if subnet:
+                nic = subnet_problem(subnet, view.addresses)
+                own = nic_in_subnet(view.addresses, subnet)
+                found = ", ".join(f"{name} {address}" for name, address in view.addresses if name == own)
+                typer.echo(f"{node.name}: network iface {'FAIL ' + nic if nic else 'ok'} ({found or subnet})")
+            elif settings.network_interface:
                 nic = nic_problem(settings.network_interface, view.nics)
-                if nic:
-                    problems.append(f"{node.name}: {nic}")
                 typer.echo(
                     f"{node.name}: network iface {'FAIL ' + nic if nic else 'ok'} ({settings.network_interface})"
                 )
+            else:
+                nic = None
+                left_out = ", ".join(virtual_subnets(view.addresses)) or "none here"
+                typer.echo(f"{node.name}: network iface ok (none pinned; virtual NICs left out: {left_out})")
+            if nic:
+                problems.append(f"{node.name}: {nic}")
         gpu_request = settings.plan(cluster_id="-").gpu_request(node)
         if gpu_request and image_id is not None:  # nvidia-smi runs in a container of the image
             gpu = driver.gpu_problem(settings.image, gpu_request)
@@ -358,6 +421,64 @@ def doctor(
     if problems:
         fail(f"{len(problems)} problem(s): {'; '.join(problems)}")
     typer.echo("all nodes ready")
+
+
+class ExportKind(StrEnum):
+    mpijob = "mpijob"
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def export(
+    ctx: typer.Context,
+    kind: ExportKind = typer.Argument(..., help="What to write: mpijob (a Kubeflow MPIJob, kubeflow.org/v2beta1)."),
+    name: str = typer.Option(..., help="The MPIJob's name (a DNS-1035 label); pods are NAME-launcher, NAME-worker-I."),
+    workers: int = typer.Option(..., help="Worker pods, one rank per slot each."),
+    slots: int | None = typer.Option(None, help="Ranks per worker on CPUs (default 1)."),
+    gpus_per_node: int = typer.Option(0, help="GPUs per worker (nvidia.com/gpu), one rank each; 0: CPU ranks."),
+    image: str | None = typer.Option(None, help="The image, as the cluster pulls it (a registry name)."),
+    namespace: str | None = typer.Option(None, help="The namespace (default: default)."),
+    shared_claim: str | None = typer.Option(
+        None, help="PersistentVolumeClaim mounted at /shared in every pod (default horovod-stack-shared)."
+    ),
+    env: list[str] | None = typer.Option(None, "--env", help="KEY=VALUE for every rank (repeatable)."),
+    elastic: bool = typer.Option(False, help="Elastic training (horovodrun, Gloo): lost workers do not end the job."),
+    min_workers: int | None = typer.Option(None, help="With --elastic: the fewest workers the job goes on with."),
+    network_interface: str | None = typer.Option(
+        None, help="The pods' NIC for Open MPI, NCCL and Gloo (elastic default: eth0; none: virtual NICs left out)."
+    ),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the document here (default: stdout)."),
+) -> None:
+    """Write the job as a document another scheduler runs: the same image, command and Horovod defaults.
+
+    Example: launcher export mpijob --name digits --workers 2 --gpus-per-node 2 --image registry.example.com/
+    horovod-stack:latest -o digits.yaml -- --dataset digits --epochs 5; then kubectl apply -f digits.yaml
+    """
+    from launcher import mpijob  # PyYAML, only here
+
+    if min_workers is not None and not elastic:
+        fail("--min-workers is for elastic jobs: add --elastic", 2)
+    request = mpijob.MpiJobRequest(
+        name=name,
+        workers=workers,
+        command=tuple(job_command(ctx.args)),
+        slots=slots,
+        gpus_per_node=gpus_per_node,
+        image=image or mpijob.DEFAULT_IMAGE,
+        namespace=namespace or mpijob.DEFAULT_NAMESPACE,
+        shared_claim=shared_claim or mpijob.DEFAULT_CLAIM,
+        env=tuple(env or ()),
+        elastic_min_workers=(min_workers or 1) if elastic else None,
+        network_interface=network_interface,
+    )
+    try:
+        text = mpijob.to_yaml(request)
+    except ValueError as error:
+        fail(str(error).splitlines()[0], 2)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        say(f"wrote MPIJob {name} to {output}; apply it with `kubectl apply -f {output}`")
 
 
 def main() -> None:

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 
 from app.gpu import GPUS_ASKED
 from launcher.plan import RUNS_DIR, WORKDIR, DoorWords, JobSpec, job_command, with_run_dir
-from launcher.protocol import ELASTIC_TIMEOUT_SECONDS, READY_TIMEOUT_SECONDS, SSH_PORT
+from launcher.protocol import ELASTIC_TIMEOUT_SECONDS, READY_TIMEOUT_SECONDS, SSH_PORT, STALL_TIMEOUT_SECONDS
+from launcher.stall import STALL_ACTIONS
 
 WORDS = DoorWords(
     command_fix="set WORKDIR to the folder that holds your code, or use an image FROM horovod-stack:latest that has it",
@@ -36,6 +37,13 @@ def _whole(environ: Mapping[str, str], key: str, default: int, low: int = 1, hig
     if not raw.isdigit() or int(raw) < low or (high is not None and int(raw) > high):
         raise SpecError(f"{key}={raw} is not a whole number {bound}; fix it in .env")
     return int(raw)
+
+
+def _choice(environ: Mapping[str, str], key: str, choices: tuple[str, ...]) -> str:
+    raw = environ.get(key, "").strip() or choices[0]
+    if raw not in choices:
+        raise SpecError(f"{key}={raw} is not one of {', '.join(choices)}; fix it in .env")
+    return raw
 
 
 def _worker_service(environ: Mapping[str, str]) -> str:
@@ -80,6 +88,8 @@ def job_spec(environ: Mapping[str, str], args: list[str]) -> JobSpec:
         elastic_min_workers=int(minimum) if minimum else None,
         elastic_timeout=_whole(environ, "ELASTIC_TIMEOUT", ELASTIC_TIMEOUT_SECONDS),
         ready_timeout=_whole(environ, "READY_TIMEOUT", READY_TIMEOUT_SECONDS),
+        stall_timeout=_whole(environ, "STALL_TIMEOUT", STALL_TIMEOUT_SECONDS, low=0),
+        stall_action=_choice(environ, "STALL_ACTION", STALL_ACTIONS),
         driver="compose's launcher container",
         make_key=True,
         results_hint=environ.get("RESULTS_HINT", "").strip() or None,

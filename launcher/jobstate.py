@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from launcher.protocol import parse_job_end
+from launcher.stall import StallRecord
 
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+): .*val accuracy ([0-9.]+), ([0-9.]+) samples/s")
 ERROR_LINE = re.compile(r"^(?:\S+ )*(?:\w+(?:Error|Exception)|error): .+")
@@ -82,12 +83,15 @@ def describe(
     workers: list[ContainerState],
     now: datetime | None = None,
     metrics: str | None = None,
+    stall: str | None = None,
 ) -> str:
     now = now or datetime.now(UTC)
     end = parse_job_end(job_status)
     if end is None:
         if rank0.running:
-            return f"running: {progress(job_log, metrics)}"
+            record = StallRecord.from_json(stall)
+            stalled = record.describe() if record else ""
+            return f"running: {progress(job_log, metrics)}{f'; {stalled}' if stalled else ''}"
         return f"failed: rank 0's container stopped (exit status {rank0.exit_code}) before the job ended" + _ago(
             rank0.finished_at, now
         )

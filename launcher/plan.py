@@ -27,6 +27,7 @@ from launcher.protocol import (
     READY_TIMEOUT_SECONDS,
     SSH_CONNECT_TIMEOUT_SECONDS,
     SSH_PORT,
+    STALL_TIMEOUT_SECONDS,
 )
 
 LABEL_CLUSTER = "horovod-stack.cluster"
@@ -53,8 +54,9 @@ GPU_WORKER_ULIMITS = {**WORKER_ULIMITS, "memlock": -1}
 """GPU workers also get unlimited locked memory, which NCCL's RDMA transports register their buffers in
 (compose.gpu.yaml sets the same). Not for CPU workers: raising the limit needs the engine's CAP_SYS_RESOURCE,
 which some hosts (sandboxes, rootless engines) lack, and CPU jobs have no use for it."""
-WORKER_CAPABILITIES = ("IPC_LOCK",)
-"""Lets a rank lock the memory it registers for RDMA (InfiniBand, RoCE)."""
+WORKER_CAPABILITIES = ("IPC_LOCK", "SYS_PTRACE")
+"""IPC_LOCK lets a rank lock the memory it registers for RDMA (InfiniBand, RoCE); SYS_PTRACE lets py-spy read the
+ranks' stacks (`launcher stacks`, the stall watch)."""
 VIRTUAL_NIC_PREFIXES = ("lo", "docker", "br-", "veth", "virbr")
 """NICs that never carry traffic between hosts: loopback, Docker's bridges (docker0 is 172.17.0.1 on every host, so
 a rank that picks it "reaches" its own host) and their veth ends, libvirt's bridges. Across hosts with no NIC
@@ -428,6 +430,10 @@ class JobSpec:
     elastic_max_workers: int | None = None
     elastic_timeout: int = ELASTIC_TIMEOUT_SECONDS
     ready_timeout: float = READY_TIMEOUT_SECONDS
+    stall_timeout: int = STALL_TIMEOUT_SECONDS
+    """Seconds without output or new metrics after which the job counts as stalled (0: never)."""
+    stall_action: str = "warn"
+    """On a stall: gather the stacks and record it (warn), or also end the job (fail)."""
     driver: str = "the job's agent"
     """How a worker names this job's driver when it is lost ("rank 0 on node_1", "compose's launcher container")."""
     keep_running: bool = False
@@ -583,6 +589,8 @@ class ClusterPlan:
     """Elastic: seconds the job waits below the minimum for nodes to come back before it fails."""
     ready_timeout: float = READY_TIMEOUT_SECONDS
     """How long the job agent waits for every worker's sshd to answer."""
+    stall_timeout: int = STALL_TIMEOUT_SECONDS
+    stall_action: str = "warn"
 
     @property
     def rank0(self) -> Node:
@@ -672,6 +680,8 @@ class ClusterPlan:
             elastic_max_workers=self.elastic_max_nodes,
             elastic_timeout=self.elastic_timeout,
             ready_timeout=self.ready_timeout,
+            stall_timeout=self.stall_timeout,
+            stall_action=self.stall_action,
             env=(*self.env, f"{GPUS_ASKED}=1") if self.gpus_per_node else self.env,
             driver=f"rank 0's container on {self.rank0.name}",
             agent_host=workers[0].address,

@@ -55,6 +55,12 @@ JOB_END_FILE = f"{HOME}/.job-ended"
 WORKER_CLAIMED = f"{HOME}/.claimed"
 """In every worker: made when an agent's lifeline first reaches it."""
 AGENT = ("python", "-m", "launcher.agent")
+STACKS = ("python", "-m", "launcher.stacks")
+"""In a worker container: its ranks' stacks, as JSON (`STACKS collect --node NAME [--native]`)."""
+JOB_STALL = f"{HOME}/job.stall"
+"""In the agent's container while the job runs: the stall watch's record (launcher/stall.py), for `status`."""
+STALL_TIMEOUT_SECONDS = 300
+"""A running job that prints nothing and records no new metrics this long is stalled (0: no stall watch)."""
 RANK_NIC = ("python", "-m", "launcher.rank_nic")
 """In front of each rank's command when the job's NIC is a subnet: sets NCCL's and Gloo's NIC to the rank's own."""
 DISCOVERY_SCRIPT = "/opt/horovod-stack/docker/discover-hosts.sh"
@@ -137,6 +143,15 @@ def main(argv: list[str]) -> int:
         return 0
     print(__doc__, file=sys.stderr)
     return 2
+
+
+# --- the MPIJob door (launcher/mpijob.py writes these paths into the document; launcher/mpijob_job.py reads them) ---
+MPIJOB_SSH_AUTH_DIR = "/cluster/mpi-operator-ssh"
+"""The MPIJob's sshAuthMountPath: where the MPI Operator mounts its Secret (id_rsa, id_rsa.pub, authorized_keys;
+root-owned, mode 0644) in the launcher and every worker. The entrypoint and the agent copy from there to the
+places the stack's sshd and ssh read keys, owned by mpiuser with the modes they insist on."""
+MPIJOB_HOSTFILE = "/etc/mpi/hostfile"
+"""The operator's hostfile in the launcher pod: `<job>-worker-<i>.<job>.<ns>.svc slots=<slotsPerWorker>` lines."""
 
 
 if __name__ == "__main__":

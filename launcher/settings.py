@@ -24,7 +24,8 @@ from launcher.plan import (
     run_dir,
     with_run_dir,
 )
-from launcher.protocol import ELASTIC_TIMEOUT_SECONDS, READY_TIMEOUT_SECONDS, SSH_PORT
+from launcher.protocol import ELASTIC_TIMEOUT_SECONDS, READY_TIMEOUT_SECONDS, SSH_PORT, STALL_TIMEOUT_SECONDS
+from launcher.stall import STALL_ACTIONS
 from launcher.workdir import payload_bytes
 
 GPU_ID = re.compile(r"^(\d+|GPU-[0-9A-Fa-f-]+|MIG-[0-9A-Za-z/-]+)$")
@@ -137,6 +138,10 @@ class LaunchSettings:
     """Elastic: the launcher starts a node's worker again when it stops; it rejoins at the next discovery."""
     devices: tuple[str, ...] = ()
     """Host devices for every worker, HOST_PATH[:CONTAINER_PATH] (e.g. /dev/infiniband for RDMA)."""
+    stall_timeout: int = STALL_TIMEOUT_SECONDS
+    """Seconds without output or new metrics after which the job agent calls the job stalled (0: never)."""
+    stall_action: str = STALL_ACTIONS[0]
+    """warn (gather the stacks, record the stall) or fail (also end the job)."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -174,6 +179,12 @@ class LaunchSettings:
             raise SettingsError(f"--gpus names {len(self.gpu_ids)} GPU(s) for {self.gpus_per_node} ranks: {GPUS_FIX}")
         if not 1 <= self.ssh_port <= 65535:
             raise SettingsError(f"--ssh-port must be a TCP port, 1-65535 (got {self.ssh_port})")
+        if self.stall_timeout < 0:
+            raise SettingsError(f"--stall-timeout must be 0 (off) or positive seconds (got {self.stall_timeout})")
+        if self.stall_action not in STALL_ACTIONS:
+            raise SettingsError(
+                f"--stall-action {self.stall_action!r} is not one of {', '.join(STALL_ACTIONS)}: pass one of them"
+            )
         if self.ready_timeout <= 0:
             raise SettingsError(f"READY_TIMEOUT must be positive seconds (got {self.ready_timeout})")
         for item in self.env:
@@ -251,6 +262,8 @@ class LaunchSettings:
             elastic_max_nodes=self.elastic_max_nodes,
             elastic_timeout=self.elastic_timeout,
             ready_timeout=self.ready_timeout,
+            stall_timeout=self.stall_timeout,
+            stall_action=self.stall_action,
         )
 
 
@@ -292,6 +305,8 @@ def resolve_settings(
     elastic_max_nodes: int | None = None,
     restart_workers: bool = False,
     devices: tuple[str, ...] = (),
+    stall_timeout: int | None = None,
+    stall_action: str | None = None,
 ) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults. Compose's keys (NETWORK_INTERFACE, WORKERS, ...)
     are not read: they describe compose's containers, not the nodes."""
@@ -313,6 +328,10 @@ def resolve_settings(
         "shm_size": env.get("SHM_SIZE"),
         "ready_timeout": _as_int(env, "READY_TIMEOUT", "READY_TIMEOUT in .env"),
         "elastic_timeout": _as_int(env, "ELASTIC_TIMEOUT", "ELASTIC_TIMEOUT in .env"),
+        "stall_timeout": stall_timeout
+        if stall_timeout is not None
+        else _as_int(env, "STALL_TIMEOUT", "--stall-timeout"),
+        "stall_action": stall_action or env.get("STALL_ACTION") or None,
     }
     if gpus is not None:
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(gpus)

@@ -20,7 +20,8 @@ if [ "$BASE_IMAGE" = horovod-stack-base:bookworm ]; then
   scripts/build-base-image.sh "$BASE_IMAGE"
 fi
 
-requirements=(-r docker/requirements-runtime.txt -r docker/requirements-build.txt -r docker/requirements-cuda-toolkit.txt)
+requirements=(-r docker/requirements-runtime.txt -r docker/requirements-build.txt -r docker/requirements-cuda-toolkit.txt
+  -r docker/requirements-tools.txt)
 wanted=$({ cat docker/requirements-*.txt; echo horovod==0.28.1; } | sha256sum | cut -c1-16)
 if [ "$(cat "$WHEELHOUSE/.complete" 2>/dev/null)" != "$wanted" ]; then
   echo "[build-images] filling $WHEELHOUSE (once; several GB of wheels)"

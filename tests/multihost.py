@@ -8,11 +8,13 @@ Everything is created here and removed again on every exit path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,17 +95,18 @@ class Cluster:
             sh("ip", "-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", NIC)
             sh("ip", "-n", node.namespace, "link", "set", NIC, "up")
             sh("ip", "-n", node.namespace, "link", "set", "lo", "up")
-            # As on hosts where Docker runs with its default bridge: a docker0 of 172.17.0.1/16 on every node, which
-            # a rank must not take for a way to another node (the node engines themselves run with --bridge=none).
-            sh("ip", "-n", node.namespace, "link", "add", "docker0", "type", "bridge")
-            sh("ip", "-n", node.namespace, "addr", "add", "172.17.0.1/16", "dev", "docker0")
-            sh("ip", "-n", node.namespace, "link", "set", "docker0", "up")
             hosts.append(f"{node.address} {node.name} {HOSTS_MARK}\n")
             self.nodes.append(node)
         with open("/etc/hosts", "a") as etc_hosts:
             etc_hosts.writelines(hosts)
         for node in self.nodes:
             self.start_dockerd(node)
+            # As on hosts where Docker runs with its default bridge: a docker0 of 172.17.0.1/16 on every node, which
+            # a rank must not take for a way to another node. (The node engines run with --bridge=none, and such an
+            # engine deletes a docker0 it finds at start: so it is made afterwards.)
+            sh("ip", "-n", node.namespace, "link", "add", "docker0", "type", "bridge")
+            sh("ip", "-n", node.namespace, "addr", "add", "172.17.0.1/16", "dev", "docker0")
+            sh("ip", "-n", node.namespace, "link", "set", "docker0", "up")
         self.start_ssh_front(self.nodes[0])
 
     def start_dockerd(self, node: TestNode) -> None:
@@ -182,6 +185,20 @@ class Cluster:
     def project_containers(self) -> dict[str, list[str]]:
         return {node.name: [c.name for c in node.client().containers.list(
             all=True, filters={"label": "horovod-stack.cluster"})] for node in self.nodes}
+
+    @contextlib.contextmanager
+    def nic_renamed(self, node: TestNode, name: str) -> Iterator[None]:
+        """The node's NIC under another name for the block (ens5 on one server, eno1 on another), then back."""
+        def rename(old: str, new: str) -> None:
+            sh("ip", "-n", node.namespace, "link", "set", old, "down")
+            sh("ip", "-n", node.namespace, "link", "set", old, "name", new)
+            sh("ip", "-n", node.namespace, "link", "set", new, "up")
+
+        rename(NIC, name)
+        try:
+            yield
+        finally:
+            rename(name, NIC)
 
     def listen_on(self, node: TestNode, port: int) -> subprocess.Popen:
         process = subprocess.Popen(node.in_namespace("python3", "-m", "http.server", str(port)),

@@ -154,8 +154,23 @@ def test_users_script_runs_from_workdir_with_its_exit_status(engine, compose_run
     assert result.returncode == 3, output[-5000:]
     assert "-wdir /workdir python allreduce_train.py --exit-status 3" in output
     for rank in (0, 1):
-        assert f"user-script rank {rank} of 2 on " in output and "(2 hosts): allreduce sum 3 ok" in output
+        assert f"user-script rank {rank} of 2 on " in output
+    assert output.count("(2 hosts, 1 rank(s) on this one): allreduce sum 3 ok") == 2
     assert "job FAILED (exit status 3)" in output
+    assert project_containers(engine, run.project, status="running") == []
+
+
+def test_a_stalled_job_shows_every_ranks_stack_and_fails_when_asked(engine, compose_run):
+    """rank 1 blocks in a function of its own, rank 0 waits in an allreduce: the stall watch names both."""
+    run = compose_run(TRAIN_COMMAND="python stall.py", WORKDIR=str(USER_SCRIPT), STALL_TIMEOUT="20",
+                      STALL_ACTION="fail")
+    result = run.compose("up", "--exit-code-from", "launcher")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-5000:]
+    assert "the job looks stalled: no output and no new metrics for" in output, output[-5000:]
+    assert re.search(r"rank 1 \([0-9.]+ pid \d+\) in wait_for_data at stall.py:\d+", output), output[-5000:]
+    assert re.search(r"rank 0 \([0-9.]+ pid \d+\) in \w+ at mpi_ops.py:\d+, from main at stall.py", output)
+    assert "error: the job stalled: no output and no new metrics for" in output
     assert project_containers(engine, run.project, status="running") == []
 
 

@@ -418,7 +418,7 @@ def test_worker_container_requests(overrides, gpu, ulimits, devices):
     plan = make_plan(**overrides)
     container = plan.worker_container(plan.nodes[1])
     assert (container.gpu, container.ulimits, container.devices) == (gpu, ulimits, devices)
-    assert container.capabilities == ("IPC_LOCK",)
+    assert container.capabilities == ("IPC_LOCK", "SYS_PTRACE")
     assert GPU_WORKER_ULIMITS == {"stack": 64 * 1024**2, "memlock": -1}
     assert container.volumes == {"horovod-stack-shared": "/shared"}
     assert container.environment == plan.worker_environment(plan.nodes[1])

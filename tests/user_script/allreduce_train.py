@@ -48,7 +48,8 @@ def main() -> int:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    print(f"user-script rank {rank} of {size} on {socket.gethostname()} ({hvd.cross_size()} hosts): allreduce "
+    print(f"user-script rank {rank} of {size} on {socket.gethostname()} ({hvd.cross_size()} hosts, "
+          f"{hvd.local_size()} rank(s) on this one): allreduce "
           f"sum {total:.0f} ok, "
           f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
     return args.exit_status
