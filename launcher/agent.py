@@ -544,8 +544,8 @@ class SshTransport:
             for line in self.child.stdout:
                 sys.stdout.buffer.write(line)
                 sys.stdout.buffer.flush()
-                self.last_output = time.monotonic()
-                self.warnings.feed(line.decode(errors="replace"))
+                if not self.warnings.feed(line.decode(errors="replace")):  # a stall warning is no progress
+                    self.last_output = time.monotonic()
             code = self.child.wait()
         finally:
             self.child, self.job_over = None, True

@@ -12,6 +12,7 @@ from typing import NoReturn
 import typer
 
 from launcher import jobstate, session
+from launcher import results as results_home
 from launcher.driver import NodeDriver, NodeError
 from launcher.plan import (
     LABEL_CLUSTER,
@@ -152,6 +153,12 @@ def start(
     debug: bool = typer.Option(
         False, help="NCCL_DEBUG=INFO for every rank: NCCL's topology and transports (default: WARN, errors only)."
     ),
+    mount: list[str] | None = typer.Option(
+        None,
+        "--mount",
+        help="A host folder for every worker, HOST_PATH:CONTAINER_PATH[:ro] (repeatable; default: MOUNTS in .env), "
+        "e.g. a dataset at the same path on every node: /data/mnist:/data:ro.",
+    ),
     stall_timeout: int | None = typer.Option(
         None,
         help="Seconds without output or new metrics before the job counts as stalled: every rank's stack goes into "
@@ -199,6 +206,7 @@ def start(
         devices=tuple(device or ()),
         stall_timeout=stall_timeout,
         stall_action=stall_action,
+        mounts=tuple(mount or ()),
     )
     if dry_run:
         try:
@@ -277,6 +285,34 @@ def status(
                 )
     if not found:
         typer.echo("no cluster on " + ", ".join(driver.node.name for driver in drivers))
+
+
+@app.command()
+def results(
+    nodes: str | None = typer.Option(None, help=NODES_HELP),
+    hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
+    cluster: str | None = typer.Option(None, help="Whose run (its cluster ID; default: the newest run)."),
+    to: Path = typer.Option(Path("results"), help="Folder to copy the run folder into (made if missing)."),
+    checkpoints: bool = typer.Option(True, help="Copy checkpoints/ too (--no-checkpoints leaves them there)."),
+    env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+) -> None:
+    """Copy a run's folder (metrics.jsonl, summary.json, curves.png, tb/, checkpoints/) from its node to this
+    machine, through the Docker API; the cluster may be running, ended or removed.
+
+    Example: launcher results --nodes node_1,node_2 --to ./results
+    """
+    settings = settings_from(nodes, env_file, hostfile)
+    drivers = connect(settings)
+    try:
+        run = results_home.choose(results_home.runs_on(drivers, settings.image, settings.shared_dir), cluster)
+    except ValueError as error:
+        fail(str(error))
+    driver = next(d for d in drivers if d.node.name == run.node)
+    to.mkdir(parents=True, exist_ok=True)
+    written = results_home.extract(driver.run_archive(settings.image, settings.shared_dir, run.name), to, checkpoints)
+    say(f"run {run.name} from {run.node}: {len(written)} file(s) in {to / run.name}")
+    for name in written:
+        typer.echo(str(to / name))
 
 
 @app.command()

@@ -9,18 +9,17 @@ from __future__ import annotations
 import io
 import shlex
 import tarfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
-from docker.types import DeviceRequest, Ulimit
+from docker.types import DeviceRequest, Mount, Ulimit
 
 from app.gpu import GPU_QUERY, gpu_problem
 from launcher.jobstate import ContainerState
-from launcher.plan import LABEL_CLUSTER, LABEL_NODE, ClusterPlan, GpuRequest, Node
+from launcher.plan import LABEL_CLUSTER, LABEL_NODE, RUNS_DIR, SHARED_MOUNT, Bind, ClusterPlan, GpuRequest, Node
 from launcher.protocol import HOME
 from launcher.settings import engine_override_key
 
@@ -70,6 +69,26 @@ def device_request(gpu: GpuRequest) -> DeviceRequest:
 
 class NodeError(RuntimeError):
     """Something on one node stops the launch; the message names the node and the fix."""
+
+
+def bind_mount(bind: Bind) -> Mount:
+    # A bind Mount, unlike a -v volume, fails on a missing host path instead of making an empty folder there.
+    return Mount(target=bind.target, source=bind.source, type="bind", read_only=bind.read_only)
+
+
+def pull_failure(node: str, image: str, why: str) -> str:
+    """One line for a pull that failed, with the fix its cause calls for."""
+    registry = image.split("/", 1)[0]
+    lowered = why.lower()
+    if "no such host" in lowered or "connection refused" in lowered or "timeout" in lowered or "dial tcp" in lowered:
+        fix = f"check that {registry} resolves and answers from {node} (plain HTTP: its engine's insecure-registries)"
+    elif "unauthorized" in lowered or "denied" in lowered or "authentication" in lowered:
+        fix = f"run `docker login {registry}` on this machine (the launcher sends its credentials)"
+    elif "manifest unknown" in lowered or "not found" in lowered:
+        fix = f"check the name and tag, or push the image there first (docker push {image})"
+    else:
+        fix = "pull it there by hand to see more, or pass --push-image to copy it from this machine"
+    return f"{node}: pulling {image} failed ({why.splitlines()[0][:200]}); {fix}"
 
 
 def _first_line(error: Exception) -> str:
@@ -131,6 +150,38 @@ class NodeDriver:
             )
         return gpu_problem(output.decode(errors="replace"), len(gpu.device_ids) or gpu.count)
 
+    def missing_bind(self, image: str, binds: tuple[Bind, ...]) -> str | None:
+        """Why a worker could not have the user's folders (a host path not there), from a short-lived container
+        with the same binds; None if it could."""
+        try:
+            self.client.containers.run(image, ["true"], remove=True, mounts=[bind_mount(bind) for bind in binds])
+        except (APIError, ContainerError) as error:
+            return _first_line(error)
+        return None
+
+    def list_runs(self, image: str, shared_dir: str) -> list[tuple[str, int]]:
+        """(folder, modified) for each run folder in the node's shared folder (RUNS_DIR), from a short-lived container
+        of the image with that folder mounted read-only."""
+        output = self.client.containers.run(
+            image,
+            ["bash", "-c", f"cd {RUNS_DIR} 2>/dev/null && find . -mindepth 1 -maxdepth 1 -type d -printf '%f %T@\\n'"],
+            volumes={shared_dir: {"bind": SHARED_MOUNT, "mode": "ro"}},
+            remove=True,
+        )
+        rows = [line.split() for line in output.decode().splitlines()]
+        return [(row[0], int(float(row[1]))) for row in rows if len(row) == 2]
+
+    def run_archive(self, image: str, shared_dir: str, name: str) -> Iterator[bytes]:
+        """The run folder as a tar stream, from a created (never started) container with the shared folder."""
+        holder = self.client.containers.create(
+            image, ["true"], volumes={shared_dir: {"bind": SHARED_MOUNT, "mode": "ro"}}
+        )
+        try:
+            chunks, _ = holder.get_archive(f"{RUNS_DIR}/{name}")
+            yield from chunks
+        finally:
+            holder.remove(force=True)
+
     def host_view(self, image: str, port: int, resolve: tuple[str, ...] = ()) -> HostView:
         """Whether something on the node already listens on `port`, the node's NICs and addresses, and what the
         names in `resolve` resolve to there, from one short-lived host-network container of the image (what the
@@ -163,38 +214,51 @@ class NodeDriver:
         )
 
     # --- the image --------------------------------------------------------------------------------------------
-    def push_image_from(self, source: NodeDriver, image: str, progress: Callable[[str], None]) -> None:
-        """Copies `image` from the source engine to this one through the API (docker save | docker load)."""
-        total = source.client.images.get(image).attrs.get("Size") or 0
-        sent, last_shown, started = 0, -1, time.monotonic()
+    def image_size(self, image: str) -> int:
+        return self.client.images.get(image).attrs.get("Size") or 0
 
-        def chunks() -> Iterator[bytes]:
-            nonlocal sent, last_shown
-            # named=True keeps the tag, so the node finds the image by the name the plan uses.
-            for chunk in source.client.images.get(image).save(chunk_size=8 * 1024 * 1024, named=True):
-                sent += len(chunk)
-                shown = int(100 * sent / total) // 10 * 10 if total else -1
-                if shown > last_shown:
-                    last_shown = shown
-                    progress(
-                        f"{self.node.name}: pushing {image}: {sent / 1e9:.2f} GB sent"
-                        + (f" (~{min(shown, 100)}%)" if total else "")
-                    )
-                yield chunk
-
-        # Saving and loading several GB takes minutes: no read timeout while it streams.
-        saved_timeouts = source.client.api.timeout, self.client.api.timeout
-        source.client.api.timeout = self.client.api.timeout = PUSH_TIMEOUT_S
+    def save_image(self, image: str) -> Iterator[bytes]:
+        """The image as `docker save` streams it (named=True keeps the tag, so a node finds it by the plan's
+        name)."""
+        saved = self.client.api.timeout
+        self.client.api.timeout = PUSH_TIMEOUT_S  # several GB take minutes: no read timeout while it streams
         try:
-            self.client.images.load(chunks())
+            yield from self.client.images.get(image).save(chunk_size=8 * 1024 * 1024, named=True)
+        finally:
+            self.client.api.timeout = saved
+
+    def load_image(self, chunks: Iterator[bytes], image: str) -> None:
+        saved = self.client.api.timeout
+        self.client.api.timeout = PUSH_TIMEOUT_S
+        try:
+            self.client.images.load(chunks)
         except Exception as error:  # the SDK, requests or the socket: all mean the copy failed
             raise NodeError(
                 f"{self.node.name}: copying {image} failed ({_first_line(error)}); free disk space "
                 "on the node or load the image there by hand"
             ) from None
         finally:
-            source.client.api.timeout, self.client.api.timeout = saved_timeouts
-        progress(f"{self.node.name}: image loaded, {sent / 1e9:.2f} GB in {time.monotonic() - started:.0f} s")
+            self.client.api.timeout = saved
+
+    def pull_image(self, image: str, progress: Callable[[int, int], None]) -> None:
+        """Pulls `image` from its registry into this engine; `progress(bytes done, bytes known)` as layers come.
+        Credentials are this machine's (`docker login` here): the Docker API takes them from the client."""
+        repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+        layers: dict[str, tuple[int, int]] = {}
+        saved = self.client.api.timeout
+        self.client.api.timeout = PUSH_TIMEOUT_S
+        try:
+            for event in self.client.api.pull(repository, tag=tag, stream=True, decode=True):
+                if "error" in event:
+                    raise NodeError(pull_failure(self.node.name, image, str(event["error"])))
+                detail = event.get("progressDetail") or {}
+                if event.get("id") and detail.get("total"):
+                    layers[event["id"]] = (int(detail.get("current", 0)), int(detail["total"]))
+                    progress(sum(done for done, _ in layers.values()), sum(total for _, total in layers.values()))
+        except DockerException as error:
+            raise NodeError(pull_failure(self.node.name, image, _first_line(error))) from None
+        finally:
+            self.client.api.timeout = saved
 
     # --- the worker container ---------------------------------------------------------------------------------
     def start_worker(self, plan: ClusterPlan) -> object:
@@ -209,6 +273,7 @@ class NodeDriver:
                 network_mode="host",
                 shm_size=spec.shm_size,
                 volumes={source: {"bind": target, "mode": "rw"} for source, target in spec.volumes.items()},
+                mounts=[bind_mount(bind) for bind in spec.binds] or None,
                 device_requests=[device_request(spec.gpu)] if spec.gpu else None,
                 ulimits=[Ulimit(name=name, soft=limit, hard=limit) for name, limit in spec.ulimits.items()],
                 cap_add=list(spec.capabilities),

@@ -534,6 +534,35 @@ class GpuRequest:
 
 
 @dataclass(frozen=True)
+class Bind:
+    """A host folder in every worker (--mount HOST_PATH:CONTAINER_PATH[:ro]), e.g. a dataset on each node's disk."""
+
+    source: str
+    target: str
+    read_only: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.source} -> {self.target}{' (read-only)' if self.read_only else ''}"
+
+
+RESERVED_PATHS = (SHARED_MOUNT, WORKDIR, HOME, "/cluster", "/opt/horovod-stack")
+"""Where the stack's own files live in a worker: a --mount may not cover them."""
+
+
+def parse_bind(text: str) -> Bind:
+    """HOST_PATH:CONTAINER_PATH[:ro|rw], both absolute; raises ValueError naming the fix."""
+    parts = text.split(":")
+    mode = parts.pop() if len(parts) == 3 and parts[2] in ("ro", "rw") else "rw"
+    if len(parts) != 2 or not all(part.startswith("/") for part in parts):
+        raise ValueError(f"--mount {text!r} is not HOST_PATH:CONTAINER_PATH[:ro], both absolute: e.g. /data:/data:ro")
+    target = str(Path(parts[1]))
+    covered = [path for path in RESERVED_PATHS if path == target or path.startswith(target.rstrip("/") + "/")]
+    if covered:
+        raise ValueError(f"--mount {text!r} would hide the stack's own {covered[0]}: mount it elsewhere, e.g. /data")
+    return Bind(str(Path(parts[0])), target, mode == "ro")
+
+
+@dataclass(frozen=True)
 class WorkerContainer:
     """One worker container as the launcher starts it: host networking (ranks talk over the node's own NICs)."""
 
@@ -543,12 +572,14 @@ class WorkerContainer:
     environment: dict[str, str]
     shm_size: str
     volumes: dict[str, str]
-    """Host folder or volume name -> path in the container."""
+    """Host folder or volume name -> path in the container (the shared folder)."""
     gpu: GpuRequest | None
     ulimits: dict[str, int]
     capabilities: tuple[str, ...]
     devices: tuple[str, ...]
     """HOST_PATH:CONTAINER_PATH, each."""
+    binds: tuple[Bind, ...]
+    """The user's host folders (--mount), which must exist on the node."""
 
 
 @dataclass(frozen=True)
@@ -571,6 +602,8 @@ class ClusterPlan:
     """KEY=VALUE pairs every rank gets (mpirun -x)."""
     devices: tuple[str, ...] = ()
     """Host devices every worker gets, HOST_PATH[:CONTAINER_PATH] (RDMA: /dev/infiniband)."""
+    binds: tuple[Bind, ...] = ()
+    """The user's host folders in every worker (--mount)."""
     gpu_ids: tuple[str, ...] = ()
     """The GPUs each node's worker gets, by index or UUID (--gpus 0,1); empty: any gpus_per_node of them."""
     excluded_subnets: tuple[str, ...] = ()
@@ -637,6 +670,7 @@ class ClusterPlan:
             environment=self.worker_environment(node),
             shm_size=self.shm_size,
             volumes={self.shared_dir: SHARED_MOUNT},
+            binds=self.binds,
             gpu=gpu,
             ulimits=GPU_WORKER_ULIMITS if gpu else WORKER_ULIMITS,
             capabilities=WORKER_CAPABILITIES,
@@ -702,6 +736,7 @@ class ClusterPlan:
         for node in self.nodes:
             container = self.worker_container(node)
             mounts = [f"{source} -> {target}" for source, target in container.volumes.items()]
+            mounts += [str(bind) for bind in container.binds]
             if self.workdir:
                 mounts.append(f"{self.workdir} -> {WORKDIR} (copied)")
             nic = dict(self.node_nics).get(node.name)

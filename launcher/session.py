@@ -21,7 +21,7 @@ from typing import IO
 
 import docker
 
-from launcher import sshtrust, workdir
+from launcher import images, sshtrust, workdir
 from launcher.driver import NodeDriver
 from launcher.plan import (
     LABEL_CLUSTER,
@@ -131,6 +131,12 @@ def check_nodes(
         gpu = driver.gpu_problem(plan.image, gpu_request) if gpu_request else None
         if gpu:  # else Docker's raw error after the first worker started, or a job that trains on the CPU
             raise LaunchError(f"{driver.node.name}: {gpu}")
+        missing = driver.missing_bind(plan.image, plan.binds) if plan.binds else None
+        if missing:  # else Docker's error after other workers started
+            raise LaunchError(
+                f"{driver.node.name}: a --mount folder is not there ({missing}); make it, or mount the same share at "
+                "that path on every node"
+            )
         unresolved = sorted(set(names) - {name for name, _ in view.resolved})
         if unresolved:
             raise LaunchError(
@@ -166,15 +172,25 @@ def check_same_image(image: str, ids: Mapping[str, str | None]) -> None:
 def ensure_image_everywhere(
     plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say, copy: bool = True
 ) -> set[str]:
-    """The same image on every node, copied from this machine's engine where one lacks it and --push-image asks
-    for it; returns the nodes that still lack it (only where `copy` is False: a dry run)."""
+    """The same image on every node: pulled where IMAGE names a registry, copied from this machine's engine where
+    --push-image asks for it; returns the nodes that still lack it (only where `copy` is False: a dry run)."""
     missing = [driver for driver in drivers if driver.image_id(plan.image) is None]
-    if missing and not push_image:
+    registry = images.registry_of(plan.image)
+    if missing and not push_image and not registry:
         raise LaunchError(
             f"{missing[0].node.name}: image {plan.image} is not there; pass --push-image to copy it "
-            "from this machine's engine, or load it on that node"
+            "from this machine's engine, load it on that node, or name it in a registry (IMAGE=REGISTRY/NAME:TAG)"
         )
-    if missing:
+    if missing and not copy:
+        how = "pulls it from " + registry if registry and not push_image else "copies it there from this machine"
+        for driver in missing:
+            say(f"{driver.node.name}: lacks {plan.image}; a start {how}")
+        present = {driver.node.name: driver.image_id(plan.image) for driver in drivers if driver not in missing}
+        if push_image:  # the nodes that have it must hold the very image the copy would bring
+            present["this machine"] = NodeDriver(Node("this machine", "local"), docker.from_env()).image_id(plan.image)
+        check_same_image(plan.image, present)
+        return {driver.node.name for driver in missing}
+    if missing and push_image:
         try:
             source = NodeDriver(Node("this machine", "local"), docker.from_env())
             if source.image_id(plan.image) is None:
@@ -184,17 +200,9 @@ def ensure_image_everywhere(
                 )
         except docker.errors.DockerException as error:
             raise LaunchError(f"--push-image: this machine's Docker engine is not reachable ({error})") from None
-        for driver in missing:
-            if copy:
-                driver.push_image_from(source, plan.image, say)
-            else:
-                size = source.client.images.get(plan.image).attrs.get("Size") or 0
-                say(f"{driver.node.name}: lacks {plan.image}; a start copies it there ({size / 1e9:.1f} GB)")
-        if not copy:
-            # The nodes that have it must hold the very image the copy would bring.
-            present = {driver.node.name: driver.image_id(plan.image) for driver in drivers if driver not in missing}
-            check_same_image(plan.image, {**present, "this machine": source.image_id(plan.image)})
-            return {driver.node.name for driver in missing}
+        images.push_everywhere(source, missing, plan.image, say)
+    elif missing:
+        images.pull_everywhere(missing, plan.image, say)
     found = {driver.node.name: driver.image_id(plan.image) for driver in drivers}
     still_missing = [name for name, image_id in found.items() if image_id is None]
     ids = {name: image_id for name, image_id in found.items() if image_id}
@@ -466,6 +474,8 @@ def launch(
                 raise LaunchError(cause)
         assert end is not None
         say(f"job finished with exit status {end.status}")
+        if plan.job_spec().run_dir:
+            say(f"results to this machine: launcher results --cluster {plan.cluster_id} --to results")
         return end.status
     except Signalled as stop:
         say(f"{stop}: removing the cluster on every node")

@@ -18,9 +18,11 @@ from launcher.plan import (
     NIC_SETTING,
     NODE_NAME,
     TRAINER,
+    Bind,
     ClusterPlan,
     Node,
     check_env_assignment,
+    parse_bind,
     run_dir,
     with_run_dir,
 )
@@ -138,6 +140,8 @@ class LaunchSettings:
     """Elastic: the launcher starts a node's worker again when it stops; it rejoins at the next discovery."""
     devices: tuple[str, ...] = ()
     """Host devices for every worker, HOST_PATH[:CONTAINER_PATH] (e.g. /dev/infiniband for RDMA)."""
+    binds: tuple[Bind, ...] = ()
+    """Host folders every worker gets (--mount HOST_PATH:CONTAINER_PATH[:ro]; MOUNTS in .env)."""
     stall_timeout: int = STALL_TIMEOUT_SECONDS
     """Seconds without output or new metrics after which the job agent calls the job stalled (0: never)."""
     stall_action: str = STALL_ACTIONS[0]
@@ -264,6 +268,7 @@ class LaunchSettings:
             ready_timeout=self.ready_timeout,
             stall_timeout=self.stall_timeout,
             stall_action=self.stall_action,
+            binds=self.binds,
         )
 
 
@@ -275,6 +280,11 @@ def _as_int(values: dict, key: str, flag: str) -> int | None:
         return int(raw)
     except ValueError:
         raise SettingsError(f"{key}={raw!r} in the .env file is not a whole number: fix it or pass {flag}") from None
+
+
+def split_list(text: str) -> tuple[str, ...]:
+    """A comma-separated .env value's items."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def load_env_file(path: Path | None) -> dict[str, str]:
@@ -307,6 +317,7 @@ def resolve_settings(
     devices: tuple[str, ...] = (),
     stall_timeout: int | None = None,
     stall_action: str | None = None,
+    mounts: tuple[str, ...] = (),
 ) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults. Compose's keys (NETWORK_INTERFACE, WORKERS, ...)
     are not read: they describe compose's containers, not the nodes."""
@@ -337,6 +348,10 @@ def resolve_settings(
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(gpus)
     elif env.get("GPUS_PER_NODE", "").strip():
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(env["GPUS_PER_NODE"], "GPUS_PER_NODE in .env")
+    try:
+        binds = tuple(parse_bind(item) for item in mounts or split_list(env.get("MOUNTS", "")))
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
     engines = {node: env[engine_override_key(node)] for node in node_list if env.get(engine_override_key(node))}
     return LaunchSettings(
         nodes=node_list,
@@ -348,6 +363,7 @@ def resolve_settings(
         elastic_min_nodes=elastic_min_nodes,
         elastic_max_nodes=elastic_max_nodes,
         restart_workers=restart_workers,
-        devices=devices or tuple(item.strip() for item in env.get("DEVICES", "").split(",") if item.strip()),
+        devices=devices or split_list(env.get("DEVICES", "")),
+        binds=binds,
         **{key: value for key, value in chosen.items() if value is not None},
     )

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 STALL_ACTIONS = ("warn", "fail")
 """What the agent does about a stall: record it and gather the stacks (warn), or also end the job (fail)."""
 MISSING_RANKS = "Missing ranks:"
+WARNING_MARKS = ("stall_inspector.cc", "One or more tensors were submitted", "is stalled for longer than")
 MISSING_RANK_LINE = re.compile(r"^\s*(\d+)!?: \[(.*)\]\s*$")
 
 
@@ -35,17 +36,18 @@ class HorovodWarnings:
         self.latest: str | None = None
         self._missing: list[str] | None = None
 
-    def feed(self, line: str) -> None:
+    def feed(self, line: str) -> bool:
+        """Takes one line of output; True if it was part of a stall warning (which is no sign of progress)."""
         if MISSING_RANKS in line:
             self._missing = []
-            return
-        if self._missing is None:
-            return
-        match = MISSING_RANK_LINE.match(line)
-        if match:
-            self._missing.append(f"rank {match[1]} missing from {match[2]}")
-            return
-        self._end()
+            return True
+        if self._missing is not None:
+            match = MISSING_RANK_LINE.match(line)
+            if match:
+                self._missing.append(f"rank {match[1]} missing from {match[2]}")
+                return True
+            self._end()
+        return any(mark in line for mark in WARNING_MARKS)
 
     def _end(self) -> None:
         if self._missing:

@@ -2,10 +2,14 @@
 
     .venv/bin/python -m tests.bench_launcher
     .venv/bin/python -m tests.bench_launcher --soak 20
+    .venv/bin/python -m tests.bench_launcher --push
 
 - time from `launcher start` to the first training step: cold (the image pushed to node_2) and warm;
 - how a worker killed mid-run, Ctrl-C and a taken SSH port end: exit status, seconds after the event,
   the error line, the cleanup line, and what is left on each node;
+- --push: the cold launch (`--push-image` to nodes that start empty, to the first training step and to the end)
+  for 1 node and for 3 nodes, side by side in one run: one export streams to every node at once, so 3 nodes should
+  cost about what 1 does;
 - --soak N: N cycles of an attached start ended by Ctrl-C, then a detached start and `launcher stop`; what
   the launcher left on the nodes afterwards (containers, networks, volumes) and the wall time.
 """
@@ -78,7 +82,35 @@ def soak(cluster: Cluster, cycles: int) -> None:
     print(f"soak: {cycles} cycles in {time.monotonic() - started:.0f} s; left on the nodes: {leftovers(cluster)}")
 
 
+def cold_push(cluster: Cluster, nodes: list[str]) -> float:
+    started = time.monotonic()
+    process = subprocess.Popen([LAUNCHER, "start", "--env-file", str(cluster.env_file()), "--nodes", ",".join(nodes),
+                                "--push-image", "--", "--dataset", "digits", "--epochs", "1"],
+                               env=cluster.launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first_step = next((time.monotonic() - started for line in process.stdout if "epoch 1 [" in line), float("nan"))
+    process.wait()
+    assert process.returncode == 0, process.stderr.read()[-3000:]
+    return first_step
+
+
+def push_scaling() -> None:
+    """Three fresh test hosts: a cold launch on node_1 alone, then (node_1's copy removed) on all three."""
+    cluster = Cluster(Path("/var/lib/horovod-stack-test") / uuid.uuid4().hex[:8])
+    try:
+        cluster.start(3)
+        one = cold_push(cluster, ["node_1"])
+        cluster.nodes[0].client().images.remove(IMAGE, force=True)
+        three = cold_push(cluster, ["node_1", "node_2", "node_3"])
+        print(f"cold launch with --push-image, start to first training step: 1 node {one:.0f} s, 3 nodes {three:.0f} s "
+              f"({three / one:.2f}x)", flush=True)
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--push"]:
+        push_scaling()
+        return
     cluster = Cluster(Path("/var/lib/horovod-stack-test") / uuid.uuid4().hex[:8])
     try:
         cluster.start(2)

@@ -112,9 +112,13 @@ class Cluster:
     def start_dockerd(self, node: TestNode) -> None:
         log = open(node.root / "dockerd.log", "w")
         self.processes.append(subprocess.Popen(
-            node.in_namespace("dockerd", "--data-root", str(node.root / "data"), "--exec-root",
+            # A host name of its own, as every real node has (its host-network containers take it): Open MPI tells
+            # nodes apart by it, and two "hosts" of one name would share memory they do not have.
+            node.in_namespace("unshare", "--uts", "sh", "-c", f'hostname {node.namespace} && exec "$0" "$@"',
+                              "dockerd", "--data-root", str(node.root / "data"), "--exec-root",
                               str(node.root / "exec"), "--pidfile", str(node.root / "dockerd.pid"), "-H",
-                              node.engine_url, "--bridge=none", "--iptables=false", "--ip6tables=false"),
+                              node.engine_url, "--bridge=none", "--iptables=false", "--ip6tables=false",
+                              "--insecure-registry", f"{SUBNET}.0/24"),  # tests/registry.py, over plain HTTP
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=engine_env()))
         deadline = time.monotonic() + 60
         while True:
@@ -160,6 +164,11 @@ class Cluster:
             time.sleep(0.5)
 
     # --- what tests use -------------------------------------------------------------------------------------
+    @property
+    def bridge_address(self) -> str:
+        """This machine's address on the test network (where tests/registry.py serves)."""
+        return f"{SUBNET}.1"
+
     def launcher_env(self) -> dict[str, str]:
         """Environment for running `launcher` against these nodes: node_1 over ssh://, the rest by override."""
         env = {**os.environ, "PATH": f"{self.ssh_dir / 'bin'}:{os.environ['PATH']}"}

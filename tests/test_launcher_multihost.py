@@ -19,6 +19,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+import docker
 import pytest
 
 from tests.multihost import Cluster
@@ -86,7 +87,8 @@ def test_node_without_image_is_refused(cluster):
     result = launcher(cluster, *start_args(cluster), *TRAIN)
     assert result.returncode == 1
     assert error_lines(result) == ["error: node_2: image horovod-stack:latest is not there; pass --push-image to "
-                                   "copy it from this machine's engine, or load it on that node"]
+                                   "copy it from this machine's engine, load it on that node, or name it in a "
+                                   "registry (IMAGE=REGISTRY/NAME:TAG)"]
     assert_nothing_left(cluster)
 
 
@@ -530,7 +532,7 @@ def test_status_during_a_detached_run_shows_its_latest_epoch(cluster):
 
 
 def ranks_per_host(output: str) -> list[str]:
-    return sorted(re.findall(r"user-script rank \d+ of 3 on \S+ \(2 hosts, (\d) rank\(s\) on this one\)", output))
+    return sorted(re.findall(r"user-script rank \d+ of 3 on \S+ \(\d hosts, (\d) rank\(s\) on this one\)", output))
 
 
 @pytest.mark.parametrize("how", ["nodes", "hostfile"])
@@ -635,3 +637,83 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
         "error: the job stalled: no output and no new metrics for "), failing.stderr[-3000:]
     assert "rank 1 (node_2 pid" in error_lines(failing)[0] and "in wait_for_data at stall.py:" in error_lines(failing)[0]
     assert_nothing_left(cluster)
+
+
+def test_an_image_in_a_registry_is_pulled_on_every_node_that_lacks_it(cluster):
+    from tests.registry import Registry
+
+    source_id = docker.from_env().images.get(IMAGE).id
+    with Registry() as registry:
+        pushed = registry.push(IMAGE, "horovod-stack:pulled")
+        remote = f"{cluster.bridge_address}:{registry.port}/horovod-stack:pulled"
+        result = launcher(cluster, *start_args(cluster, "--image", remote), *TRAIN)
+        pulls = re.findall(r"(node_\d): pulled \S+ in (\d+) s", result.stderr)
+        print(f"\nregistry: pushed in {pushed:.0f} s; pulled on both nodes at once: {pulls}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert sorted(node for node, _ in pulls) == ["node_1", "node_2"]
+        assert [node.client().images.get(remote).id for node in cluster.nodes] == [source_id] * 2
+
+        no_such_tag = f"{cluster.bridge_address}:{registry.port}/horovod-stack:no-such-tag"
+        missing = launcher(cluster, *start_args(cluster, "--image", no_such_tag), *TRAIN)
+        assert missing.returncode == 1
+        assert error_lines(missing)[0].startswith(f"error: node_1: pulling {no_such_tag} failed (") and (
+            "check the name and tag, or push the image there first" in error_lines(missing)[0]), missing.stderr
+    for node in cluster.nodes:
+        node.client().images.remove(remote)  # the layers stay: horovod-stack:latest holds them
+    assert_nothing_left(cluster)
+
+
+def test_a_mounted_folder_reaches_every_rank_and_a_missing_one_is_refused_first(cluster):
+    dataset = cluster.root / "dataset"
+    dataset.mkdir(exist_ok=True)
+    (dataset / "greeting.txt").write_text("hello from the node's disk\n")
+    result = launcher(cluster, *start_args(cluster, "--mount", f"{dataset}:/data:ro"), "--", "cat",
+                      "/data/greeting.txt")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("hello from the node's disk") == 2  # one rank on each node
+    missing = launcher(cluster, *start_args(cluster, "--mount", f"{cluster.root}/no-such-folder:/data"), *TRAIN)
+    assert missing.returncode == 1
+    assert error_lines(missing)[0].startswith("error: node_1: a --mount folder is not there ("), missing.stderr
+    assert "make it, or mount the same share at that path on every node" in error_lines(missing)[0]
+    assert_nothing_left(cluster)
+
+
+def test_a_shared_folder_lets_a_job_resume_with_rank_0_on_the_other_node(cluster):
+    shared = cluster.root / "nfs"  # both test hosts see this host folder, as every node sees one NFS mount
+    shared.mkdir(exist_ok=True)
+    os.chown(shared, 1000, 1000)
+    env_file = cluster.root / "shared.env"
+    env_file.write_text(cluster.env_file().read_text() + f"SHARED_DIR={shared}\n")
+    train = ["--", "--dataset", "synthetic", "--epochs", "6", "--checkpoint-dir", "/shared/checkpoints"]
+    run = BackgroundLaunch(cluster, "start", "--env-file", str(env_file), *train)
+    run.wait_for("epoch 2/6:")
+    launcher(cluster, "stop", "--env-file", str(env_file))  # the first job ends early, rank 0 on node_1
+    run.finish()
+    resumed = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_2,node_1", *train, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
+    started_at = int(re.search(r"resuming from \S+ after epoch (\d+)", resumed.stdout + resumed.stderr).group(1))
+    assert started_at >= 2
+    assert f"epoch {started_at + 1}/6:" in resumed.stdout and "epoch 1/6:" not in resumed.stdout
+    assert_nothing_left(cluster)
+
+
+def test_results_come_home_after_the_cluster_is_gone(cluster, tmp_path):
+    result = launcher(cluster, *start_args(cluster), "--", "--dataset", "digits", "--epochs", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    cluster_id = re.search(r"launcher results --cluster (\w+) --to results", result.stderr).group(1)
+    assert_nothing_left(cluster)
+    home = launcher(cluster, "results", "--env-file", str(cluster.env_file()), "--to", str(tmp_path))
+    assert home.returncode == 0, home.stderr
+    run = tmp_path / cluster_id
+    assert json.loads((run / "summary.json").read_text())["final"]["val_accuracy"] > 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    assert events.Tags()["scalars"], events.Tags()
+    unknown = launcher(cluster, "results", "--env-file", str(cluster.env_file()), "--cluster", "00000000")
+    assert unknown.returncode == 1
+    assert error_lines(unknown)[0].startswith("error: no run 00000000 in the shared folder of these nodes; the runs "
+                                              f"there: {cluster_id} (node_1)")

@@ -627,3 +627,33 @@ def test_a_rank_whose_host_has_no_address_in_the_subnet_says_so(monkeypatch, cap
     monkeypatch.setattr(rank_nic, "host_addresses", lambda: [("eth0", "192.0.2.2/24")])
     assert rank_nic.main(["10.0.0.0/24", "--", "python", "t.py"]) == 1
     assert "no address in 10.0.0.0/24 (it has eth0 192.0.2.2/24)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("/data/mnist:/data:ro", "Bind(source='/data/mnist', target='/data', read_only=True)"),
+    ("/srv/sets/:/sets", "Bind(source='/srv/sets', target='/sets', read_only=False)"),
+    ("/data:/shared/data", "Bind(source='/data', target='/shared/data', read_only=False)"),  # inside: fine
+    ("data:/data", "is not HOST_PATH:CONTAINER_PATH\\[:ro\\], both absolute"),
+    ("/data", "is not HOST_PATH:CONTAINER_PATH"),
+    ("/data:/data:rx", "is not HOST_PATH:CONTAINER_PATH"),
+    ("/data:/shared", "would hide the stack's own /shared"),
+    ("/data:/home", "would hide the stack's own /home/mpiuser"),
+])
+def test_mounts(text, expected):
+    from launcher.plan import parse_bind
+
+    if expected.startswith("Bind("):
+        assert repr(parse_bind(text)) == expected
+        return
+    with pytest.raises(ValueError, match=expected):
+        parse_bind(text)
+
+
+def test_mounts_come_from_the_flag_or_the_env_file_and_reach_every_worker():
+    settings = resolve_settings({"NODES": "a,b", "MOUNTS": "/data/mnist:/data:ro, /ckpt:/ckpt"}, nodes=None)
+    plan = settings.plan(cluster_id="c0ffee00")
+    assert [str(bind) for bind in plan.worker_container(plan.nodes[1]).binds] == [
+        "/data/mnist -> /data (read-only)", "/ckpt -> /ckpt"]
+    assert resolve_settings({"NODES": "a", "MOUNTS": "/x:/x"}, nodes=None, mounts=("/y:/y",)).binds[0].source == "/y"
+    with pytest.raises(SettingsError, match="--mount 'x:/x' is not"):
+        resolve_settings({"NODES": "a", "MOUNTS": "x:/x"}, nodes=None)

@@ -102,7 +102,7 @@ def test_horovods_stall_warning_is_picked_out_of_the_output():
                  "of ranks for more than 10 seconds. This may indicate that different ranks ...\n",
                  "Missing ranks:\n", "1: [allreduce.after_the_wait]\n", "3!: [allreduce.a, allreduce.b]\n",
                  "next output\n"]:
-        warnings.feed(line)
+        assert warnings.feed(line) is (line.startswith(("[2026", "Missing", "1:", "3!:")))
     assert warnings.current() == ("Horovod: rank 1 missing from allreduce.after_the_wait; rank 3 missing from "
                                   "allreduce.a, allreduce.b")
 

@@ -1,0 +1,122 @@
+"""The same image on every node, before any worker starts: pulled from its registry where IMAGE names one, or copied
+from this machine's engine (--push-image) with one export streamed to every node that lacks it at once, so N nodes
+cost about one copy, not N.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from launcher.driver import NodeDriver, NodeError
+
+Say = Callable[[str], None]
+CHUNKS_AHEAD = 4
+"""Chunks (8 MB each) the export may run ahead of the slowest node's load."""
+
+
+def registry_of(image: str) -> str | None:
+    """The registry an image reference names (`registry.example:5000/team/img:1` -> `registry.example:5000`), or
+    None for a name Docker would look up in its default registry, or a local name such as horovod-stack:latest."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
+def run_on_each(drivers: list[NodeDriver], work: Callable[[NodeDriver], None]) -> None:
+    """`work` on every node at once; the first node's error (in the nodes' order) is raised."""
+    with ThreadPoolExecutor(max_workers=max(1, len(drivers))) as pool:
+        futures = [pool.submit(work, driver) for driver in drivers]
+    errors = [error for future in futures if (error := future.exception()) is not None]
+    if errors:
+        raise errors[0]
+
+
+class Progress:
+    """One line per node each time its share done passes another tenth."""
+
+    def __init__(self, say: Say, verb: str, image: str) -> None:
+        self.say, self.verb, self.image = say, verb, image
+        self.shown: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, node: str, done: int, total: int) -> None:
+        tenth = int(10 * done / total) if total else 0
+        with self.lock:
+            if tenth <= self.shown.get(node, -1):
+                return
+            self.shown[node] = tenth
+        self.say(f"{node}: {self.verb} {self.image}: {done / 1e9:.2f} of {total / 1e9:.2f} GB")
+
+
+def pull_everywhere(drivers: list[NodeDriver], image: str, say: Say) -> None:
+    progress = Progress(say, "pulling", image)
+
+    def pull(driver: NodeDriver) -> None:
+        started = time.monotonic()
+        driver.pull_image(image, lambda done, total: progress(driver.node.name, done, total))
+        say(f"{driver.node.name}: pulled {image} in {time.monotonic() - started:.0f} s")
+
+    run_on_each(drivers, pull)
+
+
+def push_everywhere(source: NodeDriver, targets: list[NodeDriver], image: str, say: Say) -> None:
+    """One `docker save` on this machine, each chunk handed to every target's `docker load` as it comes."""
+    total = source.image_size(image)
+    feeds: dict[str, queue.Queue[bytes | None]] = {t.node.name: queue.Queue(CHUNKS_AHEAD) for t in targets}
+    gave_up: set[str] = set()
+    export_error: list[BaseException] = []
+    sent = [0]
+    progress = Progress(say, "pushing", image)
+    names = ", ".join(feeds)
+
+    def hand(name: str, chunk: bytes | None) -> None:
+        while name not in gave_up:
+            try:
+                feeds[name].put(chunk, timeout=1)
+                return
+            except queue.Full:
+                continue
+
+    def export() -> None:
+        try:
+            for chunk in source.save_image(image):
+                if len(gave_up) == len(feeds):
+                    return
+                sent[0] += len(chunk)
+                progress(names, sent[0], total)
+                for name in feeds:
+                    hand(name, chunk)
+        except Exception as error:  # noqa: BLE001  reported once the loads have ended
+            export_error.append(error)
+        finally:
+            for name in feeds:
+                hand(name, None)
+
+    def load(target: NodeDriver) -> None:
+        name, started = target.node.name, time.monotonic()
+
+        def chunks() -> Iterator[bytes]:
+            while (chunk := feeds[name].get()) is not None:
+                yield chunk
+
+        try:
+            target.load_image(chunks(), image)
+        except NodeError:
+            gave_up.add(name)  # the export goes on for the others
+            raise
+        say(f"{name}: image loaded, {sent[0] / 1e9:.2f} GB in {time.monotonic() - started:.0f} s")
+
+    exporter = threading.Thread(target=export, name="image-export", daemon=True)
+    exporter.start()
+    try:
+        run_on_each(targets, load)
+    finally:
+        gave_up.update(feeds)
+        exporter.join()
+    if export_error:
+        raise NodeError(f"this machine: exporting {image} failed ({export_error[0]}); check its Docker engine")

@@ -1,0 +1,98 @@
+"""The image on every node: registry names, one export fanned out to every node, pull errors in one line (stand-in
+engines; the real ones: test_launcher_multihost.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from launcher import images
+from launcher.driver import NodeError, pull_failure
+from launcher.plan import Node
+
+
+@pytest.mark.parametrize("image, registry", [
+    ("horovod-stack:latest", None),
+    ("horovod-stack", None),
+    ("team/horovod-stack:1", None),                      # Docker Hub's namespace, not a registry host
+    ("registry.example:5000/horovod-stack:1", "registry.example:5000"),
+    ("10.213.7.1:5000/horovod-stack", "10.213.7.1:5000"),
+    ("localhost/horovod-stack:1", "localhost"),
+    ("ghcr.io/team/horovod-stack:1", "ghcr.io"),
+])
+def test_registry_of(image, registry):
+    assert images.registry_of(image) == registry
+
+
+class Engine:
+    def __init__(self, name: str, chunks: list[bytes] = (), fail_after: int | None = None) -> None:
+        self.node = Node(name, f"ssh://{name}")
+        self.chunks, self.fail_after = list(chunks), fail_after
+        self.loaded: list[bytes] = []
+        self.pulled: list[str] = []
+        self.saves = 0
+
+    def image_size(self, image):
+        return sum(map(len, self.chunks))
+
+    def save_image(self, image):
+        self.saves += 1
+        yield from self.chunks
+
+    def load_image(self, chunks, image):
+        for index, chunk in enumerate(chunks):
+            if self.fail_after is not None and index >= self.fail_after:
+                raise NodeError(f"{self.node.name}: copying {image} failed (no space left on device)")
+            self.loaded.append(chunk)
+
+    def pull_image(self, image, progress):
+        if "missing" in image:
+            raise NodeError(pull_failure(self.node.name, image, "manifest unknown"))
+        progress(5, 10)
+        progress(10, 10)
+        self.pulled.append(image)
+
+
+CHUNKS = [bytes([n]) * 1000 for n in range(40)]  # more than CHUNKS_AHEAD: the loads must keep up
+
+
+def test_one_export_reaches_every_node_at_once():
+    source, targets, said = Engine("this machine", CHUNKS), [Engine("node_2"), Engine("node_3"), Engine("node_4")], []
+    images.push_everywhere(source, targets, "img:1", said.append)
+    assert source.saves == 1
+    assert all(target.loaded == CHUNKS for target in targets)
+    assert any(line.startswith("node_2, node_3, node_4: pushing img:1:") for line in said)
+    assert sum("image loaded" in line for line in said) == 3
+
+
+def test_a_node_that_fails_its_load_does_not_stop_the_others():
+    targets = [Engine("node_2"), Engine("node_3", fail_after=3)]
+    with pytest.raises(NodeError, match="node_3: copying img:1 failed"):
+        images.push_everywhere(Engine("this machine", CHUNKS), targets, "img:1", lambda _: None)
+    assert targets[0].loaded == CHUNKS
+    assert threading.active_count() < 5  # the export thread ended too
+
+
+def test_pulls_run_on_every_node_and_a_missing_tag_is_one_line():
+    said = []
+    targets = [Engine("node_1"), Engine("node_2")]
+    images.pull_everywhere(targets, "registry.example:5000/img:1", said.append)
+    assert [target.pulled for target in targets] == [["registry.example:5000/img:1"]] * 2
+    assert "node_2: pulling registry.example:5000/img:1: 0.00 of 0.00 GB" in said
+    with pytest.raises(NodeError) as refused:
+        images.pull_everywhere(targets, "registry.example:5000/missing:1", lambda _: None)
+    assert str(refused.value) == ("node_1: pulling registry.example:5000/missing:1 failed (manifest unknown); check "
+                                  "the name and tag, or push the image there first (docker push "
+                                  "registry.example:5000/missing:1)")
+
+
+@pytest.mark.parametrize("why, fix", [
+    ("Get \"https://reg.example:5000/v2/\": dial tcp: lookup reg.example: no such host",
+     "check that reg.example:5000 resolves and answers from node_2"),
+    ("unauthorized: authentication required", "run `docker login reg.example:5000` on this machine"),
+    ("manifest for reg.example:5000/img:9 not found: manifest unknown", "check the name and tag"),
+    ("something else", "pull it there by hand to see more"),
+])
+def test_pull_failures_name_the_fix(why, fix):
+    assert fix in pull_failure("node_2", "reg.example:5000/img:9", why)

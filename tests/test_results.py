@@ -1,0 +1,47 @@
+"""`launcher results`: which run, and what of its archive lands on this machine (the real engines:
+test_launcher_multihost.py)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from launcher.results import Run, choose, extract
+
+RUNS = [Run("a1b2c3d4", "node_1", 100), Run("e5f6a7b8", "node_1", 300), Run("c9d0e1f2", "node_2", 200)]
+
+
+def test_the_newest_run_or_the_one_asked_for():
+    assert choose(RUNS, None).name == "e5f6a7b8"
+    assert choose(RUNS, "c9d0e1f2").node == "node_2"
+    with pytest.raises(ValueError, match=r"^no run 0000 in the shared folder of these nodes; the runs there: "
+                                         r"e5f6a7b8 \(node_1\), c9d0e1f2 \(node_2\), a1b2c3d4 \(node_1\)$"):
+        choose(RUNS, "0000")
+    with pytest.raises(ValueError, match="no run in the shared folder of these nodes yet"):
+        choose([], None)
+
+
+def archive(entries: dict[str, bytes], link: str | None = None) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if link:
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(info)
+    return buffer.getvalue()
+
+
+def test_the_run_folder_lands_whole_or_without_its_checkpoints(tmp_path):
+    data = archive({"run1/metrics.jsonl": b"{}\n", "run1/checkpoints/epoch-1.pt": b"x", "run1/tb/events": b"e"},
+                   link="run1/passwd")
+    assert extract([data[:100], data[100:]], tmp_path / "all") == [
+        "run1/checkpoints/epoch-1.pt", "run1/metrics.jsonl", "run1/tb/events"]
+    assert (tmp_path / "all/run1/metrics.jsonl").read_bytes() == b"{}\n"
+    assert not (tmp_path / "all/run1/passwd").exists()  # a link is never written
+    assert extract([data], tmp_path / "lean", checkpoints=False) == ["run1/metrics.jsonl", "run1/tb/events"]
