@@ -5,6 +5,13 @@
 #   launcher [ARGS...]  compose's launcher service: the job agent (python -m launcher.agent compose), which waits
 #                       for the workers, runs mpirun with the trainer's ARGS or $TRAIN_COMMAND, and exits with it
 #   healthcheck         whether this worker's sshd listens (compose's healthcheck)
+#   mpijob-worker DIR   a worker pod of a Kubeflow MPIJob (launcher export mpijob): as `worker`, but its sshd takes
+#                       the MPI Operator's authorized_keys from DIR (the MPIJob's sshAuthMountPath), copied where
+#                       it checks them with the modes StrictModes wants (the operator's files are root-owned, mode
+#                       0644, in a folder others may write); its host key is not published (pods share no such
+#                       folder): the launcher pod's agent learns it at first contact (launcher/mpijob_job.py)
+#   mpijob-launcher ARGS  an MPIJob's launcher pod: the job agent (python -m launcher.agent mpijob ARGS) runs the
+#                       job against the operator's /etc/mpi/hostfile and exits with its status
 #   ANY OTHER COMMAND   run it (e.g. `horovodrun --check-build`)
 #
 # Every decision about the job (readiness, host-key pinning, the hostfile, the command line, causes of failure,
@@ -23,21 +30,27 @@ ROLE="${1:-worker}"
 log() { echo "[$(date +%H:%M:%S) ${ROLE}] $*"; }
 
 run_worker() {
-  local keydir="$HOME/.sshd" address started ended="" status=0
+  local operator_keys="${1:-}" keydir="$HOME/.sshd" address started ended="" status=0 keys=()
   eval "$(python -m launcher.protocol shell)"
   SSH_PORT="${SSH_PORT:-$DEFAULT_SSH_PORT}"
   mkdir -p "$keydir"
   echo "$SSH_PORT" > "$keydir/port"  # for the healthcheck, which runs often and needs no Python
   [ -f "$keydir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$keydir/host_ed25519"
   rm -f "$JOB_END_FILE" "$WORKER_CLAIMED"  # a restarted container waits for a new claim
-  # The agent pins this key: it reads it from the cluster's files, never trusts it over the network.
-  address="${WORKER_ADDRESS:-$(hostname -i | awk '{print $1}')}"
-  cp "$keydir/host_ed25519.pub" "$HOSTKEYS_DIR/.$address.pub.tmp"
-  mv "$HOSTKEYS_DIR/.$address.pub.tmp" "$HOSTKEYS_DIR/$address.pub"
+  if [ -n "$operator_keys" ]; then
+    address="${WORKER_ADDRESS:-$(hostname)}"  # the pod's name; the agent reaches it by its DNS name
+    install -m 600 "$operator_keys/authorized_keys" "$keydir/authorized_keys"
+    keys=(-o "AuthorizedKeysFile=$keydir/authorized_keys")
+  else
+    address="${WORKER_ADDRESS:-$(hostname -i | awk '{print $1}')}"
+    # The agent pins this key: it reads it from the cluster's files, never trusts it over the network.
+    cp "$keydir/host_ed25519.pub" "$HOSTKEYS_DIR/.$address.pub.tmp"
+    mv "$HOSTKEYS_DIR/.$address.pub.tmp" "$HOSTKEYS_DIR/$address.pub"
+  fi
   started=$SECONDS
   log "sshd on $address:$SSH_PORT"
   /usr/sbin/sshd -D -e -f /opt/horovod-stack/docker/sshd_config -p "$SSH_PORT" \
-    -h "$keydir/host_ed25519" -o PidFile="$keydir/sshd.pid" &
+    -h "$keydir/host_ed25519" -o PidFile="$keydir/sshd.pid" "${keys[@]}" &
   local sshd=$!
   trap 'kill -TERM "$sshd" 2>/dev/null' TERM INT
   while kill -0 "$sshd" 2>/dev/null; do
@@ -58,7 +71,7 @@ run_worker() {
     sleep 1
   done
   wait "$sshd" || status=$?
-  rm -f "$HOSTKEYS_DIR/$address.pub"
+  [ -n "$operator_keys" ] || rm -f "$HOSTKEYS_DIR/$address.pub"
   if [ -n "$ended" ]; then
     # Lost its driver: not a normal end. Else the job's end: rank 0's container (EXIT_WITH_JOB=1) keeps the job's
     # status as its own; every other worker ended normally.
@@ -72,6 +85,8 @@ run_worker() {
 case "$ROLE" in
   worker) run_worker ;;
   launcher) shift; exec python -m launcher.agent compose "$@" ;;
+  mpijob-worker) run_worker "${2:?mpijob-worker needs the sshAuthMountPath of the MPIJob, as launcher export mpijob writes it}" ;;
+  mpijob-launcher) shift; exec python -m launcher.agent mpijob "$@" ;;
   healthcheck) port=$(cat "$HOME/.sshd/port") && ss -Hltn "sport = :$port" | grep -q LISTEN ;;
   *) exec "$@" ;;
 esac

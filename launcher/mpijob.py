@@ -1,0 +1,236 @@
+"""The Kubernetes door's document: a job as a Kubeflow MPIJob (kubeflow.org/v2beta1, MPI Operator v0.8).
+
+Pure: from an MpiJobRequest (what `launcher export mpijob` was given) to the MPIJob as a dict, then YAML. Nothing
+here talks to a cluster. The launcher pod runs the job agent (launcher/mpijob_job.py, the pod's arguments written
+by its agent_args); every worker pod runs the image's sshd as mpiuser on the stack's port.
+
+What the document says, and why:
+- the same image, command and Horovod defaults as the other doors, the user's --env, slots per worker;
+- GPUs as `nvidia.com/gpu` limits on the workers only (the launcher runs no rank);
+- the shared folder as a PersistentVolumeClaim at /shared in every pod, and the shared memory the other doors give
+  (an emptyDir of medium Memory at /dev/shm);
+- `launcherCreationPolicy: WaitForWorkersReady`, with a tcpSocket readiness probe on the workers' sshd port;
+- `sshAuthMountPath` where the image's entrypoint and agent take the operator's keys from (MPIJOB_SSH_AUTH_DIR);
+- restart policies Never and `runPolicy.backoffLimit: 0`: a job's status is its first run's, as with the other doors
+  (the workers end with the job, so a retried launcher would find none), and a failed launcher pod stays, with its
+  log; `cleanPodPolicy: Running` removes the workers that still run once the launcher has ended.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+from app.gpu import GPUS_ASKED
+from launcher.mpijob_job import Options, agent_args
+from launcher.plan import SHARED_MOUNT, WORKER_CAPABILITIES, check_env_assignment, defaults_unless_set
+from launcher.protocol import MPIJOB_SSH_AUTH_DIR, SSH_PORT
+from launcher.settings import LaunchSettings
+from launcher.sshtrust import MPIUSER_UID
+
+API_VERSION = "kubeflow.org/v2beta1"
+ENTRYPOINT = "/opt/horovod-stack/docker/entrypoint.sh"
+"""The image's ENTRYPOINT (Dockerfile), named in each pod's command so no operator default replaces it."""
+LAUNCHER_ROLE, WORKER_ROLE = "mpijob-launcher", "mpijob-worker"
+"""The entrypoint's roles for an MPIJob's pods (docker/entrypoint.sh)."""
+
+
+def _launcher_default(name: str) -> str:
+    """A default of the launcher's settings (launcher/settings.py), which the export shares."""
+    return str(next(item.default for item in fields(LaunchSettings) if item.name == name))
+
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_IMAGE = _launcher_default("image")
+DEFAULT_CLAIM = _launcher_default("shared_dir")
+"""The claim's name is the other doors' shared volume's name."""
+DEFAULT_SHM_SIZE = _launcher_default("shm_size")
+POD_NIC = "eth0"
+"""A pod's own NIC under the usual network plugins: elastic jobs (Gloo) need theirs named."""
+BACKOFF_LIMIT = 0
+MAX_LABEL = 63
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DOCKER_SIZE = re.compile(r"^(\d+)([bkmg]?)$", re.IGNORECASE)
+PART_OF = {"app.kubernetes.io/part-of": "horovod-stack"}
+
+
+@dataclass(frozen=True)
+class MpiJobRequest:
+    """What `launcher export mpijob` was given."""
+
+    name: str
+    workers: int
+    command: tuple[str, ...]
+    """What every rank runs (plan.job_command of the words after `--`)."""
+    slots: int | None = None
+    """Ranks per worker on CPUs (default 1)."""
+    gpus_per_node: int = 0
+    """GPUs per worker, one rank each; replaces slots when set."""
+    image: str = DEFAULT_IMAGE
+    namespace: str = DEFAULT_NAMESPACE
+    shared_claim: str = DEFAULT_CLAIM
+    env: tuple[str, ...] = ()
+    elastic_min_workers: int | None = None
+    network_interface: str | None = None
+    """The pods' NIC for Open MPI, NCCL and Gloo; elastic jobs default to POD_NIC."""
+    shm_size: str = DEFAULT_SHM_SIZE
+
+    @property
+    def slots_per_worker(self) -> int:
+        return self.gpus_per_node or self.slots or 1
+
+    def worker_pod(self, index: int) -> str:
+        return f"{self.name}-worker-{index}"
+
+
+def k8s_quantity(size: str) -> str:
+    """A Docker size (1g, 512m, 64k, bytes) as Kubernetes writes it (1Gi, 512Mi, 64Ki); Docker's units are binary."""
+    found = DOCKER_SIZE.match(size.strip())
+    if not found:
+        raise ValueError(f"shared memory size {size!r} is not a number with an optional b, k, m or g")
+    unit = {"": "", "b": "", "k": "Ki", "m": "Mi", "g": "Gi"}[found.group(2).lower()]
+    return f"{found.group(1)}{unit}"
+
+
+def problems(request: MpiJobRequest) -> list[str]:
+    """Why the operator would refuse the job, or the stack could not run it: one line each, naming the fix."""
+    found = []
+    name = request.name
+    if not DNS_1035_LABEL.match(name):
+        found.append(
+            f"--name {name!r} is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter and "
+            "ending with a letter or digit); pass such a --name"
+        )
+    last = request.worker_pod(max(request.workers - 1, 0))
+    if len(last) > MAX_LABEL:
+        room = MAX_LABEL - len(last) + len(name)
+        found.append(
+            f"--name {name!r} is too long: the last worker pod's name {last} has {len(last)} characters and "
+            f"Kubernetes allows {MAX_LABEL}; pass a --name of at most {room} characters"
+        )
+    if request.workers < 1:
+        found.append(f"--workers {request.workers}: an MPIJob needs at least 1 worker; pass --workers 1 or more")
+    if request.slots is not None and request.slots < 1:
+        found.append(f"--slots {request.slots}: each worker needs at least 1 rank; pass --slots 1 or more")
+    if request.gpus_per_node < 0:
+        found.append(f"--gpus-per-node {request.gpus_per_node}: pass 0 (CPU ranks) or more")
+    if request.gpus_per_node and request.slots and request.slots != request.gpus_per_node:
+        found.append(
+            f"--slots {request.slots} with --gpus-per-node {request.gpus_per_node}: a GPU worker runs one rank per "
+            "GPU; drop --slots"
+        )
+    minimum = request.elastic_min_workers
+    if minimum is not None and not 1 <= minimum <= max(request.workers, 1):
+        found.append(f"--min-workers {minimum} is not from 1 to --workers {request.workers}; pass one that is")
+    if not DNS_1123_LABEL.match(request.namespace) or len(request.namespace) > MAX_LABEL:
+        found.append(f"--namespace {request.namespace!r} is not a Kubernetes namespace name; pass an existing one")
+    if not DNS_1123_SUBDOMAIN.match(request.shared_claim) or len(request.shared_claim) > 253:
+        found.append(
+            f"--shared-claim {request.shared_claim!r} is not a PersistentVolumeClaim name (lowercase letters, digits, "
+            "'-' and '.'); pass the name of your claim"
+        )
+    for item in request.env:
+        try:
+            check_env_assignment(item)
+        except ValueError as error:
+            found.append(f"{error}; pass --env KEY=VALUE")
+    try:
+        k8s_quantity(request.shm_size)
+    except ValueError as error:
+        found.append(str(error))
+    return found
+
+
+def rank_env(request: MpiJobRequest) -> tuple[str, ...]:
+    """What every rank gets: the user's --env, the stack's Horovod defaults they leave unset, and, on GPUs, the flag
+    that the ranks were given GPUs. All of it is in the launcher's arguments, one place to change it."""
+    gpus = (f"{GPUS_ASKED}=1",) if request.gpus_per_node else ()
+    return (*request.env, *defaults_unless_set((*request.env, *gpus)), *gpus)
+
+
+def launcher_options(request: MpiJobRequest) -> Options:
+    """The launcher pod's job agent's options (launcher/mpijob_job.py)."""
+    elastic = request.elastic_min_workers is not None
+    return Options(
+        job=request.name,
+        network_interface=request.network_interface or (POD_NIC if elastic else None),
+        min_workers=request.elastic_min_workers,
+        env=rank_env(request),
+        command=request.command,
+    )
+
+
+def _pod(request: MpiJobRequest, container: dict[str, Any], role: str) -> dict[str, Any]:
+    """A pod template: its one container with the shared claim and the shared memory mounted."""
+    mounts = [{"name": "shared", "mountPath": SHARED_MOUNT}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes = [
+        {"name": "shared", "persistentVolumeClaim": {"claimName": request.shared_claim}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s_quantity(request.shm_size)}},
+    ]
+    # The image runs as mpiuser; fsGroup makes the claim writable for it where the volume type allows.
+    ids = {"runAsUser": MPIUSER_UID, "runAsGroup": MPIUSER_UID, "fsGroup": MPIUSER_UID, "runAsNonRoot": True}
+    return {
+        "metadata": {"labels": {**PART_OF, "app.kubernetes.io/component": role}},
+        "spec": {"securityContext": ids, "containers": [{**container, "volumeMounts": mounts}], "volumes": volumes},
+    }
+
+
+def document(request: MpiJobRequest) -> dict[str, Any]:
+    """The MPIJob; raises ValueError with every problem, one per line."""
+    found = problems(request)
+    if found:
+        raise ValueError("\n".join(found))
+    image = {"image": request.image, "imagePullPolicy": "IfNotPresent"}
+    launcher = {
+        "name": "launcher",
+        **image,
+        "command": [ENTRYPOINT],
+        "args": [LAUNCHER_ROLE, *agent_args(launcher_options(request))],
+    }
+    worker: dict[str, Any] = {
+        "name": "worker",
+        **image,
+        "command": [ENTRYPOINT],
+        "args": [WORKER_ROLE, MPIJOB_SSH_AUTH_DIR],
+        "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2, "failureThreshold": 3},
+        "securityContext": {"capabilities": {"add": list(WORKER_CAPABILITIES)}},
+    }
+    if request.gpus_per_node:
+        worker["resources"] = {"limits": {"nvidia.com/gpu": request.gpus_per_node}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "MPIJob",
+        "metadata": {"name": request.name, "namespace": request.namespace, "labels": dict(PART_OF)},
+        "spec": {
+            "slotsPerWorker": request.slots_per_worker,
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": BACKOFF_LIMIT},
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "sshAuthMountPath": MPIJOB_SSH_AUTH_DIR,
+            "mpiImplementation": "OpenMPI",
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": _pod(request, launcher, "launcher")},
+                "Worker": {
+                    "replicas": request.workers,
+                    "restartPolicy": "Never",
+                    "template": _pod(request, worker, "worker"),
+                },
+            },
+        },
+    }
+
+
+def to_yaml(request: MpiJobRequest) -> str:
+    """The MPIJob as YAML, for `kubectl apply -f`, after a comment that says what the cluster needs."""
+    import yaml  # only `launcher export` needs it
+
+    body = yaml.safe_dump(document(request), sort_keys=False, default_flow_style=False, width=1000)
+    gpus = ", and the NVIDIA device plugin (nvidia.com/gpu)" if request.gpus_per_node else ""
+    return (
+        f"# MPIJob {request.name}, written by `launcher export mpijob`; apply it with `kubectl apply -f FILE`.\n"
+        f"# The cluster needs the MPI Operator v0.8 and the PersistentVolumeClaim {request.shared_claim} "
+        f"(ReadWriteMany, writable by uid {MPIUSER_UID}) in namespace {request.namespace}{gpus}.\n{body}"
+    )

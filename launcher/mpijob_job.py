@@ -1,0 +1,302 @@
+"""The MPIJob door: a Kubeflow MPIJob's launcher pod (MPI Operator v0.8) as a JobSpec for the job agent.
+
+    python -m launcher.agent mpijob [--job NAME] [--ssh-auth DIR] [--hostfile FILE] [--network-interface NIC]
+                                    [--min-workers M] [--env KEY=VALUE]... -- COMMAND...
+
+The operator finds the workers and writes them into its hostfile (MPIJOB_HOSTFILE: one
+`<job>-worker-<i>.<job>.<ns>.svc slots=N` line each); everything after that is the agent's, as for the other doors:
+readiness, lifelines, mpirun over a hostfile of those same names and slots (given with --hostfile: Open MPI 5
+ignores the operator's ORTE variables), the exit status and root cause. `launcher export mpijob` (launcher/mpijob.py)
+writes the pod's arguments with agent_args, which this module parses.
+
+Keys: the operator mounts its Secret at sshAuthMountPath (MPIJOB_SSH_AUTH_DIR): id_rsa, id_rsa.pub and
+authorized_keys, root-owned with mode 0644. The agent copies the private key to where the stack's ssh client reads
+the cluster's key (CLUSTER_KEY, mode 0600); each worker's entrypoint copies authorized_keys for its sshd.
+
+Host keys: the operator hands over no host keys, and pods share no folder the workers could publish theirs in (the
+other doors pin keys read from /cluster/hostkeys). So the agent learns each worker's host key at its first contact
+(ssh-keyscan of the worker's DNS name, inside the cluster's pod network, before the job starts) and stores it where
+the other doors' published keys go; from then on the agent's pinning is as strict as theirs: mpirun, the
+lifelines and elastic discovery refuse a worker whose key changes during the job. This is trust on first use: it
+rests on the cluster's DNS and pod network, the same ground the operator's own images stand on (they turn host-key
+checking off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Callable
+
+from launcher.agent import Agent, JobError, SshTransport, Transport, stop_on_signals
+from launcher.compose_job import new_run_id
+from launcher.plan import (
+    RUNS_DIR,
+    DoorWords,
+    JobSpec,
+    Worker,
+    check_env_assignment,
+    job_command,
+    nic_in_subnet,
+    subnet_of,
+    virtual_subnets,
+    with_run_dir,
+)
+from launcher.protocol import (
+    CLUSTER_KEY,
+    HOSTKEYS_DIR,
+    JOB_SPEC,
+    JOB_STATUS,
+    MPIJOB_HOSTFILE,
+    MPIJOB_SSH_AUTH_DIR,
+    SSH_CONNECT_TIMEOUT_SECONDS,
+    SSH_PORT,
+    JobEnd,
+)
+
+DRIVER = "the MPIJob's launcher pod"
+WORDS = DoorWords(
+    command_fix="use an image FROM horovod-stack:latest that has your code (launcher export mpijob --image), or put "
+    "the code on the shared claim and run it from /shared",
+    workers_fix="`kubectl get pods` and `kubectl describe pod` show why a worker pod is not running",
+    elastic_minimum="--min-workers",
+    lost_hint="`kubectl describe pod` shows how the worker pod ended",
+)
+RESULTS_HINT = "the MPIJob's shared claim (/shared in every pod)"
+
+
+class SpecError(ValueError):
+    """An MPIJob launcher's argument or hostfile the agent refuses; one line naming the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The launcher pod's arguments (as agent_args writes them)."""
+
+    job: str = "mpijob"
+    ssh_auth: str = MPIJOB_SSH_AUTH_DIR
+    hostfile: str = MPIJOB_HOSTFILE
+    network_interface: str | None = None
+    min_workers: int | None = None
+    env: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+    """The words after `--` (job_command: the user's command, or the bundled trainer's options)."""
+
+
+def agent_args(options: Options) -> list[str]:
+    """The launcher pod's arguments to `python -m launcher.agent mpijob` for `options` (parse reads them back);
+    the defaults are left out, the job's name never."""
+    default = Options()
+    argv = ["--job", options.job]
+    for flag, value, usual in (
+        ("--ssh-auth", options.ssh_auth, default.ssh_auth),
+        ("--hostfile", options.hostfile, default.hostfile),
+        ("--network-interface", options.network_interface, None),
+        ("--min-workers", None if options.min_workers is None else str(options.min_workers), None),
+    ):
+        if value is not None and value != usual:
+            argv += [flag, value]
+    for item in options.env:
+        argv += ["--env", check_env_assignment(item)]
+    return [*argv, "--", *options.command]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise SpecError(f"{message}; the launcher pod's arguments are written by `launcher export mpijob`")
+
+
+def parse(argv: list[str]) -> Options:
+    """The launcher pod's arguments: the agent's options, then `--` and the command."""
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = _Parser(prog="python -m launcher.agent mpijob", add_help=False)
+    parser.add_argument("--job", default=Options.job)
+    parser.add_argument("--ssh-auth", default=Options.ssh_auth)
+    parser.add_argument("--hostfile", default=Options.hostfile)
+    parser.add_argument("--network-interface")
+    parser.add_argument("--min-workers", type=int)
+    parser.add_argument("--env", action="append", default=[])
+    known = parser.parse_args(argv[:split])
+    for item in known.env:
+        check_env_assignment(item)
+    return Options(
+        job=known.job,
+        ssh_auth=known.ssh_auth,
+        hostfile=known.hostfile,
+        network_interface=known.network_interface or None,
+        min_workers=known.min_workers,
+        env=tuple(known.env),
+        command=tuple(argv[split + 1 :]),
+    )
+
+
+def hostfile_workers(text: str, path: str = MPIJOB_HOSTFILE) -> list[Worker]:
+    """The workers in the operator's hostfile (`HOST slots=N` lines; `#` comments), in its order; each is named in
+    logs by its pod's name (the host's first label)."""
+    workers = []
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        slots = None
+        for word in words[1:]:
+            key, _, value = word.partition("=")
+            if key in ("slots", "max_slots") and not value.isdigit():
+                raise SpecError(f"{path} line {number}: {word!r} is not slots=N; the MPI Operator writes that file")
+            if key == "slots":
+                slots = int(value)
+        workers.append(Worker(words[0].split(".")[0], words[0], slots))
+    if not workers:
+        raise SpecError(f"{path} lists no workers; is this the launcher pod of an MPIJob with Worker replicas?")
+    return workers
+
+
+def parse_ip_addresses(text: str) -> list[tuple[str, str]]:
+    """(NIC, address/prefix) pairs from `ip -o -4 addr show`."""
+    pairs = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 4 and words[2] == "inet":
+            pairs.append((words[1], words[3]))
+    return pairs
+
+
+def job_spec(
+    options: Options, hostfile_text: str, addresses: list[tuple[str, str]], now: float | None = None
+) -> JobSpec:
+    """The job a launcher pod runs: the operator's workers with their slots; the bundled trainer writes into a run
+    folder of its own on the shared claim (RUNS_DIR/<job>-<time>-<random>), so a second run never overwrites the
+    first. With no NIC pinned, the virtual NICs of the launcher's own pod (a pod with host networking sees its node's)
+    are left out, as the launcher door does with each node's."""
+    workers = hostfile_workers(hostfile_text, options.hostfile)
+    if options.min_workers is not None and not 1 <= options.min_workers <= len(workers):
+        raise SpecError(
+            f"--min-workers {options.min_workers} is not from 1 to the {len(workers)} workers in {options.hostfile}; "
+            "export the job again with a smaller --min-workers"
+        )
+    run_id = f"{options.job}-{new_run_id(now)}"
+    command = with_run_dir(job_command(options.command), f"{RUNS_DIR}/{run_id}")
+    nic = options.network_interface
+    subnet = subnet_of(nic)
+    spec = JobSpec(
+        job_id=run_id,
+        command=tuple(command),
+        expected_workers=len(workers),
+        slots=workers[0].slots or 1,
+        workers=tuple(workers),
+        ssh_port=SSH_PORT,
+        network_interface=nic,
+        excluded_subnets=() if nic else tuple(virtual_subnets(addresses)),
+        across_hosts=True,
+        driver_nic=nic_in_subnet(addresses, subnet) if subnet else None,
+        env=options.env,
+        elastic_min_workers=options.min_workers,
+        driver=DRIVER,
+        results_hint=RESULTS_HINT,
+        words=dataclasses.replace(
+            WORDS, elastic_minimum=f"--min-workers {options.min_workers}" if options.min_workers else "--min-workers"
+        ),
+    )
+    try:
+        spec.job_argv()  # a bad --env or an elastic job without its NIC: refused before any worker is claimed
+    except ValueError as error:
+        raise SpecError(f"{error} (launcher export mpijob takes the same option)") from None
+    return spec
+
+
+Scan = Callable[[str, int], str | None]
+
+
+def keyscan(address: str, port: int) -> str | None:
+    """The worker's ed25519 host key as 'TYPE BASE64', as its sshd offers it now; None while it does not answer."""
+    try:
+        done = subprocess.run(
+            ["ssh-keyscan", "-T", str(SSH_CONNECT_TIMEOUT_SECONDS), "-p", str(port), "-t", "ed25519", address],
+            capture_output=True,
+            text=True,
+            timeout=SSH_CONNECT_TIMEOUT_SECONDS + 5,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    for line in done.stdout.splitlines():
+        words = line.split()
+        if len(words) >= 3 and not line.startswith("#"):
+            return f"{words[1]} {words[2]}"
+    return None
+
+
+class OperatorAgent(Agent):
+    """The job agent with the operator's key pair and host keys learnt on first contact (the module's docstring)."""
+
+    def __init__(self, spec: JobSpec, transport: Transport, ssh_auth: str, scan: Scan = keyscan, **kwargs) -> None:
+        super().__init__(spec, transport, **kwargs)
+        self.ssh_auth, self.scan = ssh_auth, scan
+
+    def prepare(self) -> None:
+        super().prepare()
+        private = self.transport.read(f"{self.ssh_auth}/id_rsa")
+        if not private:
+            raise JobError(
+                f"no SSH key at {self.ssh_auth}/id_rsa: the MPI Operator mounts its Secret at the MPIJob's "
+                f"sshAuthMountPath, which must be {self.ssh_auth}; export the job with `launcher export mpijob`"
+            )
+        self.transport.write(CLUSTER_KEY, private, 0o600)  # ssh refuses a private key that others may read
+
+    def pin(self, worker: Worker) -> bool:
+        published = f"{HOSTKEYS_DIR}/{worker.address}.pub"
+        if not self.transport.read(published):
+            key = self.scan(worker.address, self.spec.ssh_port)
+            if not key:
+                return False
+            self.transport.write(published, key + "\n")
+        return super().pin(worker)
+
+
+def own_addresses() -> list[tuple[str, str]]:
+    try:
+        return parse_ip_addresses(
+            subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+        )
+    except OSError:
+        return []
+
+
+def fallback_spec(hostfile_text: str | None) -> JobSpec:
+    """What the agent needs to tell the workers that a refused job has ended: where they are."""
+    try:
+        workers = tuple(hostfile_workers(hostfile_text or ""))
+    except SpecError:
+        workers = ()
+    return JobSpec(job_id="refused", command=(), expected_workers=0, workers=workers, driver=DRIVER, words=WORDS)
+
+
+def main(argv: list[str]) -> int:
+    """The launcher pod's job, start to end: its exit status is the job's."""
+    transport = SshTransport()
+    stop_on_signals(transport)
+    hostfile_text: str | None = None
+    ssh_auth = MPIJOB_SSH_AUTH_DIR
+    try:
+        options = parse(argv)
+        ssh_auth = options.ssh_auth
+        hostfile_text = transport.read(options.hostfile)
+        if hostfile_text is None:
+            raise SpecError(
+                f"no {options.hostfile}: the MPI Operator mounts it in an MPIJob's launcher pod; run this there"
+            )
+        spec = job_spec(options, hostfile_text, own_addresses())
+        transport.write(JOB_SPEC, spec.to_json())
+    except (ValueError, OSError) as error:
+        agent = OperatorAgent(fallback_spec(hostfile_text), transport, ssh_auth)
+        try:
+            return agent.refuse(str(error)).status
+        except JobError:  # no key to tell the workers with: they stop when the operator removes the pods
+            transport.write(JOB_STATUS, JobEnd(2, str(error)).message() + "\n")
+            return 2
+    return OperatorAgent(spec, transport, ssh_auth).run().status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

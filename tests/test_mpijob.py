@@ -1,0 +1,299 @@
+"""The Kubernetes door without a cluster: every exported MPIJob validates against the MPI Operator's CRD schema
+(../shared/k8s, v0.8.2) and the operator's own rules the schema leaves out; bad input is one line and exit 2; the
+launcher pod's agent reads back what the export wrote, and trusts the operator's keys as the module says.
+(The pods' containers for real, on two Docker hosts: test_mpijob_conformance.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from launcher import mpijob, mpijob_job
+from launcher.mpijob import MpiJobRequest
+from launcher.mpijob_job import OperatorAgent, Options
+from launcher.plan import HOROVOD_DEFAULTS, JobSpec, Worker, job_command
+from launcher.protocol import (CLUSTER_KEY, HOSTKEYS_DIR, KNOWN_HOSTS, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR,
+                               SSH_PORT)
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "k8s"
+SCHEMA = REFERENCE / "mpijob-v2beta1.schema.json"
+LAUNCHER = str(Path(sys.executable).parent / "launcher")
+TRAIN = ("--dataset", "digits", "--epochs", "5")
+
+
+def operator_problems(document: dict) -> list[str]:
+    """The checks the MPI Operator makes after the schema (pkg/apis/kubeflow/validation, as ../shared/k8s/README.md
+    lists them), with the operator's defaults applied first."""
+    found = []
+    spec = document["spec"]
+    replicas = spec.get("mpiReplicaSpecs", {})
+    launcher, worker = replicas.get("Launcher"), replicas.get("Worker")
+    if not launcher or launcher.get("replicas", 1) != 1:
+        found.append("Launcher must exist with replicas: 1")
+    if worker is not None and worker.get("replicas", 1) < 1:
+        found.append("Worker replicas must be >= 1")
+    for role, replica, default in (("Launcher", launcher, "OnFailure"), ("Worker", worker, "Never")):
+        if replica is None:
+            continue
+        if replica.get("restartPolicy", default) not in ("Never", "OnFailure"):
+            found.append(f"{role} restartPolicy must be Never or OnFailure")
+        if not replica["template"]["spec"].get("containers"):
+            found.append(f"{role} needs a container")
+    policy = spec.get("runPolicy", {})
+    if policy.get("cleanPodPolicy", "None") not in ("None", "Running", "All"):
+        found.append("cleanPodPolicy must be None, Running or All")
+    for field in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
+        if policy.get(field, 0) < 0:
+            found.append(f"runPolicy.{field} must be >= 0")
+    if spec.get("slotsPerWorker", 1) < 0:
+        found.append("slotsPerWorker must be >= 0")
+    if spec.get("mpiImplementation", "OpenMPI") not in ("OpenMPI", "Intel", "MPICH"):
+        found.append("mpiImplementation must be OpenMPI, Intel or MPICH")
+    if not spec.get("sshAuthMountPath", "/root/.ssh"):
+        found.append("sshAuthMountPath is required")
+    last = f"{document['metadata']['name']}-worker-{(worker or {}).get('replicas', 1) - 1}"
+    if len(last) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", last):
+        found.append(f"{last} is not a DNS-1035 label")
+    return found
+
+
+@pytest.fixture(scope="module")
+def schema():
+    return json.loads(SCHEMA.read_text())
+
+
+def export(**fields) -> dict:
+    request = MpiJobRequest(**{"name": "digits", "workers": 2, "command": tuple(job_command(TRAIN)), **fields})
+    text = mpijob.to_yaml(request)
+    assert text.startswith("# MPIJob ")
+    return yaml.safe_load(text)
+
+
+def pods(document: dict) -> tuple[dict, dict]:
+    replicas = document["spec"]["mpiReplicaSpecs"]
+    return replicas["Launcher"]["template"]["spec"], replicas["Worker"]["template"]["spec"]
+
+
+def launcher_options(document: dict) -> Options:
+    args = pods(document)[0]["containers"][0]["args"]
+    assert args[0] == mpijob.LAUNCHER_ROLE
+    return mpijob_job.parse(args[1:])
+
+
+CASES = {
+    "cpu": ({}, 1, None),
+    "cpu, 3 slots": ({"slots": 3}, 3, None),
+    "gpu": ({"gpus_per_node": 2, "image": "registry.example.com/horovod-stack:1"}, 2, 2),
+    "elastic": ({"workers": 3, "elastic_min_workers": 2}, 1, None),
+    "users command": ({"command": ("python", "/shared/code/train.py", "--lr", "0.1"), "env": ("A=1",)}, 1, None),
+}
+
+
+@pytest.mark.parametrize("fields,slots,gpus", CASES.values(), ids=CASES.keys())
+def test_every_export_validates_against_the_crd_schema_and_the_operators_rules(schema, fields, slots, gpus):
+    document = export(**fields)
+    jsonschema.validate(document, schema)
+    assert operator_problems(document) == []
+    spec = document["spec"]
+    assert (document["apiVersion"], document["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
+    assert spec["slotsPerWorker"] == slots
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 0}
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert spec["sshAuthMountPath"] == MPIJOB_SSH_AUTH_DIR
+    assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == fields.get("workers", 2)
+    launcher, worker = pods(document)
+    for pod in (launcher, worker):
+        container = pod["containers"][0]
+        assert container["image"] == fields.get("image", "horovod-stack:latest")
+        assert container["command"] == [mpijob.ENTRYPOINT]
+        assert {m["mountPath"]: m["name"] for m in container["volumeMounts"]} == {"/shared": "shared",
+                                                                                  "/dev/shm": "dshm"}
+        assert pod["volumes"] == [
+            {"name": "shared", "persistentVolumeClaim": {"claimName": "horovod-stack-shared"}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]
+        assert pod["securityContext"]["runAsUser"] == 1000
+    assert "resources" not in launcher["containers"][0]
+    probe = worker["containers"][0]["readinessProbe"]
+    assert probe["tcpSocket"] == {"port": SSH_PORT}
+    assert worker["containers"][0]["args"] == [mpijob.WORKER_ROLE, MPIJOB_SSH_AUTH_DIR]
+    limits = worker["containers"][0].get("resources", {}).get("limits", {})
+    assert limits == ({"nvidia.com/gpu": gpus} if gpus else {})
+
+
+def test_the_launcher_pod_runs_the_same_command_with_the_stacks_defaults_and_the_users_env():
+    options = launcher_options(export(env=("NCCL_DEBUG=INFO", "A=1")))
+    assert options.job == "digits"
+    assert options.command == tuple(job_command(TRAIN))
+    assert options.env == ("NCCL_DEBUG=INFO", "A=1", "OMPI_MCA_mpi_yield_when_idle=1")  # the user's NCCL_DEBUG wins
+    assert set(HOROVOD_DEFAULTS) <= {item.partition("=")[0] for item in options.env}
+    gpu = launcher_options(export(gpus_per_node=4))
+    assert "HOROVOD_STACK_GPUS=1" in gpu.env
+    user = launcher_options(export(command=("python", "train.py")))
+    assert user.command == ("python", "train.py")
+
+
+def test_an_elastic_export_names_the_pods_nic_and_its_minimum():
+    options = launcher_options(export(workers=3, elastic_min_workers=2))
+    assert (options.min_workers, options.network_interface) == (2, "eth0")
+    assert launcher_options(export(elastic_min_workers=1, network_interface="net1")).network_interface == "net1"
+    assert launcher_options(export()).network_interface is None
+
+
+BAD = {
+    "not a DNS-1035 label": ({"name": "Digits_1"}, "--name 'Digits_1' is not a DNS-1035 label"),
+    "starts with a digit": ({"name": "1digits"}, "is not a DNS-1035 label"),
+    "too long for its last worker": ({"name": "a" * 55, "workers": 100},
+                                     f"the last worker pod's name {'a' * 55}-worker-99 has 65 characters and "
+                                     "Kubernetes allows 63; pass a --name of at most 53 characters"),
+    "no workers": ({"workers": 0}, "--workers 0: an MPIJob needs at least 1 worker"),
+    "bad env": ({"env": ("1A=2",)}, "--env '1A=2' is not KEY=VALUE"),
+    "slots beside gpus": ({"slots": 2, "gpus_per_node": 4}, "a GPU worker runs one rank per GPU; drop --slots"),
+    "minimum above workers": ({"elastic_min_workers": 3}, "--min-workers 3 is not from 1 to --workers 2"),
+    "bad namespace": ({"namespace": "Team_A"}, "--namespace 'Team_A' is not a Kubernetes namespace name"),
+}
+
+
+@pytest.mark.parametrize("fields,message", BAD.values(), ids=BAD.keys())
+def test_bad_input_is_refused_naming_the_fix(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        export(**fields)
+
+
+def test_a_name_just_long_enough_passes_and_one_more_character_does_not():
+    export(name="a" * (63 - len("-worker-9")), workers=10)
+    with pytest.raises(ValueError, match="at most 54 characters"):
+        export(name="a" * 55, workers=10)
+
+
+def test_the_cli_writes_the_document_and_refuses_bad_input_in_one_line_with_exit_2(tmp_path):
+    out = tmp_path / "job.yaml"
+    done = subprocess.run([LAUNCHER, "export", "mpijob", "--name", "digits", "--workers", "2", "--gpus-per-node", "2",
+                           "--env", "A=1", "-o", str(out), "--", *TRAIN], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    document = yaml.safe_load(out.read_text())
+    assert document["spec"]["slotsPerWorker"] == 2
+    assert launcher_options(document).command == tuple(job_command(TRAIN))
+    for args, message in ((["--name", "x_y", "--workers", "2"], "is not a DNS-1035 label"),
+                          (["--name", "x", "--workers", "0"], "needs at least 1 worker"),
+                          (["--name", "x", "--workers", "2", "--env", "NOPE"], "is not KEY=VALUE"),
+                          (["--name", "x", "--workers", "2", "--min-workers", "1"], "add --elastic")):
+        done = subprocess.run([LAUNCHER, "export", "mpijob", *args], capture_output=True, text=True)
+        assert done.returncode == 2
+        assert done.stdout == ""
+        assert [line for line in done.stderr.splitlines() if line] == [done.stderr.strip()]
+        assert done.stderr.startswith("error: ") and message in done.stderr
+
+
+def test_docker_sizes_become_kubernetes_quantities():
+    assert [mpijob.k8s_quantity(size) for size in ("1g", "512m", "64k", "1024", "2G")] == [
+        "1Gi", "512Mi", "64Ki", "1024", "2Gi"]
+    with pytest.raises(ValueError, match="is not a number"):
+        mpijob.k8s_quantity("1.5g")
+
+
+# --- the launcher pod's side --------------------------------------------------------------------------------------
+HOSTFILE = "digits-worker-0.digits.default.svc slots=2\ndigits-worker-1.digits.default.svc slots=2\n"
+
+
+def test_agent_args_and_parse_agree():
+    options = Options(job="j", network_interface="eth0", min_workers=2, env=("A=1", "B=x y"),
+                      command=("python", "-m", "app.train", "--epochs", "1"))
+    assert mpijob_job.parse(mpijob_job.agent_args(options)) == options
+    assert mpijob_job.agent_args(Options(job="j", command=("true",))) == ["--job", "j", "--", "true"]
+    with pytest.raises(mpijob_job.SpecError, match="written by `launcher export mpijob`"):
+        mpijob_job.parse(["--nope", "--", "true"])
+
+
+def test_the_operators_hostfile_gives_the_workers_in_order_with_their_slots():
+    assert mpijob_job.hostfile_workers("# by the operator\n" + HOSTFILE) == [
+        Worker("digits-worker-0", "digits-worker-0.digits.default.svc", 2),
+        Worker("digits-worker-1", "digits-worker-1.digits.default.svc", 2)]
+    with pytest.raises(mpijob_job.SpecError, match="lists no workers"):
+        mpijob_job.hostfile_workers("\n")
+    with pytest.raises(mpijob_job.SpecError, match="line 1: 'slots=two' is not slots=N"):
+        mpijob_job.hostfile_workers("w slots=two\n")
+
+
+def test_the_job_runs_mpirun_over_the_operators_workers_with_a_run_folder_of_its_own():
+    options = mpijob_job.parse(["--job", "digits", "--env", "A=1", "--", "python", "-m", "app.train", *TRAIN])
+    addresses = [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24"), ("docker0", "172.17.0.1/16")]
+    spec = mpijob_job.job_spec(options, HOSTFILE, addresses, now=0)
+    assert spec.expected_workers == 2 and spec.slots == 2 and spec.agent_host is None
+    assert spec.excluded_subnets == ("172.17.0.0/16",)  # a pod with host networking sees its node's docker0
+    assert spec.run_dir and spec.run_dir.startswith("/shared/runs/digits-19700101-000000-")
+    argv = spec.job_argv()
+    assert argv[:5] == ["mpirun", "-np", "4", "--hostfile", "/home/mpiuser/hostfile"]
+    assert "A=1" in argv and "--run-dir" in argv
+    assert JobSpec.from_json(spec.to_json()) == spec
+    user = mpijob_job.job_spec(mpijob_job.parse(["--", "python", "t.py"]), HOSTFILE, [], now=0)
+    assert user.command == ("python", "t.py") and user.run_dir is None
+
+
+def test_bad_launcher_arguments_are_refused_before_any_worker_is_claimed():
+    with pytest.raises(mpijob_job.SpecError, match="--min-workers 3 is not from 1 to the 2 workers"):
+        mpijob_job.job_spec(mpijob_job.parse(["--min-workers", "3"]), HOSTFILE, [])
+    with pytest.raises(mpijob_job.SpecError, match="elastic training needs the NIC"):
+        mpijob_job.job_spec(mpijob_job.parse(["--min-workers", "1"]), HOSTFILE, [])
+    with pytest.raises(ValueError, match="is not KEY=VALUE"):
+        mpijob_job.parse(["--env", "oops"])
+
+
+def test_ip_addresses_are_read_from_ip_o_addr():
+    text = ("1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n"
+            "2: eth0    inet 10.0.3.7/24 brd 10.0.3.255 scope global eth0\\       valid_lft forever\n")
+    assert mpijob_job.parse_ip_addresses(text) == [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24")]
+
+
+class Transport:
+    """The launcher pod's files and two workers whose sshd answers the pinned key only."""
+
+    def __init__(self, keys: dict[str, str]) -> None:
+        self.keys = keys
+        self.files = {f"{MPIJOB_SSH_AUTH_DIR}/id_rsa": "-----BEGIN EC PRIVATE KEY-----\n..."}
+        self.modes: dict[str, int] = {}
+
+    def read(self, path: str) -> str | None:
+        return self.files.get(path)
+
+    def write(self, path: str, text: str, mode: int = 0o644) -> None:
+        self.files[path], self.modes[path] = text, mode
+
+    def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
+        pinned = f"[{address}]:{SSH_PORT} {self.keys[address]}"
+        return (0, "") if pinned in self.files.get(KNOWN_HOSTS, "").splitlines() else (255, "host key changed")
+
+
+def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_first_contact():
+    keys = {"w0.j.ns.svc": "ssh-ed25519 AAA0", "w1.j.ns.svc": "ssh-ed25519 AAA1"}
+    transport = Transport(dict(keys))
+    scanned: list[str] = []
+    spec = JobSpec(job_id="j", command=("true",), expected_workers=2,
+                   workers=(Worker("w0", "w0.j.ns.svc"), Worker("w1", "w1.j.ns.svc")))
+    agent = OperatorAgent(spec, transport, MPIJOB_SSH_AUTH_DIR,  # type: ignore[arg-type]
+                          scan=lambda address, port: scanned.append(address) or keys[address], say=lambda _: None)
+    agent.prepare()
+    assert transport.files[CLUSTER_KEY].startswith("-----BEGIN EC PRIVATE KEY")
+    assert transport.modes[CLUSTER_KEY] == 0o600
+    assert [worker.name for worker in agent.wait_until_ready()] == ["w0", "w1"]
+    assert transport.files[f"{HOSTKEYS_DIR}/w0.j.ns.svc.pub"] == "ssh-ed25519 AAA0\n"
+    # Learnt once: from then on the pin is strict, as in the other doors (and in elastic discovery, which reads it).
+    transport.keys["w1.j.ns.svc"] = "ssh-ed25519 MALLORY"
+    assert not agent.answers(spec.workers[1])
+    assert scanned == ["w0.j.ns.svc", "w1.j.ns.svc"]
+
+
+def test_without_the_operators_key_the_job_is_refused_naming_the_mount():
+    transport = Transport({})
+    transport.files.clear()
+    spec = JobSpec(job_id="j", command=("true",), expected_workers=0)
+    end = OperatorAgent(spec, transport, MPIJOB_SSH_AUTH_DIR, say=lambda _: None).run()  # type: ignore[arg-type]
+    assert end.status == 2
+    assert end.cause and f"no SSH key at {MPIJOB_SSH_AUTH_DIR}/id_rsa" in end.cause
+    assert MPIJOB_HOSTFILE == "/etc/mpi/hostfile"
