@@ -583,6 +583,7 @@ def test_nics_named_differently_train_fixed_and_elastic_jobs_over_the_subnet(clu
 
 def test_dry_run_prints_the_plan_and_starts_nothing(cluster):
     result = launcher(cluster, *start_args(cluster, "--dry-run", "--nodes", "node_1:2,node_2"), *TRAIN)
+    print(f"\n$ launcher start --dry-run --nodes node_1:2,node_2 ...\n{result.stdout}")
     assert result.returncode == 0, result.stderr[-3000:]
     for expected in ("plan: 3 ranks on 2 node(s)", "node_1 (rank 0, runs the job agent; engine ssh://node_1)",
                      "image horovod-stack:latest (", "network host, shared memory 1g", "environment SSH_PORT, WORKER_ADDRESS",
