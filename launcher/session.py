@@ -22,7 +22,7 @@ from typing import IO
 import docker
 
 from launcher import images, sshtrust, workdir
-from launcher.driver import NodeDriver
+from launcher.driver import HostView, NodeDriver
 from launcher.plan import (
     LABEL_CLUSTER,
     VIRTUAL_NIC_PREFIXES,
@@ -106,7 +106,6 @@ def check_nodes(
                 f"`launcher stop --nodes {node_list} --cluster {cluster}` removes it"
             )
     lacking = ensure_image_everywhere(plan, drivers, push_image, say, copy=not dry_run)
-    subnet = subnet_of(plan.network_interface)
     addresses: list[tuple[str, str]] = []
     node_nics: list[tuple[str, str]] = []
     resolved: list[tuple[str, str]] = []
@@ -114,40 +113,15 @@ def check_nodes(
         if driver.node.name in lacking:
             say(f"{driver.node.name}: port, NIC and GPU checks run once the image is there")
             continue
-        is_rank0 = driver.node == plan.rank0
-        names = tuple(node.name for node in plan.needs_addresses()) if is_rank0 else ()
-        view = driver.host_view(plan.image, plan.ssh_port, resolve=names)
+        view, nic = check_node(plan, driver)
         addresses += view.addresses
         resolved += view.resolved
-        problem = subnet_problem(subnet, view.addresses) if subnet else nic_problem(plan.network_interface, view.nics)
-        if problem:  # else mpirun fails after every container started, in paragraphs that never name the NIC
-            raise LaunchError(f"{driver.node.name}: {problem}")
-        if view.port_taken:
-            raise LaunchError(
-                f"{driver.node.name}: port {plan.ssh_port} is already in use there; free it or pass "
-                "--ssh-port with a free port"
-            )
-        gpu_request = plan.gpu_request(driver.node)
-        gpu = driver.gpu_problem(plan.image, gpu_request) if gpu_request else None
-        if gpu:  # else Docker's raw error after the first worker started, or a job that trains on the CPU
-            raise LaunchError(f"{driver.node.name}: {gpu}")
-        missing = driver.missing_bind(plan.image, plan.binds) if plan.binds else None
-        if missing:  # else Docker's error after other workers started
-            raise LaunchError(
-                f"{driver.node.name}: a --mount folder is not there ({missing}); make it, or mount the same share at "
-                "that path on every node"
-            )
-        unresolved = sorted(set(names) - {name for name, _ in view.resolved})
-        if unresolved:
-            raise LaunchError(
-                f"{unresolved[0]} does not resolve on {plan.rank0.name}; add it to DNS or /etc/hosts on every node"
-            )
-        nic = f", NIC {plan.network_interface} present" if plan.network_interface and not subnet else ""
-        if subnet:
-            own = nic_in_subnet(view.addresses, subnet) or ""  # found: subnet_problem said so
-            node_nics.append((driver.node.name, own))
-            nic = f", NIC {own} in {subnet}"
-        say(f"{driver.node.name}: port {plan.ssh_port} free{nic}")
+        if nic:
+            node_nics.append((driver.node.name, nic))
+        found = f", NIC {nic} in {plan.network_interface}" if nic else ""
+        if plan.network_interface and not nic:
+            found = f", NIC {plan.network_interface} present"
+        say(f"{driver.node.name}: port {plan.ssh_port} free{found}")
     plan = dataclasses.replace(plan, node_nics=tuple(node_nics), addresses=tuple(resolved))
     if plan.network_interface or len(plan.nodes) == 1:
         return plan
@@ -158,6 +132,37 @@ def check_nodes(
         "than one real NIC"
     )
     return dataclasses.replace(plan, excluded_subnets=tuple(subnets))
+
+
+def check_node(plan: ClusterPlan, driver: NodeDriver) -> tuple[HostView, str | None]:
+    """One node's checks, each failure one line naming the node and the fix: its NIC or an address in the subnet,
+    the SSH port, the GPUs, the --mount folders, and (on rank 0's node) the addresses of names Open MPI refuses.
+    Returns what the node looks like and its NIC in the subnet, if one was asked for."""
+    node = driver.node.name
+    subnet = subnet_of(plan.network_interface)
+    names = tuple(other.name for other in plan.needs_addresses()) if driver.node == plan.rank0 else ()
+    view = driver.host_view(plan.image, plan.ssh_port, resolve=names)
+    problem = subnet_problem(subnet, view.addresses) if subnet else nic_problem(plan.network_interface, view.nics)
+    if problem:  # else mpirun fails after every container started, in paragraphs that never name the NIC
+        raise LaunchError(f"{node}: {problem}")
+    if view.port_taken:
+        raise LaunchError(
+            f"{node}: port {plan.ssh_port} is already in use there; free it or pass --ssh-port with a free port"
+        )
+    gpu_request = plan.gpu_request(driver.node)
+    gpu = driver.gpu_problem(plan.image, gpu_request) if gpu_request else None
+    if gpu:  # else Docker's raw error after the first worker started, or a job that trains on the CPU
+        raise LaunchError(f"{node}: {gpu}")
+    missing = driver.missing_bind(plan.image, plan.binds) if plan.binds else None
+    if missing:  # else Docker's error after other workers started
+        raise LaunchError(
+            f"{node}: a --mount folder is not there ({missing}); make it, or mount the same share at that path on "
+            "every node"
+        )
+    unresolved = sorted(set(names) - {name for name, _ in view.resolved})
+    if unresolved:
+        raise LaunchError(f"{unresolved[0]} does not resolve on {node}; add it to DNS or /etc/hosts on every node")
+    return view, nic_in_subnet(view.addresses, subnet) if subnet else None
 
 
 def check_same_image(image: str, ids: Mapping[str, str | None]) -> None:
