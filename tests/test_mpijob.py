@@ -19,8 +19,7 @@ from launcher import mpijob, mpijob_job
 from launcher.mpijob import MpiJobRequest
 from launcher.mpijob_job import OperatorAgent, Options
 from launcher.plan import HOROVOD_DEFAULTS, JobSpec, Worker, job_command
-from launcher.protocol import (CLUSTER_KEY, HOSTKEYS_DIR, KNOWN_HOSTS, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR,
-                               SSH_PORT)
+from launcher.protocol import CLUSTER_KEY, HOSTKEYS_DIR, KNOWN_HOSTS, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR, SSH_PORT
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "k8s"
 SCHEMA = REFERENCE / "mpijob-v2beta1.schema.json"
