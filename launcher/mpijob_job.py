@@ -49,6 +49,7 @@ from launcher.protocol import (
     HOSTKEYS_DIR,
     JOB_SPEC,
     JOB_STATUS,
+    MPIJOB_DISCOVERY,
     MPIJOB_HOSTFILE,
     MPIJOB_SSH_AUTH_DIR,
     SSH_CONNECT_TIMEOUT_SECONDS,
@@ -193,6 +194,7 @@ def job_spec(
         driver_nic=nic_in_subnet(addresses, subnet) if subnet else None,
         env=options.env,
         elastic_min_workers=options.min_workers,
+        discovery_script=MPIJOB_DISCOVERY,
         driver=DRIVER,
         results_hint=RESULTS_HINT,
         words=dataclasses.replace(

@@ -300,6 +300,7 @@ def horovodrun_argv(
     env: tuple[str, ...] = (),
     workdir: str | None = None,
     driver_nic: str | None = None,
+    discovery_script: str = DISCOVERY_SCRIPT,
 ) -> list[str]:
     """The one horovodrun command line of an elastic job (Gloo): it starts max_ranks ranks on the hosts that
     DISCOVERY_SCRIPT lists, carries on while at least min_ranks remain, takes returning hosts back, and gives up
@@ -341,7 +342,7 @@ def horovodrun_argv(
         "--slots-per-host",
         str(slots_per_host),
         "--host-discovery-script",
-        DISCOVERY_SCRIPT,
+        discovery_script,
         "--network-interface",
         own_nic,
         "--ssh-port",
@@ -422,6 +423,8 @@ class JobSpec:
     """The workers are on more than one host (the multi-host launcher): an unpinned NIC is not left to chance."""
     driver_nic: str | None = None
     """With a subnet for network_interface: rank 0's host's NIC in it (elastic horovodrun serves there)."""
+    discovery_script: str = DISCOVERY_SCRIPT
+    """Elastic: the host discovery horovodrun runs (the agent's own, or the MPI Operator's in an MPIJob)."""
     env: tuple[str, ...] = ()
     """KEY=VALUE pairs every rank gets."""
     workdir: str | None = None
@@ -498,6 +501,7 @@ class JobSpec:
             env=self.env,
             workdir=self.workdir,
             driver_nic=self.driver_nic,
+            discovery_script=self.discovery_script,
         )
 
     def to_json(self) -> str:

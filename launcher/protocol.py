@@ -151,6 +151,9 @@ MPIJOB_SSH_AUTH_DIR = "/cluster/mpi-operator-ssh"
 root-owned, mode 0644) in the launcher and every worker. The entrypoint and the agent copy from there to the
 places the stack's sshd and ssh read keys, owned by mpiuser with the modes they insist on."""
 MPIJOB_HOSTFILE = "/etc/mpi/hostfile"
+MPIJOB_DISCOVERY = "/etc/mpi/discover_hosts.sh"
+"""The operator's elastic host discovery in the launcher pod: one host name per running worker, no slot counts
+(horovodrun's --slots-per-host gives them)."""
 """The operator's hostfile in the launcher pod: `<job>-worker-<i>.<job>.<ns>.svc slots=<slotsPerWorker>` lines."""
 
 

@@ -296,3 +296,11 @@ def test_without_the_operators_key_the_job_is_refused_naming_the_mount():
     assert end.status == 2
     assert end.cause and f"no SSH key at {MPIJOB_SSH_AUTH_DIR}/id_rsa" in end.cause
     assert MPIJOB_HOSTFILE == "/etc/mpi/hostfile"
+
+
+def test_an_elastic_job_discovers_its_workers_with_the_operators_script():
+    options = mpijob_job.parse(["--job", "digits", "--min-workers", "1", "--network-interface", "eth0", "--", "python",
+                                "-m", "app.train"])
+    argv = " ".join(mpijob_job.job_spec(options, HOSTFILE, [], now=0).job_argv())
+    assert "horovodrun --gloo" in argv and "--host-discovery-script /etc/mpi/discover_hosts.sh " in argv
+    assert "--slots-per-host 2 " in argv  # the operator's script names hosts without slots: the hostfile's
