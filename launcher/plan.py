@@ -277,15 +277,20 @@ def rank_command(
     subnet = subnet_of(network_interface)
     if not subnet:
         return list(command)
-    keep = sorted(user_set & {variable.partition("=")[0] for variable in nic_variables("x")})
+    keep = sorted(user_set & set(NIC_VARIABLES))
     return [*RANK_NIC, subnet, *(["--keep", ",".join(keep)] if keep else []), "--", *command]
 
 
+NIC_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE")
+"""What pins NCCL's and Gloo's traffic to one NIC (Open MPI's own settings are separate)."""
+
+
 def nic_variables(network_interface: str | None) -> list[str]:
-    """The variables that pin NCCL's and Gloo's traffic to one NIC (Open MPI's own flags are separate). NCCL takes
-    a bare name as a prefix (eth0 would also match eth01); a leading `=` makes it exact, as Gloo's are."""
-    nic = network_interface
-    return [f"NCCL_SOCKET_IFNAME=={nic}", f"GLOO_SOCKET_IFNAME={nic}", f"HOROVOD_GLOO_IFACE={nic}"] if nic else []
+    """NIC_VARIABLES set to one NIC. NCCL takes a bare name as a prefix (eth0 would also match eth01); a leading `=`
+    makes it exact, as Gloo's are."""
+    if not network_interface:
+        return []
+    return [f"{name}={'=' if name.startswith('NCCL') else ''}{network_interface}" for name in NIC_VARIABLES]
 
 
 def horovodrun_argv(
