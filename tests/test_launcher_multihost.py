@@ -232,7 +232,7 @@ def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster):
     print(f"\ncontainers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's last line")
     assert max(lags) <= 10 and [c.attrs["State"]["ExitCode"] for c in containers] == [0, 0]
     for container in containers:  # what NCCL asks of a container
-        assert container.attrs["HostConfig"]["CapAdd"] == ["IPC_LOCK"]
+        assert container.attrs["HostConfig"]["CapAdd"] == ["IPC_LOCK", "SYS_PTRACE"]  # SYS_PTRACE: py-spy
         assert {"Name": "stack", "Soft": 64 * 1024**2, "Hard": 64 * 1024**2} in container.attrs["HostConfig"]["Ulimits"]
         [device] = container.attrs["HostConfig"]["Devices"]  # --device, as RDMA's /dev/infiniband would be
         assert (device["PathOnHost"], device["PathInContainer"]) == ("/dev/null", "/dev/hst-test-device")
@@ -492,7 +492,7 @@ def run_result(stderr: str) -> subprocess.CompletedProcess:
 def test_missing_nic_is_refused_before_any_container_starts(cluster):
     result = launcher(cluster, *start_args(cluster, "--network-interface", "nosuchnic0"), *TRAIN)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert error_lines(result) == ["error: node_1: no network interface nosuchnic0 there (it has hst0, lo); pass "
+    assert error_lines(result) == ["error: node_1: no network interface nosuchnic0 there (it has docker0, hst0, lo); pass "
                                    "--network-interface with one of them, or set NODE_NETWORK_INTERFACE in .env"]
     assert "worker horovod-stack-" not in result.stderr  # refused before any worker started
     assert_nothing_left(cluster)
