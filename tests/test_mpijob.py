@@ -21,8 +21,9 @@ from launcher.mpijob_job import OperatorAgent, Options
 from launcher.plan import HOROVOD_DEFAULTS, JobSpec, Worker, job_command
 from launcher.protocol import CLUSTER_KEY, HOSTKEYS_DIR, KNOWN_HOSTS, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR, SSH_PORT
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "k8s"
-SCHEMA = REFERENCE / "mpijob-v2beta1.schema.json"
+SCHEMA = Path(__file__).parent / "k8s" / "mpijob-v2beta1.schema.json"
+"""The operator's CRD schema, kept with the tests (tests/k8s/README.md); the workplace's reference copy is below."""
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "k8s" / SCHEMA.name
 LAUNCHER = str(Path(sys.executable).parent / "launcher")
 TRAIN = ("--dataset", "digits", "--epochs", "5")
 
@@ -66,6 +67,11 @@ def operator_problems(document: dict) -> list[str]:
 @pytest.fixture(scope="module")
 def schema():
     return json.loads(SCHEMA.read_text())
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="no ../shared/k8s beside this checkout")
+def test_the_schema_kept_here_is_the_workplaces_reference():
+    assert SCHEMA.read_bytes() == REFERENCE.read_bytes()
 
 
 def export(**fields) -> dict:
