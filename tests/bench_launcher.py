@@ -82,15 +82,18 @@ def soak(cluster: Cluster, cycles: int) -> None:
     print(f"soak: {cycles} cycles in {time.monotonic() - started:.0f} s; left on the nodes: {leftovers(cluster)}")
 
 
-def cold_push(cluster: Cluster, nodes: list[str]) -> float:
+def cold_start(cluster: Cluster, nodes: list[str], *flags: str) -> tuple[float, list[str]]:
+    """Seconds from `launcher start` to the first training step, and the launcher's image lines."""
     started = time.monotonic()
     process = subprocess.Popen([LAUNCHER, "start", "--env-file", str(cluster.env_file()), "--nodes", ",".join(nodes),
-                                "--push-image", "--", "--dataset", "digits", "--epochs", "1"],
+                                *flags, "--", "--dataset", "digits", "--epochs", "1"],
                                env=cluster.launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first_step = next((time.monotonic() - started for line in process.stdout if "epoch 1 [" in line), float("nan"))
     process.wait()
-    assert process.returncode == 0, process.stderr.read()[-3000:]
-    return first_step
+    stderr = process.stderr.read()
+    assert process.returncode == 0, stderr[-3000:]
+    return first_step, [line.split("] ", 1)[-1] for line in stderr.splitlines() if "image loaded" in line
+                        or " pulled " in line]
 
 
 def push_scaling() -> None:
@@ -98,11 +101,22 @@ def push_scaling() -> None:
     cluster = Cluster(Path("/var/lib/horovod-stack-test") / uuid.uuid4().hex[:8])
     try:
         cluster.start(3)
-        one = cold_push(cluster, ["node_1"])
+        nodes = ["node_1", "node_2", "node_3"]
+        one, one_lines = cold_start(cluster, nodes[:1], "--push-image")
         cluster.nodes[0].client().images.remove(IMAGE, force=True)
-        three = cold_push(cluster, ["node_1", "node_2", "node_3"])
+        three, three_lines = cold_start(cluster, nodes, "--push-image")
         print(f"cold launch with --push-image, start to first training step: 1 node {one:.0f} s, 3 nodes {three:.0f} s "
-              f"({three / one:.2f}x)", flush=True)
+              f"({three / one:.2f}x)\n  1 node: {one_lines}\n  3 nodes: {three_lines}", flush=True)
+        for node in cluster.nodes:
+            node.client().images.remove(IMAGE, force=True)
+        from tests.registry import Registry
+
+        with Registry() as registry:
+            pushed = registry.push(IMAGE, "horovod-stack:bench")
+            remote = f"{cluster.bridge_address}:{registry.port}/horovod-stack:bench"
+            pulled, lines = cold_start(cluster, nodes, "--image", remote)
+        print(f"cold launch from a registry (pushed there in {pushed:.0f} s), 3 fresh nodes pulling at once: first "
+              f"training step after {pulled:.0f} s\n  {lines}", flush=True)
     finally:
         cluster.stop()
 
