@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,3 +261,25 @@ class Cluster:
         kept = [line for line in lines if HOSTS_MARK not in line]
         if kept != lines:
             Path("/etc/hosts").write_text("".join(kept))
+
+
+TEST_ROOT = Path("/var/lib/horovod-stack-test")
+NEEDED_FREE_BYTES = 16 * 1024**3
+"""Two node engines each hold a copy of the image (about 6.5 GB apiece)."""
+
+
+@contextlib.contextmanager
+def started_cluster(count: int = 2) -> Iterator[Cluster]:
+    """A fresh harness of `count` test hosts, refused up front when the disk cannot hold their copies of the image;
+    removed however the block ends."""
+    TEST_ROOT.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(TEST_ROOT).free
+    if free < NEEDED_FREE_BYTES:
+        raise RuntimeError(f"the test hosts need {NEEDED_FREE_BYTES / 1024**3:.0f} GiB free under {TEST_ROOT}, only "
+                           f"{free / 1024**3:.1f} GiB is: free disk space (docker image prune, old checkouts)")
+    harness = Cluster(TEST_ROOT / uuid.uuid4().hex[:8])
+    try:
+        harness.start(count=count)
+        yield harness
+    finally:
+        harness.stop()

@@ -9,20 +9,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
 import docker
 import pytest
 
-from tests.multihost import Cluster
+from tests.multihost import Cluster, started_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -33,26 +31,12 @@ LONG_TRAIN = ["--", "--dataset", "synthetic", "--epochs", "200"]
 USER_SCRIPT = Path(__file__).parent / "user_script"
 
 
-# Two node engines each hold a copy of the image (about 6.5 GB apiece).
-NEEDED_FREE_BYTES = 16 * 1024**3
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    base = Path("/var/lib/horovod-stack-test")
-    base.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(base).free
-    if free < NEEDED_FREE_BYTES:
-        pytest.fail(f"the two test hosts need {NEEDED_FREE_BYTES / 1024**3:.0f} GiB free under {base}, "
-                    f"only {free / 1024**3:.1f} GiB is: free disk space (docker image prune, old checkouts)")
-    harness = Cluster(base / uuid.uuid4().hex[:8])
-    try:
-        harness.start(count=2)
+    with started_cluster(2) as harness:
         seconds = harness.load_image(IMAGE, harness.nodes[0])
         print(f"\nimage loaded on node_1 in {seconds:.0f} s")
         yield harness
-    finally:
-        harness.stop()
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -685,16 +669,19 @@ def test_a_shared_folder_lets_a_job_resume_with_rank_0_on_the_other_node(cluster
     os.chown(shared, 1000, 1000)
     env_file = cluster.root / "shared.env"
     env_file.write_text(cluster.env_file().read_text() + f"SHARED_DIR={shared}\n")
-    train = ["--", "--dataset", "synthetic", "--epochs", "6", "--checkpoint-dir", "/shared/checkpoints"]
-    run = BackgroundLaunch(cluster, "start", "--env-file", str(env_file), *train)
-    run.wait_for("epoch 2/6:")
+    checkpoints = ["--dataset", "synthetic", "--checkpoint-dir", "/shared/checkpoints"]
+    run = BackgroundLaunch(cluster, "start", "--env-file", str(env_file), "--", *checkpoints, "--epochs", "200")
+    run.wait_for("epoch 2/200:")
     launcher(cluster, "stop", "--env-file", str(env_file))  # the first job ends early, rank 0 on node_1
     run.finish()
-    resumed = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_2,node_1", *train, "--resume")
+    reached = max(int(epoch) for _, line in run.lines for epoch in re.findall(r"epoch (\d+)/200:", line))
+    epochs = str(reached + 5)  # a few more than the first job can have saved before it was stopped
+    resumed = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_2,node_1", "--", *checkpoints,
+                       "--epochs", epochs, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
     started_at = int(re.search(r"resuming from \S+ after epoch (\d+)", resumed.stdout + resumed.stderr).group(1))
     assert started_at >= 2
-    assert f"epoch {started_at + 1}/6:" in resumed.stdout and "epoch 1/6:" not in resumed.stdout
+    assert f"epoch {started_at + 1}/{epochs}:" in resumed.stdout and f"epoch 1/{epochs}:" not in resumed.stdout
     assert_nothing_left(cluster)
 
 
