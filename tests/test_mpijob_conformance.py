@@ -21,22 +21,19 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import docker
 import pytest
 import yaml
 
-from tests.multihost import NIC, SUBNET, Cluster, TestNode
+from tests.multihost import NIC, SUBNET, Cluster, TestNode, started_cluster
 
 pytestmark = pytest.mark.integration
 
 IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
 LAUNCHER = str(Path(sys.executable).parent / "launcher")
 NAMESPACE = "default"
-NEEDED_FREE_BYTES = 16 * 1024**3
-"""Two node engines each hold a copy of the image (about 6.5 GB apiece)."""
 LABEL = "horovod-stack.test-mpijob"
 POD_NETWORK = "mpijob-pods"
 LAUNCHER_POD_ADDRESS = f"{SUBNET}.130"
@@ -45,20 +42,10 @@ LAUNCHER_POD_ADDRESS = f"{SUBNET}.130"
 
 @pytest.fixture(scope="module")
 def cluster():
-    base = Path("/var/lib/horovod-stack-test")
-    base.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(base).free
-    if free < NEEDED_FREE_BYTES:
-        pytest.fail(f"the two test hosts need {NEEDED_FREE_BYTES / 1024**3:.0f} GiB free under {base}, "
-                    f"only {free / 1024**3:.1f} GiB is: free disk space (docker image prune, old checkouts)")
-    harness = Cluster(base / uuid.uuid4().hex[:8])
-    try:
-        harness.start(count=2)
+    with started_cluster(2) as harness:
         for node in harness.nodes:
             print(f"\nimage loaded on {node.name} in {harness.load_image(IMAGE, node):.0f} s")
         yield harness
-    finally:
-        harness.stop()
 
 
 @pytest.fixture(scope="module")
