@@ -261,7 +261,7 @@ class Transport:
 
     def __init__(self, keys: dict[str, str]) -> None:
         self.keys = keys
-        self.files = {f"{MPIJOB_SSH_AUTH_DIR}/id_rsa": "-----BEGIN EC PRIVATE KEY-----\n..."}
+        self.files = {f"{MPIJOB_SSH_AUTH_DIR}/id_rsa": "the operator's key (a stand-in, no real key)\n"}
         self.modes: dict[str, int] = {}
 
     def read(self, path: str) -> str | None:
@@ -284,7 +284,7 @@ def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_fir
     agent = OperatorAgent(spec, transport, MPIJOB_SSH_AUTH_DIR,  # type: ignore[arg-type]
                           scan=lambda address, port: scanned.append(address) or keys[address], say=lambda _: None)
     agent.prepare()
-    assert transport.files[CLUSTER_KEY].startswith("-----BEGIN EC PRIVATE KEY")
+    assert transport.files[CLUSTER_KEY].startswith("the operator's key (a stand-in")
     assert transport.modes[CLUSTER_KEY] == 0o600
     assert [worker.name for worker in agent.wait_until_ready()] == ["w0", "w1"]
     assert transport.files[f"{HOSTKEYS_DIR}/w0.j.ns.svc.pub"] == "ssh-ed25519 AAA0\n"
