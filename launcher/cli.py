@@ -11,9 +11,11 @@ from typing import NoReturn
 
 import typer
 
-from launcher import jobstate, session
+from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
+from launcher import jobstate, linkcheck, session
+from launcher import links as links_home
 from launcher import results as results_home
-from launcher.driver import NodeDriver, NodeError
+from launcher.driver import HostView, NodeDriver, NodeError
 from launcher.plan import (
     LABEL_CLUSTER,
     LABEL_RANKS,
@@ -386,11 +388,26 @@ def doctor(
     gpus: str | None = typer.Option(None, "--gpus", "--gpus-per-node", help="Check for these GPUs too: " + GPUS_HELP),
     network_interface: str | None = typer.Option(None, help=NIC_HELP),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+    links: bool = typer.Option(
+        False,
+        help="Also measure every pair of nodes' link both ways (rate and round trip, between host-network containers "
+        "of the image, over the job's NIC, on the SSH port) and predict one ring allreduce and one parameter-server "
+        "exchange on the slowest link.",
+    ),
+    gradient_mb: float | None = typer.Option(
+        None, help="With --links: the gradient to predict for, in MB (default: the bundled trainer's SimpleNet)."
+    ),
+    link_seconds: float = typer.Option(2.0, help="With --links: the longest each direction of a pair streams."),
 ) -> None:
-    """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, NIC there, clock skew.
+    """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, NIC there, clock skew;
+    with --links, the links between them and what they mean for an allreduce.
 
-    Example: launcher doctor --nodes node_1,node_2 --network-interface ens5
+    Example: launcher doctor --nodes node_1,node_2 --network-interface ens5 --links
     """
+    if (gradient_mb is not None or link_seconds != 2.0) and not links:
+        fail("--gradient-mb and --link-seconds are for the link test: add --links", 2)
+    if (gradient_mb is not None and gradient_mb <= 0) or link_seconds <= 0:
+        fail("--gradient-mb and --link-seconds take a positive number", 2)
     settings = settings_from(
         nodes,
         env_file,
@@ -401,6 +418,7 @@ def doctor(
         network_interface=network_interface,
     )
     problems, image_ids = [], {}
+    drivers, views = [], {}
     for node in settings.plan(cluster_id="-").nodes:
         try:
             driver = NodeDriver.connect(node)
@@ -408,6 +426,7 @@ def doctor(
             problems.append(str(error))
             typer.echo(f"{node.name}: engine        FAIL {error}")
             continue
+        drivers.append(driver)
         typer.echo(f"{node.name}: engine        ok ({driver.client.version()['Version']} at {node.engine_url})")
         image_id = image_ids[node.name] = driver.image_id(settings.image)
         if image_id is None:
@@ -417,7 +436,7 @@ def doctor(
             )
         else:
             typer.echo(f"{node.name}: image         ok ({image_id[7:19]})")
-            view = driver.host_view(settings.image, settings.ssh_port)
+            view = views[node.name] = driver.host_view(settings.image, settings.ssh_port)
             if view.port_taken:
                 problems.append(f"{node.name}: port {settings.ssh_port} in use")
             typer.echo(
@@ -454,9 +473,54 @@ def doctor(
     if len(present) > 1:
         problems.append("image IDs differ between nodes")
         typer.echo("all: image         FAIL the image ID differs between nodes")
+    if links and problems:
+        typer.echo("links: not measured: fix the problems above first")
+    elif links:
+        problems += doctor_links(settings, drivers, views, gradient_mb, link_seconds)
     if problems:
         fail(f"{len(problems)} problem(s): {'; '.join(problems)}")
     typer.echo("all nodes ready")
+
+
+def doctor_links(
+    settings: LaunchSettings,
+    drivers: list[NodeDriver],
+    views: dict[str, HostView],
+    gradient_mb: float | None,
+    seconds: float,
+) -> list[str]:
+    """`doctor --links`: prints the matrix and the prediction; returns the problems (unreachable pairs)."""
+    plan = settings.plan(cluster_id="-")
+    names = [node.name for node in plan.nodes]
+    if len(names) < 2:
+        typer.echo("links: one node, no link to measure")
+        return []
+    stop_on_signals()
+    try:
+        measured = linkcheck.measure(plan, drivers, views, seconds, say)
+    except NodeError as error:
+        return [str(error)]
+    except Signalled as stop:
+        fail(f"{STOPPED_BY[signal.Signals(stop.signum)]}; the link-test containers were removed", 128 + stop.signum)
+    good = [result for result in measured if isinstance(result, links_home.Link)]
+    failed = [result for result in measured if isinstance(result, links_home.Unreachable)]
+    over = f"over {plan.network_interface}" if plan.network_interface else "by node name (no NIC pinned)"
+    typer.echo(
+        f"links: host-network containers, {over}, TCP port {plan.ssh_port}, {seconds:g} s each way; "
+        "from the row's node to the column's"
+    )
+    if good:
+        for line in links_home.format_matrix(names, good):
+            typer.echo(f"  {line}")
+    for failure in failed:
+        typer.echo(f"links: FAIL {links_home.unreachable_line(failure)}")
+    if failed:
+        return [links_home.unreachable_line(failure) for failure in failed]
+    what = "--gradient-mb" if gradient_mb else f"the bundled trainer's SimpleNet, {SIMPLENET_PARAMETERS} floats"
+    prediction = links_home.predict(good, gradient_mb or SIMPLENET_GRADIENT_MB, plan.total_ranks)
+    for line in links_home.prediction_lines(prediction, what):
+        typer.echo(f"links: {line}")
+    return []
 
 
 class ExportKind(StrEnum):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import shlex
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, Mount, Ulimit
+from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, gpu_problem
 from launcher.jobstate import ContainerState
@@ -212,6 +214,43 @@ class NodeDriver:
             addresses=tuple((row[1], row[2]) for row in rows if row[:1] == ["address"] and len(row) == 3),
             resolved=tuple((row[1], row[2]) for row in rows if row[:1] == ["resolved"] and len(row) == 3),
         )
+
+    def start_probe(self, image: str, argv: list[str], name: str, labels: dict[str, str]) -> object:
+        """A short-lived host-network container of the image running `argv` (launcher doctor --links); the caller
+        removes it (remove_container), whatever happens."""
+        try:
+            return self.client.containers.run(
+                image, argv, name=name, labels=labels, network_mode="host", user="mpiuser", detach=True
+            )
+        except APIError as error:
+            raise NodeError(f"{self.node.name}: a link-test container did not start ({_first_line(error)})") from None
+
+    def wait_for_output(self, container, text: str, timeout: float) -> str | None:
+        """The container's output once it holds `text`, or once the container has ended; None on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            output = container.logs().decode(errors="replace")
+            if text in output:
+                return output
+            container.reload()
+            if container.status not in ("created", "running"):
+                return container.logs().decode(errors="replace")
+            time.sleep(0.2)
+        return None
+
+    def finish(self, container, timeout: float) -> str:
+        """The container's output after it has ended (at most `timeout` seconds from now)."""
+        try:
+            container.wait(timeout=timeout)
+        except (RequestException, APIError):  # still running: what it printed so far
+            pass
+        return container.logs().decode(errors="replace")
+
+    def remove_container(self, container) -> None:
+        try:
+            container.remove(force=True)
+        except NotFound:
+            pass
 
     # --- the image --------------------------------------------------------------------------------------------
     def image_size(self, image: str) -> int:

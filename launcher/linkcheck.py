@@ -1,0 +1,74 @@
+"""`launcher doctor --links`, its Docker side: for each pair of nodes, one at a time (so no two transfers share a
+link or this machine's CPU), a short-lived host-network container of the image on the later node serves
+launcher/linkprobe.py and one on the earlier node probes it, over the addresses the job would use (launcher/
+links.py job_address; with no NIC pinned, the node's name, as the hostfile has it). Every container is removed when
+its pair is done and, whatever stops the run (an error, Ctrl-C, SIGTERM), before this returns; each also ends by
+itself within seconds if this process dies outright (the probe's timeouts), and carries the stack's cluster label,
+so `launcher stop` removes any that a killed launcher left.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+from launcher.driver import HostView, NodeDriver
+from launcher.links import Link, Unreachable, job_address, pairs, read_probe
+from launcher.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE, ClusterPlan
+
+PROBE = ("python", "-m", "launcher.linkprobe")
+SERVER_START_S = 60.0
+"""How long a server container may take to start listening (an engine over ssh, a loaded node)."""
+ACCEPT_S = 30.0
+CONNECT_S = 5.0
+
+
+def measure(
+    plan: ClusterPlan,
+    drivers: list[NodeDriver],
+    views: dict[str, HostView],
+    seconds: float,
+    say: Callable[[str], None],
+) -> list[Link | Unreachable]:
+    """Every pair's link both ways, in node order; the containers are gone when it returns or raises."""
+    by_name = {driver.node.name: driver for driver in drivers}
+    token = secrets.token_hex(4)
+    started: list[tuple[NodeDriver, object]] = []
+
+    def run(driver: NodeDriver, role: str, argv: list[str]) -> object:
+        container = driver.start_probe(
+            plan.image,
+            [*PROBE, *argv],
+            name=f"horovod-stack-links-{token}-{driver.node.name}-{role}",
+            labels={LABEL_CLUSTER: f"links-{token}", LABEL_ROLE: f"links-{role}", LABEL_NODE: driver.node.name},
+        )
+        started.append((driver, container))
+        return container
+
+    results: list[Link | Unreachable] = []
+    try:
+        for source, target in pairs([node.name for node in plan.nodes]):
+            address = job_address(views[target].addresses, plan.network_interface)
+            own = job_address(views[source].addresses, plan.network_interface)
+            port = plan.ssh_port
+            say(f"links: {source} <-> {target} ({address or target}:{port}, {seconds:g} s each way)")
+            bounds = ["--port", str(port), "--seconds", str(seconds)]
+            serve_argv = ["serve", "--bind", address or "0.0.0.0", "--timeout", str(ACCEPT_S), *bounds]
+            server = run(by_name[target], "server", serve_argv)
+            listening = by_name[target].wait_for_output(server, '"listening"', SERVER_START_S)
+            if listening is None or '"listening"' not in listening:
+                why = (listening or "").strip().splitlines()[-1:] or [f"not listening after {SERVER_START_S:g} s"]
+                results.append(Unreachable(source, target, address or target, port, f"its server: {why[0][:200]}"))
+            else:
+                probe_argv = ["probe", "--target", address or target, "--timeout", str(CONNECT_S), *bounds]
+                probe = run(by_name[source], "probe", [*probe_argv, *(["--source", own] if own else [])])
+                output = by_name[source].finish(probe, timeout=4 * seconds + ACCEPT_S + 30)
+                results.append(read_probe(source, target, address or target, port, output))
+            while started:
+                driver, container = started.pop()
+                driver.remove_container(container)
+    finally:
+        while started:
+            driver, container = started.pop()
+            driver.remove_container(container)
+    return results

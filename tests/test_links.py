@@ -1,0 +1,267 @@
+"""`launcher doctor --links`: its pure parts table-driven, the probe over loopback, and the whole measurement on
+ps-vs-ring's tc-shaped namespaces beside a measured ring allreduce (as root, with ip and tc)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from app.bench import netns
+from app.bench.ps_vs_ring import model_seconds
+from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
+from launcher import linkprobe
+from launcher.cli import app
+from launcher.links import (
+    Link,
+    Unreachable,
+    format_matrix,
+    job_address,
+    pairs,
+    predict,
+    prediction_lines,
+    rate_unit,
+    read_probe,
+    slowest,
+    unreachable_line,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+ADDRESSES = (("lo", "127.0.0.1/8"), ("ens5", "10.0.0.2/24"), ("docker0", "172.17.0.1/16"), ("eno1", "192.168.1.5/24"))
+
+
+@pytest.mark.parametrize("nodes, expected", [
+    (["a"], []),
+    (["a", "b"], [("a", "b")]),
+    (["a", "b", "c"], [("a", "b"), ("a", "c"), ("b", "c")]),
+])
+def test_pairs_are_unordered_in_node_order(nodes, expected):
+    assert pairs(nodes) == expected
+
+
+@pytest.mark.parametrize("network_interface, expected", [
+    (None, None),  # no NIC pinned: the node is reached by its name
+    ("ens5", "10.0.0.2"),
+    ("10.0.0.0/24", "10.0.0.2"),
+    ("192.168.0.0/16", "192.168.1.5"),
+    ("eth0", None),
+    ("10.9.9.0/24", None),
+])
+def test_job_address_is_the_nodes_address_on_the_jobs_nic(network_interface, expected):
+    assert job_address(ADDRESSES, network_interface) == expected
+
+
+def probe_output(rtt=0.25, forward=941.5, backward=938.0) -> str:
+    result = {"address": "10.0.0.2", "source": "10.0.0.1", "rtt_ms": rtt, "forward_sent": 1,
+              "forward": {"bytes": 1, "seconds": 1, "mbit": forward}, "backward": {"bytes": 1, "seconds": 1,
+                                                                                   "mbit": backward}}
+    return "some log line\n" + json.dumps(result) + "\n"
+
+
+@pytest.mark.parametrize("output, expected", [
+    (probe_output(), Link("a", "b", "10.0.0.2", 0.25, 941.5, 938.0)),
+    ('{"error": "timed out"}\n', Unreachable("a", "b", "10.0.0.2", 12345, "timed out")),
+    ("python: No module named launcher.linkprobe\n",
+     Unreachable("a", "b", "10.0.0.2", 12345, "python: No module named launcher.linkprobe")),
+    ("", Unreachable("a", "b", "10.0.0.2", 12345, "no output")),
+])
+def test_read_probe(output, expected):
+    assert read_probe("a", "b", "10.0.0.2", 12345, output) == expected
+
+
+def test_unreachable_is_one_line_naming_both_nodes_and_the_fix():
+    line = unreachable_line(Unreachable("node_1", "node_2", "10.0.0.2", 12345, "timed out"))
+    assert line == ("node_1 cannot reach node_2 at 10.0.0.2:12345 (timed out); allow TCP from node_1 to node_2 on the "
+                    "job's NIC (the workers' sshd port and the ports Open MPI, NCCL and Gloo open), or pin a NIC both "
+                    "reach with --network-interface")
+
+
+LINKS = [Link("a", "b", "x", 0.2, 900.0, 950.0), Link("a", "c", "x", 0.3, 990.0, 120.5),
+         Link("b", "c", "x", 0.4, 800.0, 850.0)]
+
+
+@pytest.mark.parametrize("links, expected", [
+    (LINKS, ("c", "a", 120.5, 0.3)),  # the slow direction of a pair that is fast the other way
+    (LINKS[:1], ("a", "b", 900.0, 0.2)),
+    ([Link("a", "b", "x", 0.2, 100.0, 100.0)], ("a", "b", 100.0, 0.2)),  # a tie: the first in node order
+])
+def test_slowest_is_the_slowest_direction_of_any_pair(links, expected):
+    assert slowest(links) == expected
+
+
+@pytest.mark.parametrize("rates, unit", [([], ("Mbit/s", 1.0)), ([999.9, 5000], ("Mbit/s", 1.0)),
+                                         ([1000, 9400], ("Gbit/s", 1000.0))])
+def test_rate_unit(rates, unit):
+    assert rate_unit(rates) == unit
+
+
+def test_matrix_from_row_to_column():
+    assert format_matrix(["a", "b", "c"], LINKS) == [
+        "Mbit/s             a         b         c",
+        "a                  -     900.0     990.0",
+        "b              950.0         -     800.0",
+        "c              120.5     850.0         -",
+        "RTT ms             a         b         c",
+        "a                  -     0.200     0.300",
+        "b              0.200         -     0.400",
+        "c              0.300     0.400         -",
+    ]
+
+
+def test_matrix_in_gbit_with_long_names_and_a_missing_pair():
+    assert format_matrix(["node_1", "node_2", "node_3"], [Link("node_1", "node_2", "x", 0.05, 9410.0, 9380.0)]) == [
+        "Gbit/s        node_1    node_2    node_3",
+        "node_1             -      9.41         ?",
+        "node_2          9.38         -         ?",
+        "node_3             ?         ?         -",
+        "RTT ms        node_1    node_2    node_3",
+        "node_1             -     0.050         ?",
+        "node_2         0.050         -         ?",
+        "node_3             ?         ?         -",
+    ]
+
+
+@pytest.mark.parametrize("gradient_mb, ranks, mbit, ring_ms, ps_ms", [
+    (8, 2, 200, 320.0, 640.0), (8, 4, 200, 480.0, 1920.0), (100, 8, 10_000, 140.0, 1120.0)])
+def test_prediction_is_ps_vs_rings_cost_model_on_the_slowest_link(gradient_mb, ranks, mbit, ring_ms, ps_ms):
+    links = [Link("a", "b", "x", 0.2, 5 * mbit, mbit), Link("a", "c", "x", 0.2, 2 * mbit, 3 * mbit)]
+    prediction = predict(links, gradient_mb, ranks)
+    assert (prediction.source, prediction.target, prediction.link_mbit) == ("b", "a", mbit)
+    assert prediction.ring_s * 1e3 == pytest.approx(ring_ms)
+    assert prediction.ps_s * 1e3 == pytest.approx(ps_ms)
+    assert prediction.ring_s == model_seconds("ring", ranks, gradient_mb, mbit)  # one home for the formula
+
+
+def test_prediction_lines():
+    prediction = predict([Link("node_1", "node_2", "x", 0.125, 9410.0, 9380.0)], 0.03396, 2)
+    assert prediction_lines(prediction, "SimpleNet") == [
+        "gradient: 0.03396 MB (SimpleNet); N = 2 ranks",
+        "slowest link: node_2 -> node_1, 9.38 Gbit/s, RTT 0.125 ms",
+        "predicted ring allreduce: 0.029 ms (2(N-1)M/(NB)); parameter-server exchange: 0.058 ms (2(N-1)M/B); "
+        "app.bench ps-vs-ring's cost model, bandwidth term",
+        "note: below the link's round trip (0.125 ms): for a gradient this small latency, not bandwidth, sets the "
+        "exchange time",
+    ]
+    big = predict([Link("a", "b", "x", 0.5, 200.0, 200.0)], 8, 2)
+    assert prediction_lines(big, "--gradient-mb")[2].startswith("predicted ring allreduce: 320.0 ms")
+    assert len(prediction_lines(big, "--gradient-mb")) == 3
+
+
+def test_the_bundled_trainers_gradient_size_is_simplenets():
+    from app.model import SimpleNet
+
+    parameters = sum(parameter.numel() for parameter in SimpleNet().parameters())
+    assert parameters == SIMPLENET_PARAMETERS
+    assert SIMPLENET_GRADIENT_MB == pytest.approx(parameters * 4 / 1e6)
+
+
+def test_the_launcher_with_its_link_test_imports_no_torch():
+    code = "import sys, launcher.cli, launcher.linkcheck, launcher.linkprobe; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("args", [["--gradient-mb", "8"], ["--link-seconds", "5"]])
+def test_link_options_need_links(args):
+    result = CliRunner().invoke(app, ["doctor", "--nodes", "a,b", *args])
+    assert result.exit_code == 2
+    assert "--gradient-mb and --link-seconds are for the link test: add --links" in result.output
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_in_thread(port: int, seconds: float, max_bytes: int) -> tuple[threading.Thread, dict]:
+    served: dict = {}
+    thread = threading.Thread(target=lambda: served.update(linkprobe.serve("127.0.0.1", port, seconds, max_bytes, 10)))
+    thread.start()
+    return thread, served
+
+
+def test_probe_over_loopback_measures_both_ways_within_its_bounds():
+    port = free_port()
+    thread, served = serve_in_thread(port, 0.2, 16 << 20)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            result = linkprobe.probe("127.0.0.1", port, "127.0.0.1", 0.2, 16 << 20, 2)
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    thread.join(timeout=10)
+    assert result["forward_sent"] <= 16 << 20 and result["forward"]["bytes"] == result["forward_sent"]
+    assert result["backward"]["bytes"] == served["backward_sent"] <= 16 << 20
+    assert result["forward"]["mbit"] > 0 and result["backward"]["mbit"] > 0 and result["rtt_ms"] > 0
+    assert read_probe("a", "b", "127.0.0.1", port, json.dumps(result)).forward_mbit == result["forward"]["mbit"]
+
+
+def test_probe_of_a_closed_port_prints_one_error_and_fails(capsys):
+    assert linkprobe.main(["probe", "--target", "127.0.0.1", "--port", str(free_port()), "--timeout", "2"]) == 1
+    assert json.loads(capsys.readouterr().out) == {"error": "[Errno 111] Connection refused"}
+
+
+# --- on ps-vs-ring's namespaces: the link test against tc's shaping, the prediction against a measured ring ---
+LINK_MBIT = 200.0
+RANKS = 3
+MEGABYTES = 8.0
+RATE_TOLERANCE = 0.15
+PREDICTION_TOLERANCE = 0.20
+
+
+def probe_between(network: netns.Network, source: int, target: int, seconds: float) -> Link | Unreachable:
+    """linkprobe's two ends as `doctor --links` runs them, each in its rank's namespace (this venv, not the image)."""
+    port = 23456
+    client, server = network.hosts[source], network.hosts[target]
+    module = [sys.executable, "-m", "launcher.linkprobe"]
+    bounds = ["--port", str(port), "--seconds", str(seconds)]
+    serving = subprocess.Popen([*server.prefix(), *module, "serve", "--bind", server.address, *bounds],
+                               stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert serving.stdout is not None and '"listening"' in serving.stdout.readline()
+        output = subprocess.run([*client.prefix(), *module, "probe", "--target", server.address, "--source",
+                                 client.address, *bounds], capture_output=True, text=True, cwd=REPO,
+                                timeout=60).stdout
+        serving.wait(timeout=30)
+    finally:
+        serving.kill()
+        serving.wait()
+    return read_probe(f"rank{source}", f"rank{target}", server.address, port, output)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(netns.unavailable() is not None, reason=f"namespaces {netns.unavailable()}")
+def test_on_shaped_namespaces_the_links_match_the_shaping_and_the_prediction_a_measured_ring():
+    from app.bench import ps_vs_ring
+
+    with netns.Network(RANKS, LINK_MBIT) as network:
+        links = [probe_between(network, a, b, seconds=1.5) for a, b in pairs(list(range(RANKS)))]
+        assert all(isinstance(link, Link) for link in links), links
+        measured = [link for link in links if isinstance(link, Link)]
+        ring = ps_vs_ring.measure(RANKS, SimpleNamespace(megabytes=MEGABYTES, steps=5), network)["ring"]
+    rates = [rate for link in measured for rate in (link.forward_mbit, link.backward_mbit)]
+    print(f"\nshaped {LINK_MBIT:g} Mbit/s each way; measured " + ", ".join(
+        f"{link.source}->{link.target} {link.forward_mbit:.1f}, {link.target}->{link.source} {link.backward_mbit:.1f}"
+        for link in measured) + " Mbit/s")
+    for line in format_matrix([f"rank{r}" for r in range(RANKS)], measured):
+        print(f"  {line}")
+    prediction = predict(measured, MEGABYTES, RANKS)
+    measured_ring = sorted(ring)[len(ring) // 2]
+    print(f"ring allreduce of {MEGABYTES:g} MB over {RANKS} ranks: predicted {prediction.ring_s * 1e3:.1f} ms "
+          f"(slowest link {prediction.link_mbit:.1f} Mbit/s), measured {measured_ring * 1e3:.1f} ms (median of "
+          f"{len(ring)} steps: {', '.join(f'{s * 1e3:.1f}' for s in ring)})")
+    for rate in rates:
+        assert abs(rate / LINK_MBIT - 1) <= RATE_TOLERANCE, rates
+    assert abs(prediction.ring_s / measured_ring - 1) <= PREDICTION_TOLERANCE
