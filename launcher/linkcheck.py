@@ -2,9 +2,9 @@
 link or this machine's CPU), a short-lived host-network container of the image on the later node serves
 launcher/linkprobe.py and one on the earlier node probes it, over the addresses the job would use (launcher/
 links.py job_address; with no NIC pinned, the node's name, as the hostfile has it). Every container is removed when
-its pair is done and, whatever stops the run (an error, Ctrl-C, SIGTERM), before this returns; each also ends by
-itself within seconds if this process dies outright (the probe's timeouts), and carries the stack's cluster label,
-so `launcher stop` removes any that a killed launcher left.
+its pair is done and, whatever stops the run (an error, Ctrl-C, SIGTERM), before this returns; if this process dies
+outright, each still ends by itself (the probe's bounds and timeouts), and carries the stack's cluster label, so
+`launcher stop` removes it.
 """
 
 from __future__ import annotations
@@ -32,18 +32,15 @@ def measure(
 ) -> list[Link | Unreachable]:
     """Every pair's link both ways, in node order; the containers are gone when it returns or raises."""
     by_name = {driver.node.name: driver for driver in drivers}
-    token = secrets.token_hex(4)
-    started: list[tuple[NodeDriver, object]] = []
+    cluster = f"links-{secrets.token_hex(4)}"
 
     def run(driver: NodeDriver, role: str, argv: list[str]) -> object:
-        container = driver.start_probe(
+        return driver.start_probe(
             plan.image,
             [*PROBE, *argv],
-            name=f"horovod-stack-links-{token}-{driver.node.name}-{role}",
-            labels={LABEL_CLUSTER: f"links-{token}", LABEL_ROLE: f"links-{role}", LABEL_NODE: driver.node.name},
+            name=f"horovod-stack-{cluster}-{driver.node.name}-{role}",
+            labels={LABEL_CLUSTER: cluster, LABEL_ROLE: f"links-{role}", LABEL_NODE: driver.node.name},
         )
-        started.append((driver, container))
-        return container
 
     results: list[Link | Unreachable] = []
     try:
@@ -64,11 +61,9 @@ def measure(
                 probe = run(by_name[source], "probe", [*probe_argv, *(["--source", own] if own else [])])
                 output = by_name[source].finish(probe, timeout=4 * seconds + ACCEPT_S + 30)
                 results.append(read_probe(source, target, address or target, port, output))
-            while started:
-                driver, container = started.pop()
-                driver.remove_container(container)
-    finally:
-        while started:
-            driver, container = started.pop()
-            driver.remove_container(container)
+            for name in (target, source):
+                by_name[name].remove_cluster(cluster)
+    finally:  # by label: also a container whose start an interruption cut short, before its handle came back
+        for driver in drivers:
+            driver.remove_cluster(cluster)
     return results

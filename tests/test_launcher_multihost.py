@@ -494,6 +494,68 @@ def test_doctor_checks_the_nic_on_every_node(cluster):
     assert_nothing_left(cluster)
 
 
+def test_doctor_links_prints_the_matrix_and_the_prediction_on_the_slowest_link(cluster):
+    result = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--links", "--link-seconds", "1")
+    print(f"\n$ launcher doctor --env-file launcher.env --links --link-seconds 1\n{result.stdout}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "links: host-network containers, over hst0, TCP port 12345, 1 s each way; from the row's node to the " \
+           "column's" in lines
+    unit = next(line for line in lines if line.split()[:3] in (["Mbit/s", "node_1", "node_2"],
+                                                                ["Gbit/s", "node_1", "node_2"]))
+    rates = [float(lines[lines.index(unit) + 1].split()[2]), float(lines[lines.index(unit) + 2].split()[1])]
+    assert all(rate > 0 for rate in rates), rates
+    assert any(line.split()[:3] == ["RTT", "ms", "node_1"] for line in lines)
+    assert "links: gradient: 0.03396 MB (the bundled trainer's SimpleNet, 8490 floats); N = 2 ranks" in lines
+    assert any(line.startswith("links: slowest link: node_") for line in lines)
+    assert any(line.startswith("links: predicted ring allreduce: ") for line in lines)
+    assert f"links: {cluster.nodes[0].name} <-> {cluster.nodes[1].name} ({cluster.nodes[1].address}:12345, 1 s each " \
+           "way)" in result.stderr
+    assert "all nodes ready" in lines
+    assert_nothing_left(cluster)
+
+    by_subnet = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--links", "--link-seconds", "0.5",
+                         "--network-interface", cluster.nodes[0].address.rsplit(".", 1)[0] + ".0/24",
+                         "--gradient-mb", "100")
+    assert by_subnet.returncode == 0, by_subnet.stdout + by_subnet.stderr
+    assert "links: gradient: 100 MB (--gradient-mb); N = 2 ranks" in by_subnet.stdout
+    assert_nothing_left(cluster)
+
+
+def test_doctor_links_names_a_pair_that_cannot_reach_each_other_and_leaves_nothing(cluster):
+    node_2 = cluster.nodes[1]
+    firewall = ["INPUT", "-i", "hst0", "-p", "tcp", "--dport", "12345", "-j", "DROP"]  # as a host firewall would
+    subprocess.run(node_2.in_namespace("iptables", "-I", *firewall), check=True)
+    try:
+        result = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--links", "--link-seconds", "1")
+    finally:
+        subprocess.run(node_2.in_namespace("iptables", "-D", *firewall), check=True)
+    why = (f"node_1 cannot reach node_2 at {node_2.address}:12345 (timed out); allow TCP from node_1 to node_2 on the "
+           "job's NIC (the workers' sshd port and the ports Open MPI, NCCL and Gloo open), or pin a NIC both reach "
+           "with --network-interface")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"links: FAIL {why}" in result.stdout.splitlines()
+    assert error_lines(result) == [f"error: 1 problem(s): {why}"]
+    assert "predicted" not in result.stdout
+    assert_nothing_left(cluster)
+
+
+def test_ctrl_c_during_doctor_links_removes_its_containers(cluster):
+    process = subprocess.Popen([LAUNCHER, "doctor", "--env-file", str(cluster.env_file()), "--links",
+                                "--link-seconds", "60"], env=cluster.launcher_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, preexec_fn=default_signal_dispositions)
+    deadline = time.monotonic() + 120
+    while not all(cluster.project_containers().values()):  # the server on node_2, the probe on node_1
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert error_lines(subprocess.CompletedProcess([], 130, "", stderr)) == [
+        "error: interrupted; the link-test containers were removed"]
+    assert_nothing_left(cluster)
+
+
 def test_status_during_a_detached_run_shows_its_latest_epoch(cluster):
     detached = launcher(cluster, *start_args(cluster, "--detach"), *LONG_TRAIN)
     assert detached.returncode == 0, detached.stderr[-3000:]

@@ -250,7 +250,8 @@ def test_on_shaped_namespaces_the_links_match_the_shaping_and_the_prediction_a_m
         links = [probe_between(network, a, b, seconds=1.5) for a, b in pairs(list(range(RANKS)))]
         assert all(isinstance(link, Link) for link in links), links
         measured = [link for link in links if isinstance(link, Link)]
-        ring = ps_vs_ring.measure(RANKS, SimpleNamespace(megabytes=MEGABYTES, steps=5), network)["ring"]
+        exchanges = ps_vs_ring.measure(RANKS, SimpleNamespace(megabytes=MEGABYTES, steps=5), network)
+    ring, ps = exchanges["ring"], exchanges["ps"]
     rates = [rate for link in measured for rate in (link.forward_mbit, link.backward_mbit)]
     print(f"\nshaped {LINK_MBIT:g} Mbit/s each way; measured " + ", ".join(
         f"{link.source}->{link.target} {link.forward_mbit:.1f}, {link.target}->{link.source} {link.backward_mbit:.1f}"
@@ -262,6 +263,75 @@ def test_on_shaped_namespaces_the_links_match_the_shaping_and_the_prediction_a_m
     print(f"ring allreduce of {MEGABYTES:g} MB over {RANKS} ranks: predicted {prediction.ring_s * 1e3:.1f} ms "
           f"(slowest link {prediction.link_mbit:.1f} Mbit/s), measured {measured_ring * 1e3:.1f} ms (median of "
           f"{len(ring)} steps: {', '.join(f'{s * 1e3:.1f}' for s in ring)})")
+    print(f"parameter-server exchange: predicted {prediction.ps_s * 1e3:.1f} ms, measured "
+          f"{sorted(ps)[len(ps) // 2] * 1e3:.1f} ms (median)")
     for rate in rates:
         assert abs(rate / LINK_MBIT - 1) <= RATE_TOLERANCE, rates
     assert abs(prediction.ring_s / measured_ring - 1) <= PREDICTION_TOLERANCE
+
+
+# --- the Docker side, against stand-in drivers ---
+class StandInDriver:
+    def __init__(self, name: str, output: str = "", interrupt: bool = False):
+        self.node = SimpleNamespace(name=name)
+        self.output, self.interrupt = output, interrupt
+        self.started: list[tuple[list[str], dict]] = []
+        self.removed: list[str] = []
+
+    def start_probe(self, image, argv, name, labels):
+        self.started.append((argv, labels))
+        return name
+
+    def wait_for_output(self, container, text, timeout):
+        return '{"listening": "x"}\n'
+
+    def finish(self, container, timeout):
+        if self.interrupt:
+            raise KeyboardInterrupt
+        return self.output
+
+    def remove_cluster(self, cluster_id=None):
+        self.removed.append(cluster_id)
+        return 1
+
+
+def stand_in_plan(network_interface):
+    from launcher.plan import Node
+
+    nodes = (Node("node_1", "ssh://node_1"), Node("node_2", "ssh://node_2"))
+    return SimpleNamespace(image="img", ssh_port=12345, network_interface=network_interface, nodes=nodes)
+
+
+VIEWS = {"node_1": SimpleNamespace(addresses=(("hst0", "10.0.0.1/24"),)),
+         "node_2": SimpleNamespace(addresses=(("hst0", "10.0.0.2/24"),))}
+
+
+@pytest.mark.parametrize("network_interface, bind, target, source", [
+    ("hst0", "10.0.0.2", "10.0.0.2", ["--source", "10.0.0.1"]),
+    ("10.0.0.0/24", "10.0.0.2", "10.0.0.2", ["--source", "10.0.0.1"]),
+    (None, "0.0.0.0", "node_2", []),  # no NIC pinned: by name, as the hostfile
+])
+def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_addresses(network_interface, bind,
+                                                                                         target, source):
+    from launcher import linkcheck
+
+    node_1, node_2 = StandInDriver("node_1", probe_output()), StandInDriver("node_2")
+    results = linkcheck.measure(stand_in_plan(network_interface), [node_1, node_2], VIEWS, 1.0, lambda _: None)
+    assert results == [Link("node_1", "node_2", "10.0.0.2", 0.25, 941.5, 938.0)]
+    [(serve, labels)] = node_2.started
+    [(probe, _)] = node_1.started
+    assert serve[:4] == ["python", "-m", "launcher.linkprobe", "serve"] and serve[serve.index("--bind") + 1] == bind
+    assert probe[probe.index("--target") + 1] == target and probe[probe.index("--port") + 1] == "12345"
+    assert probe[probe.index("--timeout") + 2 :] == ["--port", "12345", "--seconds", "1.0", *source]
+    cluster = labels["horovod-stack.cluster"]
+    assert cluster.startswith("links-") and node_1.removed[-1] == node_2.removed[-1] == cluster
+
+
+def test_measure_removes_every_container_when_interrupted():
+    from launcher import linkcheck
+
+    node_1, node_2 = StandInDriver("node_1", interrupt=True), StandInDriver("node_2")
+    with pytest.raises(KeyboardInterrupt):
+        linkcheck.measure(stand_in_plan("hst0"), [node_1, node_2], VIEWS, 1.0, lambda _: None)
+    cluster = node_2.started[0][1]["horovod-stack.cluster"]
+    assert node_1.removed == node_2.removed == [cluster]
