@@ -12,7 +12,8 @@ import pytest
 
 from app.bench import netns
 from app.bench.allreduce import bus_bandwidth, parse_size, size_label
-from app.bench.peers import parse_variant, peer_rows
+from app.bench.container_vs_host import round_rows
+from app.bench.peers import ALONE, parse_variant, peer_rows
 from app.bench.ps_vs_ring import model_ratio, model_seconds, within_tolerance
 from app.bench.report import markdown_table, write_report
 
@@ -61,12 +62,30 @@ def test_parse_variant_rejects_unknown_peer():
         parse_variant("x=nccl")
 
 
-def test_peer_rows_take_the_ratio_within_each_round():
-    jobs = lambda *rates: [{"samples_per_sec": r, "step_s": 128 / r, "cpu_s_per_step": 0.01} for r in rates]
-    rows = peer_rows({("m", "ddp"): jobs(100, 50), ("m", "hvd"): jobs(90, 50)}, ["m"], ["ddp", "hvd"])
-    hvd = rows[1]
+def test_peer_rows_take_the_ratio_and_the_scaling_efficiency_within_each_round():
+    def jobs(*rates):
+        return [{"samples_per_sec": r, "step_s": 128 / r, "cpu_s_per_step": 0.01} for r in rates]
+
+    results = {("m", ALONE): jobs(60, 40), ("m", "ddp"): jobs(100, 50), ("m", "hvd"): jobs(90, 50)}
+    rows = peer_rows(results, ["m"], ["ddp", "hvd"], ranks=2)
+    assert [row["config"] for row in rows] == [ALONE, "ddp", "hvd"]
+    alone, ddp, hvd = rows
     assert (hvd["ratio_min"], hvd["ratio_max"], hvd["ratio_to_ddp"]) == (0.9, 1.0, pytest.approx(0.95))
     assert (hvd["samples_min"], hvd["samples_max"]) == (50, 90)
+    # round 1: 90 / (2 x 60) = 0.75; round 2: 50 / (2 x 40) = 0.625
+    assert (hvd["efficiency_min"], hvd["efficiency_max"]) == (0.625, 0.75)
+    assert hvd["scaling_efficiency"] == pytest.approx(0.6875)
+    assert ddp["scaling_efficiency"] == pytest.approx((100 / 120 + 50 / 80) / 2)
+    assert alone["ratio_to_ddp"] is None and alone["scaling_efficiency"] is None
+
+
+def test_container_vs_host_rounds_take_the_ratio_within_each_round():
+    rows = round_rows([((100.0, 0.9), (80.0, 0.91)), ((50.0, 0.9), (50.0, 0.92)), ((90.0, 0.9), (45.0, 0.93))], "c")
+    host, containers = rows
+    assert host["ratio_to_host"] == 1.0 and containers["run"] == "c"
+    assert (containers["ratio_to_host"], containers["ratio_min"], containers["ratio_max"]) == (0.8, 0.5, 1.0)
+    assert (containers["samples_per_sec"], containers["samples_min"], containers["samples_max"]) == (50, 45, 80)
+    assert containers["val_accuracy"] == 0.93
 
 
 def test_markdown_table_right_aligns_numbers_and_marks_missing_values():
@@ -105,8 +124,10 @@ def run_bench(name: str, out: Path, *args: str, timeout: float = 600) -> subproc
 @pytest.mark.integration
 def test_peers_short(tmp_path):
     run_bench("peers", tmp_path)
-    rows = assert_report(tmp_path, "peers", ["model", "config", "samples_per_sec", "ratio_to_ddp"])
-    assert {row["config"] for row in rows} >= {"ddp", "hvd-mpi stack", "hvd-gloo stack"}
+    rows = assert_report(tmp_path, "peers", ["model", "config", "samples_per_sec", "ratio_to_ddp",
+                                             "scaling_efficiency"])
+    assert {row["config"] for row in rows} >= {ALONE, "ddp", "hvd-mpi stack", "hvd-gloo stack"}
+    assert all(row["scaling_efficiency"] > 0 for row in rows if row["config"] != ALONE)
 
 
 @pytest.mark.integration

@@ -1,7 +1,11 @@
 """`python -m app.bench container-vs-host`: the same training (synthetic data, 2 ranks under mpirun) on this host
 and in containers of the stack's image, side by side: median throughput of epochs 2..N, and the ratio.
 
-    python -m app.bench container-vs-host [--epochs 8] [--containers compose|run] [--image horovod-stack:latest]
+    python -m app.bench container-vs-host [--epochs 8] [--repeats 3] [--containers compose|run] [--image ...]
+
+Host and containers run in turn, `--repeats` rounds, so each round measures both under the same machine load; a
+row gives the median over rounds and the spread (min-max), and the ratio is taken within each round before its
+median is taken (as in `peers`): one run on this 2-core machine can be off by a third.
 
 - `--containers compose` (default): `docker compose up` with 2 worker containers, as a user's quick start runs
   it; the ranks talk TCP over the compose bridge, as ranks on different hosts do.
@@ -23,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from app.bench import ranks as launch
-from app.bench.report import write_report
+from app.bench.report import median_spread, write_report
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.plan import TRAINER
 
@@ -130,36 +134,41 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dataset", default="synthetic")
     parser.add_argument("--containers", choices=("compose", "run"), default="compose")
     parser.add_argument("--image", default=os.environ.get("IMAGE", "horovod-stack:latest"))
-    parser.add_argument("--short", action="store_true", help="CI: 2 epochs")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of host then containers")
+    parser.add_argument("--short", action="store_true", help="CI: 2 epochs, one round")
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args(argv)
     if args.short:
-        args.epochs = 2
+        args.epochs, args.repeats = 2, 1
     if shutil.which("docker") is None:
         raise SystemExit("container-vs-host needs docker")
-    with tempfile.TemporaryDirectory(prefix="bench-cvh-") as scratch:
-        work = Path(scratch)
-        host = median_rate(run_host(args, work))
-        containers = median_rate(
-            (run_containers_run if args.containers == "run" else run_containers_compose)(args, work)
+    run_containers = run_containers_run if args.containers == "run" else run_containers_compose
+    rounds: list[tuple[tuple[float, float], tuple[float, float]]] = []
+    for round_ in range(args.repeats):
+        with tempfile.TemporaryDirectory(prefix="bench-cvh-") as scratch:
+            work = Path(scratch)
+            host = median_rate(run_host(args, work))
+            containers = median_rate(run_containers(args, work))
+        rounds.append((host, containers))
+        print(
+            f"[container-vs-host] round {round_ + 1}/{args.repeats}: host {host[0]:.0f}, containers "
+            f"{containers[0]:.0f} samples/s ({containers[0] / host[0]:.2f})",
+            flush=True,
         )
-    rows = [
-        {"run": "host", "samples_per_sec": host[0], "val_accuracy": host[1], "ratio_to_host": 1.0},
-        {
-            "run": f"containers ({args.containers})",
-            "samples_per_sec": containers[0],
-            "val_accuracy": containers[1],
-            "ratio_to_host": containers[0] / host[0],
-        },
-    ]
+    rows = round_rows(rounds, f"containers ({args.containers})")
     columns = [
         ("run", "run", ""),
         ("samples_per_sec", "samples/s", ".0f"),
+        ("samples_min", "min", ".0f"),
+        ("samples_max", "max", ".0f"),
         ("val_accuracy", "val acc", ".4f"),
         ("ratio_to_host", "/ host", ".2f"),
+        ("ratio_min", "min", ".2f"),
+        ("ratio_max", "max", ".2f"),
     ]
     title = (
-        f"Containers vs host: trainer, {args.dataset}, {args.epochs} epochs, 2 ranks, median samples/s of epochs 2..N"
+        f"Containers vs host: trainer, {args.dataset}, {args.epochs} epochs, 2 ranks, median samples/s of epochs "
+        f"2..N, median of {args.repeats} round(s)"
     )
     write_report(
         args.out,
@@ -168,9 +177,40 @@ def main(argv: list[str] | None = None) -> dict:
         columns,
         rows,
         draw=lambda fig: draw(fig, rows),
-        extra={"epochs": args.epochs, "dataset": args.dataset, "containers": args.containers, "image": args.image},
+        extra={
+            "epochs": args.epochs,
+            "dataset": args.dataset,
+            "containers": args.containers,
+            "image": args.image,
+            "repeats": args.repeats,
+        },
+        notes=["min/max: spread over rounds; / host: the ratio taken within each round, then its median."],
     )
     return {"rows": rows}
+
+
+def round_rows(rounds: list[tuple[tuple[float, float], tuple[float, float]]], containers_label: str) -> list[dict]:
+    """Host and containers rows from each round's ((rate, accuracy) on the host, (rate, accuracy) in containers):
+    throughput median/min/max over rounds, the last round's accuracy, the per-round ratio's median/min/max."""
+    rows = []
+    for index, label in enumerate(("host", containers_label)):
+        rates = [pair[index][0] for pair in rounds]
+        ratios = [pair[index][0] / pair[0][0] for pair in rounds]
+        rate, low, high = median_spread(rates)
+        ratio, ratio_low, ratio_high = median_spread(ratios)
+        rows.append(
+            {
+                "run": label,
+                "samples_per_sec": rate,
+                "samples_min": low,
+                "samples_max": high,
+                "val_accuracy": rounds[-1][index][1],
+                "ratio_to_host": ratio,
+                "ratio_min": ratio_low,
+                "ratio_max": ratio_high,
+            }
+        )
+    return rows
 
 
 def draw(figure, rows: list[dict]) -> None:

@@ -6,6 +6,11 @@ a step's time is the slowest rank's. Configurations run round-robin, `--repeats`
 all of them under the same machine load; a row gives the median over rounds and the spread (min-max), and
 the ratio to DDP is taken within each round before its median is taken.
 
+Scaling efficiency, throughput(N) / (N x throughput(1)), measures each configuration against the limit: every
+round also trains the model in one plain process (no DDP, no Horovod, same threads and batch), and a row's
+efficiency is its throughput over N times that, per round, then the median. 1.00 is perfect scaling; on this
+machine's 2 cores the N ranks also share the cores that the one process had to itself, so the limit is lower.
+
     python -m app.bench peers [--models simplenet resnet18] [--ranks 2] [--repeats 3] [--out bench-out]
     python -m app.bench peers --variant c5=hvd-gloo:HOROVOD_CYCLE_TIME=5   (extra configurations, e.g. to tune)
 """
@@ -23,10 +28,13 @@ from app.horovod_defaults import HOROVOD_DEFAULTS
 MODELS = {"simplenet": (1, 28, 28), "resnet18": (3, 32, 32)}
 STEPS = {"simplenet": (20, 200), "resnet18": (3, 15)}
 """Warm-up and timed steps per model: a few seconds each on one core."""
+ALONE = "1 process"
+"""The label of the one plain process (no DDP, no Horovod) that scaling efficiency is measured against."""
 
 
 def default_variants() -> list[tuple[str, str, dict[str, str]]]:
-    """(label, peer, env): DDP, then each Horovod peer untuned and with the stack's defaults."""
+    """(label, peer, env): DDP, then each Horovod peer untuned and with the stack's defaults, and Gloo with the
+    stack's defaults but Horovod's own cycle loop (the idle wait of docker/patch-horovod-source.sh turned off)."""
     stack = dict(HOROVOD_DEFAULTS)
     return [
         ("ddp", "ddp", {}),
@@ -34,6 +42,7 @@ def default_variants() -> list[tuple[str, str, dict[str, str]]]:
         ("hvd-mpi stack", "hvd-mpi", stack),
         ("hvd-gloo untuned", "hvd-gloo", {}),
         ("hvd-gloo stack", "hvd-gloo", stack),
+        ("hvd-gloo no idle wait", "hvd-gloo", {**stack, "HOROVOD_STACK_IDLE_WAIT_MS": "0"}),
     ]
 
 
@@ -68,6 +77,7 @@ def rank_main(argv: list[str]) -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--alone", action="store_true", help="one plain process: no DDP or Horovod wrapping")
     args = parser.parse_args(argv)
 
     import torch
@@ -78,7 +88,9 @@ def rank_main(argv: list[str]) -> None:
     torch.manual_seed(0)
     model = build_model(args.model).to(peer.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    if args.peer == "ddp":
+    if args.alone:
+        pass
+    elif args.peer == "ddp":
         device_ids = [peer.device] if args.device == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     else:
@@ -152,34 +164,24 @@ def main(argv: list[str] | None = None) -> dict:
     for round_ in range(args.repeats):
         for model in args.models:
             warmup, steps = (max(1, round(n * args.steps_scale)) for n in STEPS[model])
+            job_args = ["--model", model, "--batch", str(args.batch), "--threads", str(args.threads)]
+            job_args += ["--device", args.device, "--warmup", str(warmup), "--steps", str(steps)]
+            alone = launch.run_job("ddp", 1, "peers", [*job_args, "--alone"])
+            results.setdefault((model, ALONE), []).append(alone)
+            print(
+                f"[peers] round {round_ + 1}/{args.repeats} {model:<9} {ALONE:<18} "
+                f"{alone['samples_per_sec']:8.0f} samples/s",
+                flush=True,
+            )
             for label, peer, env in variants:
-                job = launch.run_job(
-                    peer,
-                    args.ranks,
-                    "peers",
-                    [
-                        "--model",
-                        model,
-                        "--batch",
-                        str(args.batch),
-                        "--threads",
-                        str(args.threads),
-                        "--device",
-                        args.device,
-                        "--warmup",
-                        str(warmup),
-                        "--steps",
-                        str(steps),
-                    ],
-                    env,
-                )
+                job = launch.run_job(peer, args.ranks, "peers", job_args, env)
                 results.setdefault((model, label), []).append(job)
                 print(
                     f"[peers] round {round_ + 1}/{args.repeats} {model:<9} {label:<18} "
                     f"{job['samples_per_sec']:8.0f} samples/s",
                     flush=True,
                 )
-    rows = peer_rows(results, args.models, [v[0] for v in variants])
+    rows = peer_rows(results, args.models, [v[0] for v in variants], args.ranks)
     columns = [
         ("model", "model", ""),
         ("config", "config", ""),
@@ -191,6 +193,9 @@ def main(argv: list[str] | None = None) -> dict:
         ("ratio_to_ddp", "/ DDP", ".2f"),
         ("ratio_min", "min", ".2f"),
         ("ratio_max", "max", ".2f"),
+        ("scaling_efficiency", "scaling eff.", ".2f"),
+        ("efficiency_min", "min", ".2f"),
+        ("efficiency_max", "max", ".2f"),
     ]
     env_text = ", ".join(f"{k}={v}" for k, v in HOROVOD_DEFAULTS.items())
     title = (
@@ -214,26 +219,37 @@ def main(argv: list[str] | None = None) -> dict:
             "stack_defaults": HOROVOD_DEFAULTS,
         },
         notes=[
-            f"stack = the stack's defaults ({env_text}); untuned = Horovod 0.28.1's own; "
+            f"stack = the stack's defaults ({env_text}); untuned = Horovod 0.28.1's own settings (the stack's "
+            "build: docker/patch-horovod-source.sh); no idle wait = HOROVOD_STACK_IDLE_WAIT_MS=0; "
             "min/max: spread over rounds; CPU ms/step: CPU time of one rank's process (all its "
-            "threads) per step."
+            "threads) per step; scaling eff.: throughput / (ranks x the one plain process's throughput), "
+            f"per round, then the median ({ALONE}: the one process itself)."
         ],
     )
     return {"rows": rows}
 
 
-def peer_rows(results: dict[tuple[str, str], list[dict]], models: list[str], labels: list[str]) -> list[dict]:
-    """One row per (model, configuration): throughput median/min/max over rounds, and the ratio to DDP taken in
-    each round, then its median/min/max."""
+def peer_rows(
+    results: dict[tuple[str, str], list[dict]], models: list[str], labels: list[str], ranks: int
+) -> list[dict]:
+    """One row per (model, configuration), the one plain process first: throughput median/min/max over rounds,
+    and, taken in each round, then median/min/max: the ratio to DDP (labels[0]) and the scaling efficiency,
+    throughput / (ranks x the one process's). The one process's own row has neither."""
     rows = []
     for model in models:
         reference = [job["samples_per_sec"] for job in results[(model, labels[0])]]
-        for label in labels:
+        alone = [job["samples_per_sec"] for job in results[(model, ALONE)]]
+        for label in [ALONE, *labels]:
             jobs = results[(model, label)]
             rates = [job["samples_per_sec"] for job in jobs]
-            ratios = [rate / ref for rate, ref in zip(rates, reference, strict=False)]
             rate, low, high = median_spread(rates)
-            ratio, ratio_low, ratio_high = median_spread(ratios)
+            if label == ALONE:
+                ratio = ratio_low = ratio_high = efficiency = efficiency_low = efficiency_high = None
+            else:
+                ratio, ratio_low, ratio_high = median_spread([r / ref for r, ref in zip(rates, reference, strict=True)])
+                efficiency, efficiency_low, efficiency_high = median_spread(
+                    [r / (ranks * one) for r, one in zip(rates, alone, strict=True)]
+                )
             rows.append(
                 {
                     "model": model,
@@ -246,6 +262,9 @@ def peer_rows(results: dict[tuple[str, str], list[dict]], models: list[str], lab
                     "ratio_to_ddp": ratio,
                     "ratio_min": ratio_low,
                     "ratio_max": ratio_high,
+                    "scaling_efficiency": efficiency,
+                    "efficiency_min": efficiency_low,
+                    "efficiency_max": efficiency_high,
                 }
             )
     return rows
@@ -253,6 +272,7 @@ def peer_rows(results: dict[tuple[str, str], list[dict]], models: list[str], lab
 
 def draw(figure, rows: list[dict], models: list[str]) -> None:
     """Ratio to DDP per configuration, one group of bars per model, spread as error bars."""
+    rows = [row for row in rows if row["ratio_to_ddp"] is not None]
     axes = figure.add_subplot()
     labels = list(dict.fromkeys(row["config"] for row in rows))
     width = 0.8 / max(1, len(models))

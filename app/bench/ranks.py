@@ -34,6 +34,7 @@ HOROVOD_KNOBS = (
     "HOROVOD_AUTOTUNE",
     "HOROVOD_THREAD_AFFINITY",
     "OMPI_MCA_mpi_yield_when_idle",
+    "HOROVOD_STACK_IDLE_WAIT_MS",
 )
 """Settings a bench controls itself: removed from the inherited environment so 'untuned' means Horovod's own."""
 
