@@ -174,6 +174,15 @@ def check_same_image(image: str, ids: Mapping[str, str | None]) -> None:
         )
 
 
+def this_machine(image: str) -> tuple[NodeDriver, str | None]:
+    """This machine's own engine (where --push-image copies from) and its ID of `image`, or one LaunchError."""
+    try:
+        driver = NodeDriver(Node("this machine", "local"), docker.from_env())
+        return driver, driver.image_id(image)
+    except docker.errors.DockerException as error:
+        raise LaunchError(f"--push-image: this machine's Docker engine is not reachable ({error})") from None
+
+
 def ensure_image_everywhere(
     plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say, copy: bool = True
 ) -> set[str]:
@@ -192,19 +201,16 @@ def ensure_image_everywhere(
             say(f"{driver.node.name}: lacks {plan.image}; a start {how}")
         present = {driver.node.name: driver.image_id(plan.image) for driver in drivers if driver not in missing}
         if push_image:  # the nodes that have it must hold the very image the copy would bring
-            present["this machine"] = NodeDriver(Node("this machine", "local"), docker.from_env()).image_id(plan.image)
+            present["this machine"] = this_machine(plan.image)[1]
         check_same_image(plan.image, present)
         return {driver.node.name for driver in missing}
     if missing and push_image:
-        try:
-            source = NodeDriver(Node("this machine", "local"), docker.from_env())
-            if source.image_id(plan.image) is None:
-                raise LaunchError(
-                    f"--push-image: this machine's engine has no image {plan.image} either; build it "
-                    "with scripts/build-images.sh"
-                )
-        except docker.errors.DockerException as error:
-            raise LaunchError(f"--push-image: this machine's Docker engine is not reachable ({error})") from None
+        source, source_image = this_machine(plan.image)
+        if source_image is None:
+            raise LaunchError(
+                f"--push-image: this machine's engine has no image {plan.image} either; build it "
+                "with scripts/build-images.sh"
+            )
         images.push_everywhere(source, missing, plan.image, say)
     elif missing:
         images.pull_everywhere(missing, plan.image, say)
