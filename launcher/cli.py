@@ -397,16 +397,18 @@ def doctor(
     gradient_mb: float | None = typer.Option(
         None, help="With --links: the gradient to predict for, in MB (default: the bundled trainer's SimpleNet)."
     ),
-    link_seconds: float = typer.Option(2.0, help="With --links: the longest each direction of a pair streams."),
+    link_seconds: float | None = typer.Option(
+        None, help=f"With --links: the longest each direction of a pair streams (default {linkcheck.SECONDS:g} s)."
+    ),
 ) -> None:
     """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, NIC there, clock skew;
     with --links, the links between them and what they mean for an allreduce.
 
     Example: launcher doctor --nodes node_1,node_2 --network-interface ens5 --links
     """
-    if (gradient_mb is not None or link_seconds != 2.0) and not links:
+    if (gradient_mb is not None or link_seconds is not None) and not links:
         fail("--gradient-mb and --link-seconds are for the link test: add --links", 2)
-    if (gradient_mb is not None and gradient_mb <= 0) or link_seconds <= 0:
+    if (gradient_mb is not None and gradient_mb <= 0) or (link_seconds is not None and link_seconds <= 0):
         fail("--gradient-mb and --link-seconds take a positive number", 2)
     settings = settings_from(
         nodes,
@@ -476,7 +478,7 @@ def doctor(
     if links and problems:
         typer.echo("links: not measured: fix the problems above first")
     elif links:
-        problems += doctor_links(settings, drivers, views, gradient_mb, link_seconds)
+        problems += doctor_links(settings, drivers, views, gradient_mb, link_seconds or linkcheck.SECONDS)
     if problems:
         fail(f"{len(problems)} problem(s): {'; '.join(problems)}")
     typer.echo("all nodes ready")
