@@ -88,7 +88,7 @@ def rank_main(argv: list[str]) -> None:
     torch.manual_seed(0)
     model = build_model(args.model).to(peer.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    if args.alone:
+    if args.alone:  # the scaling baseline: the model alone, no wrapping
         pass
     elif args.peer == "ddp":
         device_ids = [peer.device] if args.device == "cuda" else None
