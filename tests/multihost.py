@@ -44,6 +44,8 @@ def sh(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
 
 @dataclass
 class TestNode:
+    __test__ = False  # a test host, not a pytest test class
+
     name: str
     index: int
     root: Path
