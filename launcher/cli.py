@@ -12,7 +12,7 @@ from typing import NoReturn
 import typer
 
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
-from launcher import jobstate, linkcheck, session
+from launcher import jobstate, linkcheck, linkprobe, session
 from launcher import links as links_home
 from launcher import results as results_home
 from launcher.driver import HostView, NodeDriver, NodeError
@@ -398,7 +398,7 @@ def doctor(
         None, help="With --links: the gradient to predict for, in MB (default: the bundled trainer's SimpleNet)."
     ),
     link_seconds: float | None = typer.Option(
-        None, help=f"With --links: the longest each direction of a pair streams (default {linkcheck.SECONDS:g} s)."
+        None, help=f"With --links: the longest each direction of a pair streams (default {linkprobe.SECONDS:g} s)."
     ),
 ) -> None:
     """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, NIC there, clock skew;
@@ -478,7 +478,7 @@ def doctor(
     if links and problems:
         typer.echo("links: not measured: fix the problems above first")
     elif links:
-        problems += doctor_links(settings, drivers, views, gradient_mb, link_seconds or linkcheck.SECONDS)
+        problems += doctor_links(settings, drivers, views, gradient_mb, link_seconds or linkprobe.SECONDS)
     if problems:
         fail(f"{len(problems)} problem(s): {'; '.join(problems)}")
     typer.echo("all nodes ready")

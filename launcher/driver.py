@@ -217,7 +217,7 @@ class NodeDriver:
 
     def start_probe(self, image: str, argv: list[str], name: str, labels: dict[str, str]) -> object:
         """A short-lived host-network container of the image running `argv` (launcher doctor --links); the caller
-        removes it (remove_container), whatever happens."""
+        removes it by its cluster label (remove_cluster), whatever happens."""
         try:
             return self.client.containers.run(
                 image, argv, name=name, labels=labels, network_mode="host", user="mpiuser", detach=True
@@ -245,12 +245,6 @@ class NodeDriver:
         except (RequestException, APIError):  # still running: what it printed so far
             pass
         return container.logs().decode(errors="replace")
-
-    def remove_container(self, container) -> None:
-        try:
-            container.remove(force=True)
-        except NotFound:
-            pass
 
     # --- the image --------------------------------------------------------------------------------------------
     def image_size(self, image: str) -> int:

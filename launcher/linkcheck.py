@@ -17,8 +17,6 @@ from launcher.links import Link, Unreachable, job_address, pairs, read_probe
 from launcher.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE, ClusterPlan
 
 PROBE = ("python", "-m", "launcher.linkprobe")
-SECONDS = 2.0
-"""How long each direction of a pair streams by default (`doctor --link-seconds`)."""
 SERVER_START_S = 60.0
 """How long a server container may take to start listening (an engine over ssh, a loaded node)."""
 ACCEPT_S = 30.0

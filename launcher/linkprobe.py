@@ -25,6 +25,8 @@ import time
 
 PINGS = 21
 CHUNK = 1 << 20
+SECONDS = 2.0
+"""How long each direction streams unless told (`launcher doctor --link-seconds`)."""
 IO_TIMEOUT_S = 30.0
 """A peer silent this long ends the test: no container waits for ever."""
 
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bind", default="0.0.0.0", help="serve: the address to listen on")
     parser.add_argument("--target", help="probe: the server's address or name")
     parser.add_argument("--source", help="probe: the local address to send from (the job's NIC)")
-    parser.add_argument("--seconds", type=float, default=2.0, help="the longest each direction streams")
+    parser.add_argument("--seconds", type=float, default=SECONDS, help="the longest each direction streams")
     parser.add_argument("--max-bytes", type=int, default=4 << 30, help="the most each direction streams")
     parser.add_argument("--timeout", type=float, default=10.0, help="serve: accept; probe: connect (seconds)")
     args = parser.parse_args(argv)

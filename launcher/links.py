@@ -129,13 +129,18 @@ def directed(links: list[Link]) -> dict[tuple[str, str], float]:
     return rates
 
 
-def slowest(links: list[Link]) -> tuple[str, str, float, float]:
-    """(from, to, Mbit/s, RTT ms) of the slowest direction of any pair (ties: the first in node order)."""
+def round_trips(links: list[Link]) -> dict[tuple[str, str], float]:
+    """RTT ms for each ordered pair (the same both ways)."""
     rtt = {}
     for link in links:
         rtt[(link.source, link.target)] = rtt[(link.target, link.source)] = link.rtt_ms
+    return rtt
+
+
+def slowest(links: list[Link]) -> tuple[str, str, float, float]:
+    """(from, to, Mbit/s, RTT ms) of the slowest direction of any pair (ties: the first in node order)."""
     (source, target), mbit = min(directed(links).items(), key=lambda item: item[1])
-    return source, target, mbit, rtt[(source, target)]
+    return source, target, mbit, round_trips(links)[(source, target)]
 
 
 def rate_unit(rates: list[float]) -> tuple[str, float]:
@@ -145,10 +150,7 @@ def rate_unit(rates: list[float]) -> tuple[str, float]:
 
 def format_matrix(nodes: list[str] | tuple[str, ...], links: list[Link]) -> list[str]:
     """Two matrices, from the row's node to the column's: the rate each way, and the round trip."""
-    rates = directed(links)
-    rtt = {}
-    for link in links:
-        rtt[(link.source, link.target)] = rtt[(link.target, link.source)] = link.rtt_ms
+    rates, rtt = directed(links), round_trips(links)
     unit, divisor = rate_unit(list(rates.values()))
     width = max(10, *(len(node) + 2 for node in nodes))
 
