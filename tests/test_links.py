@@ -242,7 +242,7 @@ def probe_between(network: netns.Network, source: int, target: int, seconds: flo
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(netns.unavailable() is not None, reason=f"namespaces {netns.unavailable()}")
+@pytest.mark.skipif(netns.unavailable() is not None, reason=f"the tc-shaped namespace check {netns.unavailable()}")
 def test_on_shaped_namespaces_the_links_match_the_shaping_and_the_prediction_a_measured_ring():
     from app.bench import ps_vs_ring
 
