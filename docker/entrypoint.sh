@@ -10,7 +10,7 @@
 #                       it checks them with the modes StrictModes wants (the operator's files are root-owned, mode
 #                       0644, in a folder others may write); its host key is not published (pods share no such
 #                       folder): the launcher pod's agent learns it at first contact (launcher/mpijob_job.py)
-#   mpijob-launcher ARGS  an MPIJob's launcher pod: the job agent (python -m launcher.agent mpijob ARGS) runs the
+#   mpijob-launcher ARGS  an MPIJob's launcher pod: the job agent (python -m launcher.k8s.launcher_pod ARGS) runs the
 #                       job against the operator's /etc/mpi/hostfile and exits with its status
 #   ANY OTHER COMMAND   run it (e.g. `horovodrun --check-build`)
 #
@@ -31,7 +31,7 @@ log() { echo "[$(date +%H:%M:%S) ${ROLE}] $*"; }
 
 run_worker() {
   local operator_keys="${1:-}" keydir="$HOME/.sshd" address started ended="" status=0 keys=()
-  eval "$(python -m launcher.protocol shell)"
+  eval "$(python -m launcher.core.protocol shell)"
   SSH_PORT="${SSH_PORT:-$DEFAULT_SSH_PORT}"
   mkdir -p "$keydir"
   echo "$SSH_PORT" > "$keydir/port"  # for the healthcheck, which runs often and needs no Python
@@ -77,7 +77,7 @@ run_worker() {
     # status as its own; every other worker ended normally.
     status=0
     if [[ "$ended" == "$LOST_PREFIX"* ]]; then status=1
-    elif [ "${EXIT_WITH_JOB:-0}" = 1 ]; then status=$(python -m launcher.protocol exit-code "$ended"); fi
+    elif [ "${EXIT_WITH_JOB:-0}" = 1 ]; then status=$(python -m launcher.core.protocol exit-code "$ended"); fi
   fi
   exit "$status"
 }
@@ -86,7 +86,7 @@ case "$ROLE" in
   worker) run_worker ;;
   launcher) shift; exec python -m launcher.agent compose "$@" ;;
   mpijob-worker) run_worker "${2:?mpijob-worker needs the sshAuthMountPath of the MPIJob, as launcher export mpijob writes it}" ;;
-  mpijob-launcher) shift; exec python -m launcher.agent mpijob "$@" ;;
+  mpijob-launcher) shift; exec python -m launcher.k8s.launcher_pod "$@" ;;
   healthcheck) port=$(cat "$HOME/.sshd/port") && ss -Hltn "sport = :$port" | grep -q LISTEN ;;
   *) exec "$@" ;;
 esac

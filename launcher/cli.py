@@ -1,36 +1,26 @@
-"""The `launcher` command line: parses flags and .env, calls session/driver, prints. No logic of its own."""
+"""The `launcher` command line: parses flags and .env into settings, calls one function, prints. No logic of its own:
+the checks are launcher/preflight.py's, a launch launcher/session.py's, the doctor launcher/doctor.py's, the
+clusters already started launcher/clusters.py's, the MPIJob document launcher/k8s/mpijob.py's.
+"""
 
 from __future__ import annotations
 
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 
-from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
-from launcher import jobstate, linkcheck, linkprobe, session
-from launcher import links as links_home
-from launcher import results as results_home
-from launcher.driver import HostView, NodeDriver, NodeError
-from launcher.plan import (
-    LABEL_CLUSTER,
-    LABEL_RANKS,
-    LABEL_ROLE,
-    NIC_SETTING,
-    job_command,
-    nic_in_subnet,
-    nic_problem,
-    run_dir,
-    subnet_of,
-    subnet_problem,
-    virtual_subnets,
-)
-from launcher.protocol import AGENT, JOB_LOG, JOB_STALL, JOB_STATUS, STOP_SIGNALS, Signalled
-from launcher.settings import LaunchSettings, SettingsError, load_env_file, resolve_settings
+from launcher import clusters, doctor, session
+from launcher.core.nics import NIC_SETTING
+from launcher.core.options import SettingsError, job_command
+from launcher.core.protocol import LINK_SECONDS, STOP_SIGNALS, Signalled
+from launcher.engine import NodeError
+from launcher.settings import LaunchSettings, load_env_file, resolve_settings
 
 app = typer.Typer(
     add_completion=False,
@@ -49,8 +39,6 @@ GPUS_HELP = (
     "GPUs per node, one rank each (NVIDIA Container Toolkit): a count, or GPU IDs such as 0,1 (device=1 for one "
     "GPU by ID); default: GPUS_PER_NODE in .env."
 )
-
-
 STOPPED_BY = {
     signal.SIGINT: "interrupted",
     signal.SIGTERM: "stopped (SIGTERM)",
@@ -71,8 +59,15 @@ def say(message: str) -> None:
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    echo_to_stderr(f"error: {message}")
+    for line in message.splitlines() or [""]:
+        echo_to_stderr(f"error: {line}")
     raise typer.Exit(code)
+
+
+def write_out(chunks: Iterable[bytes]) -> None:
+    for chunk in chunks:
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
 
 
 def stop_on_signals() -> None:
@@ -90,16 +85,16 @@ def stop_on_signals() -> None:
             signal.signal(signum, stop)
 
 
-def settings_from(nodes: str | None, env_file: Path | None, hostfile: Path | None, **flags) -> LaunchSettings:
+def settings_from(nodes: str | None, env_file: Path | None, hostfile: Path | None, **flags: Any) -> LaunchSettings:
     try:
         return resolve_settings(load_env_file(env_file), nodes=nodes, hostfile=hostfile, **flags)
     except SettingsError as error:
         fail(str(error), 2)
 
 
-def connect(settings: LaunchSettings) -> list[NodeDriver]:
+def engines_of(settings: LaunchSettings) -> list:
     try:
-        return session.connect_all(settings.plan(cluster_id="-"), lambda _: None)
+        return session.connect_all(settings, lambda _: None)
     except session.LaunchError as error:
         fail(str(error))
 
@@ -186,10 +181,6 @@ def start(
     closed terminal remove the cluster on every node (exit 130, 143, 129); if this process dies outright, the job
     goes on, every container stops when it ends, and `launcher status` says how it ended.
     """
-    if min_nodes is not None and not elastic:
-        fail("--min-nodes is for elastic jobs: add --elastic", 2)
-    if restart_workers and detach:
-        fail("--restart-workers needs the launcher to stay attached (it restarts the workers): drop --detach", 2)
     settings = settings_from(
         nodes,
         env_file,
@@ -197,30 +188,34 @@ def start(
         slots=slots,
         gpus=gpus,
         image=image,
-        ssh_port=ssh_port,
-        network_interface=network_interface,
-        command=tuple(job_command(ctx.args)),
-        env_vars=(*(env or ()), *(["NCCL_DEBUG=INFO"] if debug else [])),
-        workdir=workdir,
-        elastic_min_nodes=(min_nodes or 1) if elastic else None,
-        elastic_max_nodes=max_nodes,
-        restart_workers=restart_workers,
         devices=tuple(device or ()),
-        stall_timeout=stall_timeout,
-        stall_action=stall_action,
-        mounts=tuple(mount or ()),
+        push_image=push_image,
+        detach=detach,
+        keep_running=keep_running,
+        job={
+            "command": job_command(ctx.args),
+            "env": (*(env or ()), *(["NCCL_DEBUG=INFO"] if debug else [])),
+            "network_interface": network_interface,
+            "ssh_port": ssh_port,
+            "stall_timeout": stall_timeout,
+            "stall_action": stall_action,
+            "elastic": elastic,
+            "elastic_min_workers": min_nodes,
+            "elastic_max_workers": max_nodes,
+            "restart_workers": restart_workers,
+            "workdir": str(workdir) if workdir else None,
+            "mounts": tuple(mount or ()),
+        },
     )
     if dry_run:
         try:
-            session.dry_run(settings, push_image=push_image, say=say)
+            session.dry_run(settings, say=say)
         except (session.LaunchError, NodeError) as error:
             fail(str(error))
         raise typer.Exit(0)
     stop_on_signals()
     try:
-        status = session.launch(
-            settings, push_image=push_image, detach=detach, keep_running=keep_running, say=say, relay=echo_to_stderr
-        )
+        status = session.launch(settings, say=say, relay=echo_to_stderr)
     except (session.LaunchError, NodeError) as error:
         fail(str(error))
     except Signalled as stop:
@@ -244,10 +239,8 @@ def stop(
 
     Example: launcher stop --nodes node_1,node_2 --cluster 3f9a1c2e
     """
-    settings = settings_from(nodes, env_file, hostfile)
-    for driver in connect(settings):
-        removed = driver.remove_cluster(cluster)
-        typer.echo(f"{driver.node.name}: removed {removed} container(s)")
+    for line in clusters.stop(engines_of(settings_from(nodes, env_file, hostfile)), cluster):
+        typer.echo(line)
 
 
 @app.command()
@@ -260,33 +253,8 @@ def status(
 
     Example: launcher status --nodes node_1,node_2
     """
-    settings = settings_from(nodes, env_file, hostfile)
-    drivers = connect(settings)
-    found = False
-    for driver in drivers:
-        for container in driver.cluster_containers():
-            if container.labels.get(LABEL_ROLE) != "rank0":
-                continue
-            found = True
-            cluster = container.labels.get(LABEL_CLUSTER)
-            members = [(d, c, d.container_state(c)) for d in drivers for c in d.cluster_containers(cluster)]
-            state = jobstate.describe(
-                driver.container_state(container),
-                driver.read_file(container, JOB_STATUS),
-                driver.read_file(container, JOB_LOG) or "",
-                [m[2] for m in members],
-                metrics=driver.read_file(container, f"{run_dir(cluster)}/metrics.jsonl"),
-                stall=driver.read_file(container, JOB_STALL),
-            )
-            typer.echo(f"cluster {cluster}: {state}")
-            for member_driver, member, member_state in members:
-                ended = "" if member_state.running else f" (exit status {member_state.exit_code})"
-                typer.echo(
-                    f"  {member_driver.node.name}: {member.name} role={member.labels.get(LABEL_ROLE)} "
-                    f"ranks={member.labels.get(LABEL_RANKS, '?')} {member.status}{ended}"
-                )
-    if not found:
-        typer.echo("no cluster on " + ", ".join(driver.node.name for driver in drivers))
+    for line in clusters.status(engines_of(settings_from(nodes, env_file, hostfile))):
+        typer.echo(line)
 
 
 @app.command()
@@ -304,14 +272,12 @@ def results(
     Example: launcher results --nodes node_1,node_2 --to ./results
     """
     settings = settings_from(nodes, env_file, hostfile)
-    drivers = connect(settings)
     try:
-        run = results_home.choose(results_home.runs_on(drivers, settings.image, settings.shared_dir), cluster)
-    except ValueError as error:
+        run, written = clusters.fetch_results(
+            engines_of(settings), settings.image, settings.shared_dir, cluster, to, checkpoints
+        )
+    except clusters.ClusterError as error:
         fail(str(error))
-    driver = next(d for d in drivers if d.node.name == run.node)
-    to.mkdir(parents=True, exist_ok=True)
-    written = results_home.extract(driver.run_archive(settings.image, settings.shared_dir, run.name), to, checkpoints)
     say(f"run {run.name} from {run.node}: {len(written)} file(s) in {to / run.name}")
     for name in written:
         typer.echo(str(to / name))
@@ -329,21 +295,12 @@ def stacks(
 
     Example: launcher stacks --nodes node_1,node_2
     """
-    settings = settings_from(nodes, env_file, hostfile)
-    rank0 = [
-        (driver, container)
-        for driver in connect(settings)
-        for container in driver.cluster_containers(cluster)
-        if container.labels.get(LABEL_ROLE) == "rank0" and container.status == "running"
-    ]
-    if not rank0:
-        fail("no running cluster on these nodes: `launcher status` lists the clusters")
-    driver, container = rank0[0]
-    exec_id, stream = driver.exec_stream(container, [*AGENT, "stacks", *(["--native"] if native else [])])
-    for chunk in stream:
-        sys.stdout.write(chunk.decode(errors="replace"))
-    sys.stdout.flush()
-    raise typer.Exit(driver.exec_exit_code(exec_id) or 0)
+    try:
+        stream, engine, exec_id = clusters.stacks(engines_of(settings_from(nodes, env_file, hostfile)), cluster, native)
+    except clusters.ClusterError as error:
+        fail(str(error))
+    write_out(stream)
+    raise typer.Exit(engine.exec_exit_code(exec_id) or 0)
 
 
 @app.command()
@@ -362,25 +319,15 @@ def logs(
     name = node or settings.nodes[0]
     if name not in settings.nodes:
         fail(f"--node {name} is not one of --nodes {','.join(settings.nodes)}", 2)
-    driver = next(d for d in connect(settings) if d.node.name == name)
-    containers = driver.cluster_containers()
-    if not containers:
-        fail(f"{name}: no container of the stack there; start one with `launcher start`")
-    container = containers[0]
-    for chunk in container.logs(stream=True, follow=False):
-        sys.stdout.write(chunk.decode(errors="replace"))
-    job_log = driver.read_file(container, JOB_LOG)
-    if container.status != "running" or job_log is None or not follow:  # ended jobs keep their output too
-        sys.stdout.write(job_log or "")
-    else:  # the job agent's follower: it returns once the job has ended
-        _, stream = driver.exec_stream(container, [*AGENT, "follow"])
-        for chunk in stream:
-            sys.stdout.write(chunk.decode(errors="replace"))
-            sys.stdout.flush()
+    engine = next(e for e in engines_of(settings) if e.node.name == name)
+    try:
+        write_out(clusters.logs(engine, follow))
+    except clusters.ClusterError as error:
+        fail(str(error))
 
 
-@app.command()
-def doctor(
+@app.command("doctor")
+def doctor_command(
     nodes: str | None = typer.Option(None, help=NODES_HELP),
     hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
     image: str | None = typer.Option(None, help="Image to check (default horovod-stack:latest)."),
@@ -398,7 +345,7 @@ def doctor(
         None, help="With --links: the gradient to predict for, in MB (default: the bundled trainer's SimpleNet)."
     ),
     link_seconds: float | None = typer.Option(
-        None, help=f"With --links: the longest each direction of a pair streams (default {linkprobe.SECONDS:g} s)."
+        None, help=f"With --links: the longest each direction of a pair streams (default {LINK_SECONDS:g} s)."
     ),
 ) -> None:
     """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, NIC there, clock skew;
@@ -415,114 +362,22 @@ def doctor(
         env_file,
         hostfile,
         image=image,
-        ssh_port=ssh_port,
         gpus=gpus,
-        network_interface=network_interface,
+        job={"ssh_port": ssh_port, "network_interface": network_interface},
     )
-    problems, image_ids = [], {}
-    drivers, views = [], {}
-    for node in settings.plan(cluster_id="-").nodes:
-        try:
-            driver = NodeDriver.connect(node)
-        except NodeError as error:
-            problems.append(str(error))
-            typer.echo(f"{node.name}: engine        FAIL {error}")
-            continue
-        drivers.append(driver)
-        typer.echo(f"{node.name}: engine        ok ({driver.client.version()['Version']} at {node.engine_url})")
-        image_id = image_ids[node.name] = driver.image_id(settings.image)
-        if image_id is None:
-            problems.append(f"{node.name}: image {settings.image} missing")
-            typer.echo(
-                f"{node.name}: image         FAIL {settings.image} missing (launcher start --push-image copies it)"
-            )
-        else:
-            typer.echo(f"{node.name}: image         ok ({image_id[7:19]})")
-            view = views[node.name] = driver.host_view(settings.image, settings.ssh_port)
-            if view.port_taken:
-                problems.append(f"{node.name}: port {settings.ssh_port} in use")
-            typer.echo(
-                f"{node.name}: ssh port      {'FAIL in use' if view.port_taken else 'ok free'} ({settings.ssh_port})"
-            )
-            subnet = subnet_of(settings.network_interface)
-            if subnet:
-                nic = subnet_problem(subnet, view.addresses)
-                own = nic_in_subnet(view.addresses, subnet)
-                found = ", ".join(f"{name} {address}" for name, address in view.addresses if name == own)
-                typer.echo(f"{node.name}: network iface {'FAIL ' + nic if nic else 'ok'} ({found or subnet})")
-            elif settings.network_interface:
-                nic = nic_problem(settings.network_interface, view.nics)
-                typer.echo(
-                    f"{node.name}: network iface {'FAIL ' + nic if nic else 'ok'} ({settings.network_interface})"
-                )
-            else:
-                nic = None
-                left_out = ", ".join(virtual_subnets(view.addresses)) or "none here"
-                typer.echo(f"{node.name}: network iface ok (none pinned; virtual NICs left out: {left_out})")
-            if nic:
-                problems.append(f"{node.name}: {nic}")
-        gpu_request = settings.plan(cluster_id="-").gpu_request(node)
-        if gpu_request and image_id is not None:  # nvidia-smi runs in a container of the image
-            gpu = driver.gpu_problem(settings.image, gpu_request)
-            if gpu:
-                problems.append(f"{node.name}: {gpu}")
-            typer.echo(f"{node.name}: GPUs          {'FAIL ' + gpu if gpu else 'ok'} ({gpu_request} asked for)")
-        skew = driver.clock_skew_seconds()
-        if abs(skew) > 5:
-            problems.append(f"{node.name}: clock skew {skew:.1f} s")
-        typer.echo(f"{node.name}: clock skew    {'ok' if abs(skew) <= 5 else 'FAIL'} ({skew:+.1f} s)")
-    present = {i for i in image_ids.values() if i}
-    if len(present) > 1:
-        problems.append("image IDs differ between nodes")
-        typer.echo("all: image         FAIL the image ID differs between nodes")
+    problems, engines, views = doctor.check(settings, typer.echo)
     if links and problems:
         typer.echo("links: not measured: fix the problems above first")
     elif links:
-        problems += doctor_links(settings, drivers, views, gradient_mb, link_seconds or linkprobe.SECONDS)
+        stop_on_signals()
+        seconds = link_seconds or LINK_SECONDS
+        try:
+            problems = doctor.measure_links(settings, engines, views, gradient_mb, seconds, typer.echo, say)
+        except Signalled as stop:
+            fail(f"{STOPPED_BY[signal.Signals(stop.signum)]}; the link-test containers were removed", 128 + stop.signum)
     if problems:
         fail(f"{len(problems)} problem(s): {'; '.join(problems)}")
     typer.echo("all nodes ready")
-
-
-def doctor_links(
-    settings: LaunchSettings,
-    drivers: list[NodeDriver],
-    views: dict[str, HostView],
-    gradient_mb: float | None,
-    seconds: float,
-) -> list[str]:
-    """`doctor --links`: prints the matrix and the prediction; returns the problems (unreachable pairs)."""
-    plan = settings.plan(cluster_id="-")
-    names = [node.name for node in plan.nodes]
-    if len(names) < 2:
-        typer.echo("links: one node, no link to measure")
-        return []
-    stop_on_signals()
-    try:
-        measured = linkcheck.measure(plan, drivers, views, seconds, say)
-    except NodeError as error:
-        return [str(error)]
-    except Signalled as stop:
-        fail(f"{STOPPED_BY[signal.Signals(stop.signum)]}; the link-test containers were removed", 128 + stop.signum)
-    good = [result for result in measured if isinstance(result, links_home.Link)]
-    failed = [result for result in measured if isinstance(result, links_home.Unreachable)]
-    over = f"over {plan.network_interface}" if plan.network_interface else "by node name (no NIC pinned)"
-    typer.echo(
-        f"links: host-network containers, {over}, TCP port {plan.ssh_port}, {seconds:g} s each way; "
-        "from the row's node to the column's"
-    )
-    if good:
-        for line in links_home.format_matrix(names, good):
-            typer.echo(f"  {line}")
-    for failure in failed:
-        typer.echo(f"links: FAIL {links_home.unreachable_line(failure)}")
-    if failed:
-        return [links_home.unreachable_line(failure) for failure in failed]
-    what = "--gradient-mb" if gradient_mb else f"the bundled trainer's SimpleNet, {SIMPLENET_PARAMETERS} floats"
-    prediction = links_home.predict(good, gradient_mb or SIMPLENET_GRADIENT_MB, plan.total_ranks)
-    for line in links_home.prediction_lines(prediction, what):
-        typer.echo(f"links: {line}")
-    return []
 
 
 class ExportKind(StrEnum):
@@ -555,27 +410,28 @@ def export(
     Example: launcher export mpijob --name digits --workers 2 --gpus-per-node 2 --image registry.example.com/
     horovod-stack:latest -o digits.yaml -- --dataset digits --epochs 5; then kubectl apply -f digits.yaml
     """
-    from launcher import mpijob  # PyYAML, only here
+    from launcher.k8s import mpijob  # PyYAML, only here
 
-    if min_workers is not None and not elastic:
-        fail("--min-workers is for elastic jobs: add --elastic", 2)
-    request = mpijob.MpiJobRequest(
-        name=name,
-        workers=workers,
-        command=tuple(job_command(ctx.args)),
-        slots=slots,
-        gpus_per_node=gpus_per_node,
-        image=image or mpijob.DEFAULT_IMAGE,
-        namespace=namespace or mpijob.DEFAULT_NAMESPACE,
-        shared_claim=shared_claim or mpijob.DEFAULT_CLAIM,
-        env=tuple(env or ()),
-        elastic_min_workers=(min_workers or 1) if elastic else None,
-        network_interface=network_interface,
-    )
     try:
-        text = mpijob.to_yaml(request)
-    except ValueError as error:
-        fail(str(error).splitlines()[0], 2)
+        request = mpijob.request(
+            job={
+                "command": job_command(ctx.args),
+                "env": tuple(env or ()),
+                "elastic": elastic,
+                "elastic_min_workers": min_workers,
+                "network_interface": network_interface,
+            },
+            name=name,
+            workers=workers,
+            slots=slots,
+            gpus_per_node=gpus_per_node,
+            image=image,
+            namespace=namespace,
+            shared_claim=shared_claim,
+        )
+    except SettingsError as error:
+        fail(str(error), 2)
+    text = mpijob.to_yaml(request)
     if output is None:
         sys.stdout.write(text)
     else:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from launcher.driver import NodeDriver, NodeError
+from launcher.engine import Failure, NodeEngine, NodeError
 
 Say = Callable[[str], None]
 CHUNKS_AHEAD = 4
@@ -27,10 +27,10 @@ def registry_of(image: str) -> str | None:
     return None
 
 
-def run_on_each(drivers: list[NodeDriver], work: Callable[[NodeDriver], None]) -> None:
+def run_on_each(engines: list[NodeEngine], work: Callable[[NodeEngine], None]) -> None:
     """`work` on every node at once; the first node's error (in the nodes' order) is raised."""
-    with ThreadPoolExecutor(max_workers=max(1, len(drivers))) as pool:
-        futures = [pool.submit(work, driver) for driver in drivers]
+    with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
+        futures = [pool.submit(work, engine) for engine in engines]
     errors = [error for future in futures if (error := future.exception()) is not None]
     if errors:
         raise errors[0]
@@ -53,18 +53,18 @@ class Progress:
         self.say(f"{node}: {self.verb} {self.image}: {done / 1e9:.2f} of {total / 1e9:.2f} GB")
 
 
-def pull_everywhere(drivers: list[NodeDriver], image: str, say: Say) -> None:
+def pull_everywhere(engines: list[NodeEngine], image: str, say: Say) -> None:
     progress = Progress(say, "pulling", image)
 
-    def pull(driver: NodeDriver) -> None:
+    def pull(engine: NodeEngine) -> None:
         started = time.monotonic()
-        driver.pull_image(image, lambda done, total: progress(driver.node.name, done, total))
-        say(f"{driver.node.name}: pulled {image} in {time.monotonic() - started:.0f} s")
+        engine.pull_image(image, lambda done, total: progress(engine.node.name, done, total))
+        say(f"{engine.node.name}: pulled {image} in {time.monotonic() - started:.0f} s")
 
-    run_on_each(drivers, pull)
+    run_on_each(engines, pull)
 
 
-def push_everywhere(source: NodeDriver, targets: list[NodeDriver], image: str, say: Say) -> None:
+def push_everywhere(source: NodeEngine, targets: list[NodeEngine], image: str, say: Say) -> None:
     """One `docker save` on this machine, each chunk handed to every target's `docker load` as it comes."""
     total = source.image_size(image)
     feeds: dict[str, queue.Queue[bytes | None]] = {t.node.name: queue.Queue(CHUNKS_AHEAD) for t in targets}
@@ -97,7 +97,7 @@ def push_everywhere(source: NodeDriver, targets: list[NodeDriver], image: str, s
             for name in feeds:
                 hand(name, None)
 
-    def load(target: NodeDriver) -> None:
+    def load(target: NodeEngine) -> None:
         name, started = target.node.name, time.monotonic()
 
         def chunks() -> Iterator[bytes]:
@@ -119,4 +119,6 @@ def push_everywhere(source: NodeDriver, targets: list[NodeDriver], image: str, s
         gave_up.update(feeds)
         exporter.join()
     if export_error:
-        raise NodeError(f"this machine: exporting {image} failed ({export_error[0]}); check its Docker engine")
+        raise NodeError(
+            f"this machine: exporting {image} failed ({export_error[0]}); check its Docker engine", Failure.FAILED
+        )

@@ -1,8 +1,8 @@
 """A cluster's job state, from what its containers hold: pure parsing, for `launcher status`.
 
-Inputs are read by the driver (rank 0's container state, JOB_STATUS and the tail of JOB_LOG, each worker's
-state, and the bundled trainer's metrics file in the cluster's run folder when there is one); this module only
-decides what they mean and words it in one line.
+Inputs are read through each node's engine (launcher/engine.py): rank 0's container state, JOB_STATUS and the tail
+of JOB_LOG, each worker's state, and the bundled trainer's metrics file in the cluster's run folder when there is
+one; this module only decides what they mean and words it in one line.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from launcher.protocol import parse_job_end
-from launcher.stall import StallRecord
+from launcher.core.protocol import parse_job_end
+from launcher.core.stall import StallRecord
 
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+): .*val accuracy ([0-9.]+), ([0-9.]+) samples/s")
 ERROR_LINE = re.compile(r"^(?:\S+ )*(?:\w+(?:Error|Exception)|error): .+")

@@ -1,8 +1,8 @@
-"""`launcher doctor --links`, its Docker side: for each pair of nodes, one at a time (so no two transfers share a
-link or this machine's CPU), a short-lived host-network container of the image on the later node serves
-launcher/linkprobe.py and one on the earlier node probes it, over the addresses the job would use (launcher/
-links.py job_address; with no NIC pinned, the node's name, as the hostfile has it). Every container is removed when
-its pair is done and, whatever stops the run (an error, Ctrl-C, SIGTERM), before this returns; if this process dies
+"""`launcher doctor --links`, its Docker side: for each pair of nodes, one at a time (so no two transfers share a link
+or this machine's CPU), a short-lived host-network container of the image on the later node serves
+launcher/agent/linkprobe.py and one on the earlier node probes it, over the addresses the job would use
+(launcher/links.py job_address; with no NIC pinned, the node's name, as the hostfile has it). Every container is removed
+when its pair is done and, whatever stops the run (an error, Ctrl-C, SIGTERM), before this returns; if this process dies
 outright, each still ends by itself (the probe's bounds and timeouts), and carries the stack's cluster label, so
 `launcher stop` removes it.
 """
@@ -12,11 +12,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
-from launcher.driver import HostView, NodeDriver
+from launcher.core.protocol import LINK_PROBE
+from launcher.engine import HostView, NodeEngine
 from launcher.links import Link, Unreachable, job_address, pairs, read_probe
-from launcher.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE, ClusterPlan
+from launcher.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE
+from launcher.settings import LaunchSettings
 
-PROBE = ("python", "-m", "launcher.linkprobe")
 SERVER_START_S = 60.0
 """How long a server container may take to start listening (an engine over ssh, a loaded node)."""
 ACCEPT_S = 30.0
@@ -24,30 +25,30 @@ CONNECT_S = 5.0
 
 
 def measure(
-    plan: ClusterPlan,
-    drivers: list[NodeDriver],
+    settings: LaunchSettings,
+    engines: list[NodeEngine],
     views: dict[str, HostView],
     seconds: float,
     say: Callable[[str], None],
 ) -> list[Link | Unreachable]:
     """Every pair's link both ways, in node order; the containers are gone when it returns or raises."""
-    by_name = {driver.node.name: driver for driver in drivers}
+    by_name = {engine.node.name: engine for engine in engines}
     cluster = f"links-{secrets.token_hex(4)}"
+    nic, port = settings.job.network_interface, settings.job.ssh_port
 
-    def run(driver: NodeDriver, role: str, argv: list[str]) -> object:
-        return driver.start_probe(
-            plan.image,
-            [*PROBE, *argv],
-            name=f"horovod-stack-{cluster}-{driver.node.name}-{role}",
-            labels={LABEL_CLUSTER: cluster, LABEL_ROLE: f"links-{role}", LABEL_NODE: driver.node.name},
+    def run(engine: NodeEngine, role: str, argv: list[str]) -> str:
+        return engine.start_probe(
+            settings.image,
+            [*LINK_PROBE, *argv],
+            name=f"horovod-stack-{cluster}-{engine.node.name}-{role}",
+            labels={LABEL_CLUSTER: cluster, LABEL_ROLE: f"links-{role}", LABEL_NODE: engine.node.name},
         )
 
     results: list[Link | Unreachable] = []
     try:
-        for source, target in pairs([node.name for node in plan.nodes]):
-            address = job_address(views[target].addresses, plan.network_interface)
-            own = job_address(views[source].addresses, plan.network_interface)
-            port = plan.ssh_port
+        for source, target in pairs(list(settings.nodes)):
+            address = job_address(views[target].addresses, nic)
+            own = job_address(views[source].addresses, nic)
             say(f"links: {source} <-> {target} ({address or target}:{port}, {seconds:g} s each way)")
             bounds = ["--port", str(port), "--seconds", str(seconds)]
             serve_argv = ["serve", "--bind", address or "0.0.0.0", "--timeout", str(ACCEPT_S), *bounds]
@@ -64,6 +65,6 @@ def measure(
             for name in (target, source):
                 by_name[name].remove_cluster(cluster)
     finally:  # by label: also a container whose start an interruption cut short, before its handle came back
-        for driver in drivers:
-            driver.remove_cluster(cluster)
+        for engine in engines:
+            engine.remove_cluster(cluster)
     return results

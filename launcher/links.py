@@ -2,15 +2,15 @@
 matrix, the slowest link, and the prediction for one gradient exchange on it.
 
 Pairs are unordered (node order: the earlier node probes the later one), and each pair is measured both ways on
-one connection (launcher/linkprobe.py): every ordered pair gets its own rate, since a link can be slower one way
+one connection (launcher/agent/linkprobe.py): every ordered pair gets its own rate, since a link can be slower one way
 (shaping, a duplex mismatch, a busy NIC), and the ring sends one way round while receiving from the other side.
 The round trip is one figure per pair.
 
-The prediction is app.bench ps-vs-ring's cost model (bandwidth term only; one home: ps_vs_ring.model_seconds,
-stdlib-only, so the launcher needs no torch), with N = the job's ranks and B = the slowest link's rate. With ranks
-placed node by node, as mpirun's hostfile places them, a flat ring over N ranks crosses each node's NIC once each
-way, so every NIC carries 2(N-1)/N·M per allreduce, as in the one-rank-per-host model; for the parameter server
-(rank 0 serving, the other N-1 ranks pushing through its link) ranks that share rank 0's node make the figure an
+The prediction is the cost model that app.bench ps-vs-ring measures against (bandwidth term only; one home:
+app/cost_model.py, stdlib-only, so the launcher needs no torch), with N = the job's ranks and B = the slowest link's
+rate. With ranks placed node by node, as mpirun's hostfile places them, a flat ring over N ranks crosses each node's NIC
+once each way, so every NIC carries 2(N-1)/N·M per allreduce, as in the one-rank-per-host model; for the parameter
+server (rank 0 serving, the other N-1 ranks pushing through its link) ranks that share rank 0's node make the figure an
 upper bound.
 """
 
@@ -20,8 +20,8 @@ import ipaddress
 import json
 from dataclasses import dataclass
 
-from app.bench.ps_vs_ring import model_seconds
-from launcher.plan import nic_in_subnet, subnet_of
+from app.cost_model import model_seconds
+from launcher.core.nics import nic_in_subnet, subnet_of
 
 Addresses = list[tuple[str, str]] | tuple[tuple[str, str], ...]
 

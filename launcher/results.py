@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from launcher.driver import NodeDriver
+from launcher.engine import NodeEngine
 
 CHECKPOINTS = "checkpoints"
 
@@ -57,9 +57,9 @@ def extract(chunks: Iterable[bytes], into: Path, checkpoints: bool = True) -> li
     return sorted(written)
 
 
-def runs_on(drivers: list[NodeDriver], image: str, shared_dir: str) -> list[Run]:
+def runs_on(engines: list[NodeEngine], image: str, shared_dir: str) -> list[Run]:
     return [
-        Run(name, driver.node.name, modified)
-        for driver in drivers
-        for name, modified in driver.list_runs(image, shared_dir)
+        Run(name, engine.node.name, modified)
+        for engine in engines
+        for name, modified in engine.list_runs(image, shared_dir)
     ]

@@ -1,41 +1,34 @@
 """One launch from the user's machine: connect to every node, check them, start the workers with the cluster's SSH
 trust, start the job agent in the rank-0 container, follow it (attached) or not (detached), and clean up.
 
-The job itself is the agent's (launcher/agent.py): readiness, mpirun, the job's end and every worker's stop happen
-in the cluster, so a job ends the same way whether this process stays, is stopped (SIGINT/SIGTERM/SIGHUP: the
-cluster is removed) or dies outright (the job goes on and every container stops when it ends).
+    settings -> connect_all -> preflight (facts, findings, the image everywhere) -> ClusterPlan -> start_workers
+    -> hand_over_trust -> start_agent -> follow_job -> the exit status, or one root cause -> cleanup
+
+The job itself is the agent's (launcher/agent/job.py): readiness, mpirun, the job's end and every worker's stop
+happen in the cluster, so a job ends the same way whether this process stays, is stopped (SIGINT/SIGTERM/SIGHUP:
+the cluster is removed) or dies outright (the job goes on and every container stops when it ends). Every engine is
+a NodeEngine reached through `connect` (NodeDriver.connect, a stand-in in the tests).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import IO
 
 import docker
 
-from launcher import images, sshtrust, workdir
-from launcher.driver import HostView, NodeDriver
-from launcher.plan import (
-    LABEL_CLUSTER,
-    VIRTUAL_NIC_PREFIXES,
-    WORKDIR,
-    ClusterPlan,
-    Node,
-    nic_in_subnet,
-    nic_problem,
-    subnet_of,
-    subnet_problem,
-    virtual_subnets,
-)
-from launcher.protocol import (
+from launcher import images, preflight, workdir
+from launcher.core import sshtrust
+from launcher.core.nics import VIRTUAL_NIC_PREFIXES
+from launcher.core.protocol import (
     AGENT,
     AGENT_PREFIX,
     CLUSTER_SSH_DIR,
@@ -44,10 +37,14 @@ from launcher.protocol import (
     JOB_SPEC,
     JOB_STATUS,
     STOP_SIGNALS,
+    WORKDIR,
     JobEnd,
     Signalled,
     parse_job_end,
 )
+from launcher.engine import Connect, Container, NodeDriver, NodeEngine
+from launcher.plan import LABEL_CLUSTER, ClusterPlan, Node
+from launcher.preflight import Finding, NodeFacts, Severity
 from launcher.settings import LaunchSettings
 
 Say = Callable[[str], None]
@@ -69,191 +66,183 @@ def signals_ignored() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def connect_all(plan: ClusterPlan, say: Say) -> list[NodeDriver]:
-    def connect(node):
-        driver = NodeDriver.connect(node)
-        say(f"{node.name}: engine reachable at {node.engine_url}")
-        return driver
+def nodes_of(settings: LaunchSettings) -> list[Node]:
+    return [Node(name, settings.engine_url(name), settings.node_slots.get(name)) for name in settings.nodes]
 
-    with ThreadPoolExecutor(max_workers=len(plan.nodes)) as pool:
-        futures = [pool.submit(connect, node) for node in plan.nodes]
+
+def connect_all(settings: LaunchSettings, say: Say, connect: Connect = NodeDriver.connect) -> list[NodeEngine]:
+    """Every node's engine, at once; one LaunchError (the first node's that failed) where one does not answer."""
+
+    def reach(node: Node) -> NodeEngine:
+        engine = connect(node)
+        say(f"{node.name}: engine reachable at {node.engine_url}")
+        return engine
+
+    nodes = nodes_of(settings)
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        futures = [pool.submit(reach, node) for node in nodes]
     errors = [future.exception() for future in futures if future.exception()]
     if errors:
         raise LaunchError(str(errors[0]))
     return [future.result() for future in futures]
 
 
-def check_nodes(
-    plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say, dry_run: bool = False
-) -> ClusterPlan:
-    """Every check a start makes before any container starts (old clusters, the image, the port, the NIC or subnet,
-    the GPUs, the names Open MPI needs addresses for); returns the plan with what the checks found: each node's NIC
-    in the subnet, the addresses, or, with no NIC pinned across nodes, the virtual NICs' subnets the job leaves out.
-    A dry run copies no image: a node that lacks it is named, and checked once it has it."""
-    node_list = ",".join(n.name for n in plan.nodes)
-    for driver in drivers:
-        containers = driver.cluster_containers()
-        running = [c for c in containers if c.status == "running"]
-        if running:
-            cluster = running[0].labels.get(LABEL_CLUSTER)
-            raise LaunchError(
-                f"{driver.node.name}: cluster {cluster} is still running; stop it first with "
-                f"`launcher stop --nodes {node_list} --cluster {cluster}`"
-            )
-        for cluster in sorted({c.labels.get(LABEL_CLUSTER) for c in containers}):
-            say(
-                f"{driver.node.name}: finished cluster {cluster} is kept for `launcher status` and `launcher logs`; "
-                f"`launcher stop --nodes {node_list} --cluster {cluster}` removes it"
-            )
-    lacking = ensure_image_everywhere(plan, drivers, push_image, say, copy=not dry_run)
-    addresses: list[tuple[str, str]] = []
-    node_nics: list[tuple[str, str]] = []
-    resolved: list[tuple[str, str]] = []
-    for driver in drivers:
-        if driver.node.name in lacking:
-            say(f"{driver.node.name}: port, NIC and GPU checks run once the image is there")
-            continue
-        view, nic = check_node(plan, driver)
-        addresses += view.addresses
-        resolved += view.resolved
-        if nic:
-            node_nics.append((driver.node.name, nic))
-        found = f", NIC {nic} in {plan.network_interface}" if nic else ""
-        if plan.network_interface and not nic:
-            found = f", NIC {plan.network_interface} present"
-        say(f"{driver.node.name}: port {plan.ssh_port} free{found}")
-    plan = dataclasses.replace(plan, node_nics=tuple(node_nics), addresses=tuple(resolved))
-    if plan.network_interface or len(plan.nodes) == 1:
-        return plan
-    subnets = virtual_subnets(addresses)
-    say(
-        f"no NIC pinned: Open MPI and NCCL leave out {', '.join(f'{prefix}*' for prefix in VIRTUAL_NIC_PREFIXES)} "
-        f"({', '.join(subnets) or 'no such subnet here'}); pin one with --network-interface if a node has more "
-        "than one real NIC"
+# --- the checks before a start ------------------------------------------------------------------------------------
+def engine_facts(settings: LaunchSettings, engine: NodeEngine) -> NodeFacts:
+    """What a node's engine says without starting anything: its version, the stack's clusters, the image."""
+    containers = engine.cluster_containers()
+    running = sorted({c.labels.get(LABEL_CLUSTER, "?") for c in containers if c.running})
+    return NodeFacts(
+        node=engine.node.name,
+        engine_url=engine.node.engine_url,
+        rank0=engine.node.name == settings.nodes[0],
+        version=engine.version(),
+        running_clusters=tuple(running),
+        finished_clusters=tuple(sorted({c.labels.get(LABEL_CLUSTER, "?") for c in containers} - set(running))),
+        image_id=engine.image_id(settings.image),
     )
-    return dataclasses.replace(plan, excluded_subnets=tuple(subnets))
 
 
-def check_node(plan: ClusterPlan, driver: NodeDriver) -> tuple[HostView, str | None]:
-    """One node's checks, each failure one line naming the node and the fix: its NIC or an address in the subnet,
-    the SSH port, the GPUs, the --mount folders, and (on rank 0's node) the addresses of names Open MPI refuses.
-    Returns what the node looks like and its NIC in the subnet, if one was asked for."""
-    node = driver.node.name
-    subnet = subnet_of(plan.network_interface)
-    names = tuple(other.name for other in plan.needs_addresses()) if driver.node == plan.rank0 else ()
-    view = driver.host_view(plan.image, plan.ssh_port, resolve=names)
-    problem = subnet_problem(subnet, view.addresses) if subnet else nic_problem(plan.network_interface, view.nics)
-    if problem:  # else mpirun fails after every container started, in paragraphs that never name the NIC
-        raise LaunchError(f"{node}: {problem}")
-    if view.port_taken:
-        raise LaunchError(
-            f"{node}: port {plan.ssh_port} is already in use there; free it or pass --ssh-port with a free port"
+def host_facts(settings: LaunchSettings, engine: NodeEngine, facts: NodeFacts) -> NodeFacts:
+    """The node as its workers will see it, from short-lived containers of the image (which must be there): its
+    NICs, addresses and port, the names rank 0 must resolve, the GPUs and the --mount folders."""
+    plan = ClusterPlan.of(settings, cluster_id="-")
+    node = engine.node
+    names = tuple(other.name for other in plan.needs_addresses()) if facts.rank0 else ()
+    gpu_request = plan.gpu_request(node)
+    binds = settings.job.binds
+    return replace(
+        facts,
+        view=engine.host_view(settings.image, settings.job.ssh_port, resolve=names),
+        resolve=names,
+        gpu_request=gpu_request,
+        gpu_problem=engine.gpu_problem(settings.image, gpu_request) if gpu_request else None,
+        missing_bind=engine.missing_bind(settings.image, binds) if binds else None,
+    )
+
+
+def refuse_on(findings: list[Finding], say: Say) -> None:
+    """Says the notes and warnings; raises the first blocking finding as the launch's one root cause."""
+    for finding in findings:
+        if finding.severity in (Severity.NOTE, Severity.WARNING):
+            say(finding.line())
+    stop = preflight.blocking(findings)
+    if stop:
+        raise LaunchError(stop[0].line())
+
+
+def check_nodes(settings: LaunchSettings, engines: list[NodeEngine], say: Say, dry_run: bool = False) -> ClusterPlan:
+    """Every check a start makes before any container starts, then the plan with what the checks found. The image
+    is copied or pulled to the nodes that lack it, except in a dry run, where such a node is named and its host
+    checks wait until it has the image."""
+    facts = [engine_facts(settings, engine) for engine in engines]
+    coming = image_coming(settings)
+    refuse_on([f for fact in facts for f in preflight.check_node(settings, fact, coming)], say)
+    if dry_run:
+        present = [fact for fact in facts if fact.image_id]
+        if settings.push_image and len(present) < len(facts):  # what the copy would bring must match the rest
+            present.append(NodeFacts("this machine", "local", image_id=this_machine(settings.image)[1]))
+        refuse_on(preflight.check_cluster(settings, present), say)
+    else:
+        ensure_image_everywhere(settings, engines, say)
+        facts = [engine_facts(settings, engine) for engine in engines]
+    checked = []
+    for engine, fact in zip(engines, facts, strict=True):
+        if fact.image_id is None:
+            say(f"{fact.node}: port, NIC and GPU checks run once the image is there")
+            checked.append(fact)
+            continue
+        fact = host_facts(settings, engine, fact)
+        refuse_on(preflight.check_node(settings, fact), say)
+        checked.append(fact)
+    plan = ClusterPlan.of(settings, found=preflight.found(settings, checked))
+    job = settings.job
+    for fact in checked:
+        if fact.view is None:
+            continue
+        nic = plan.node_nic(Node(fact.node, fact.engine_url))
+        summary = f", NIC {nic} in {job.network_interface}" if nic else ""
+        if job.network_interface and not nic:
+            summary = f", NIC {job.network_interface} present"
+        say(f"{fact.node}: port {job.ssh_port} free{summary}")
+    if not job.network_interface and len(settings.nodes) > 1:
+        subnets = plan.found.excluded_subnets
+        say(
+            f"no NIC pinned: Open MPI and NCCL leave out {', '.join(f'{prefix}*' for prefix in VIRTUAL_NIC_PREFIXES)} "
+            f"({', '.join(subnets) or 'no such subnet here'}); pin one with --network-interface if a node has more "
+            "than one real NIC"
         )
-    gpu_request = plan.gpu_request(driver.node)
-    gpu = driver.gpu_problem(plan.image, gpu_request) if gpu_request else None
-    if gpu:  # else Docker's raw error after the first worker started, or a job that trains on the CPU
-        raise LaunchError(f"{node}: {gpu}")
-    missing = driver.missing_bind(plan.image, plan.binds) if plan.binds else None
-    if missing:  # else Docker's error after other workers started
-        raise LaunchError(
-            f"{node}: a --mount folder is not there ({missing}); make it, or mount the same share at that path on "
-            "every node"
-        )
-    unresolved = sorted(set(names) - {name for name, _ in view.resolved})
-    if unresolved:
-        raise LaunchError(f"{unresolved[0]} does not resolve on {node}; add it to DNS or /etc/hosts on every node")
-    return view, nic_in_subnet(view.addresses, subnet) if subnet else None
+    return plan
 
 
-def check_same_image(image: str, ids: Mapping[str, str | None]) -> None:
-    if len(set(ids.values())) > 1:
-        listing = ", ".join(f"{name} {(image_id or '-')[7:19]}" for name, image_id in ids.items())
-        raise LaunchError(
-            f"image {image} differs between nodes ({listing}); mismatched Horovod/MPI builds "
-            "hang, so load one image on every node (docker save | docker load)"
-        )
+def image_coming(settings: LaunchSettings) -> str | None:
+    """How a start brings the image to a node that lacks it; None: it does not (a missing image blocks)."""
+    registry = images.registry_of(settings.image)
+    if settings.push_image:
+        return "copies it there from this machine"
+    return f"pulls it from {registry}" if registry else None
 
 
-def this_machine(image: str) -> tuple[NodeDriver, str | None]:
+def this_machine(image: str) -> tuple[NodeEngine, str | None]:
     """This machine's own engine (where --push-image copies from) and its ID of `image`, or one LaunchError."""
     try:
-        driver = NodeDriver(Node("this machine", "local"), docker.from_env())
-        return driver, driver.image_id(image)
+        engine = NodeDriver(Node("this machine", "local"), docker.from_env())
+        return engine, engine.image_id(image)
     except docker.errors.DockerException as error:
         raise LaunchError(f"--push-image: this machine's Docker engine is not reachable ({error})") from None
 
 
-def ensure_image_everywhere(
-    plan: ClusterPlan, drivers: list[NodeDriver], push_image: bool, say: Say, copy: bool = True
-) -> set[str]:
+def ensure_image_everywhere(settings: LaunchSettings, engines: list[NodeEngine], say: Say) -> None:
     """The same image on every node: pulled where IMAGE names a registry, copied from this machine's engine where
-    --push-image asks for it; returns the nodes that still lack it (only where `copy` is False: a dry run)."""
-    missing = [driver for driver in drivers if driver.image_id(plan.image) is None]
-    registry = images.registry_of(plan.image)
-    if missing and not push_image and not registry:
-        raise LaunchError(
-            f"{missing[0].node.name}: image {plan.image} is not there; pass --push-image to copy it "
-            "from this machine's engine, load it on that node, or name it in a registry (IMAGE=REGISTRY/NAME:TAG)"
-        )
-    if missing and not copy:
-        how = "pulls it from " + registry if registry and not push_image else "copies it there from this machine"
-        for driver in missing:
-            say(f"{driver.node.name}: lacks {plan.image}; a start {how}")
-        present = {driver.node.name: driver.image_id(plan.image) for driver in drivers if driver not in missing}
-        if push_image:  # the nodes that have it must hold the very image the copy would bring
-            present["this machine"] = this_machine(plan.image)[1]
-        check_same_image(plan.image, present)
-        return {driver.node.name for driver in missing}
-    if missing and push_image:
-        source, source_image = this_machine(plan.image)
+    --push-image asks for it."""
+    image = settings.image
+    missing = [engine for engine in engines if engine.image_id(image) is None]
+    if missing and settings.push_image:
+        source, source_image = this_machine(image)
         if source_image is None:
             raise LaunchError(
-                f"--push-image: this machine's engine has no image {plan.image} either; build it "
-                "with scripts/build-images.sh"
+                f"--push-image: this machine's engine has no image {image} either; build it with "
+                "scripts/build-images.sh"
             )
-        images.push_everywhere(source, missing, plan.image, say)
+        images.push_everywhere(source, missing, image, say)
     elif missing:
-        images.pull_everywhere(missing, plan.image, say)
-    found = {driver.node.name: driver.image_id(plan.image) for driver in drivers}
-    still_missing = [name for name, image_id in found.items() if image_id is None]
-    ids = {name: image_id for name, image_id in found.items() if image_id}
+        images.pull_everywhere(missing, image, say)
+    facts = [NodeFacts(e.node.name, e.node.engine_url, image_id=e.image_id(image)) for e in engines]
+    still_missing = [fact.node for fact in facts if fact.image_id is None]
     if still_missing:
-        raise LaunchError(
-            f"{still_missing[0]}: image {plan.image} is still missing after the copy; load it there by hand"
-        )
-    check_same_image(plan.image, ids)
-    say(f"image {plan.image} ({next(iter(ids.values()))[7:19]}) is the same on all {len(drivers)} nodes")
-    return set()
+        raise LaunchError(f"{still_missing[0]}: image {image} is still missing after the copy; load it there by hand")
+    refuse_on(preflight.check_cluster(settings, facts), say)
+    say(f"image {image} ({(facts[0].image_id or '')[7:19]}) is the same on all {len(engines)} nodes")
 
 
+# --- the cluster --------------------------------------------------------------------------------------------------
 def hand_over_trust(
     plan: ClusterPlan,
-    drivers: list[NodeDriver],
-    containers: list,
+    engines: list[NodeEngine],
+    containers: list[Container],
     keys: sshtrust.KeyPair,
     deadline: float,
-    keep_running: bool,
     say: Say,
 ) -> None:
     """The cluster's public key to every worker; to rank 0's container the private key, every worker's host key (as
     the agent pins them) and the job spec the agent runs."""
     authorized = sshtrust.tar_files({"authorized_keys": (keys.public.encode() + b"\n", 0o600)})
     host_keys = {}
-    for driver, container in zip(drivers, containers, strict=True):
-        driver.put_files(container, CLUSTER_SSH_DIR, authorized)
-        host_keys[plan.mpi_host(driver.node)] = wait_for_host_key(driver, container, deadline)
-    rank0, container = drivers[0], containers[0]
-    rank0.put_files(container, CLUSTER_SSH_DIR, sshtrust.tar_files({"id_ed25519": (keys.private, 0o600)}))
+    for engine, container in zip(engines, containers, strict=True):
+        engine.put_files(container.id, CLUSTER_SSH_DIR, authorized)
+        host_keys[plan.mpi_host(engine.node)] = wait_for_host_key(engine, container, deadline)
+    rank0, container = engines[0], containers[0]
+    rank0.put_files(container.id, CLUSTER_SSH_DIR, sshtrust.tar_files({"id_ed25519": (keys.private, 0o600)}))
     rank0.put_files(
-        container,
+        container.id,
         HOSTKEYS_DIR,
         sshtrust.tar_files({f"{host}.pub": (f"{key}\n".encode(), 0o644) for host, key in host_keys.items()}),
     )
     spec = PurePosixPath(JOB_SPEC)
     rank0.put_files(
-        container,
+        container.id,
         str(spec.parent),
-        sshtrust.tar_files({spec.name: (plan.job_spec(keep_running).to_json().encode(), 0o644)}),
+        sshtrust.tar_files({spec.name: (plan.job_spec().to_json().encode(), 0o644)}),
     )
     say(
         "SSH trust handed over: cluster key in every worker; rank 0 holds the private key, the workers' host keys "
@@ -261,28 +250,25 @@ def hand_over_trust(
     )
 
 
-def copy_workdir(plan: ClusterPlan, drivers: list[NodeDriver], containers: list, say: Say) -> None:
+def copy_workdir(folder: str, engines: list[NodeEngine], containers: list[Container], say: Say) -> None:
     """The user's code folder to WORKDIR in every worker container, through the Docker API (no NFS needed)."""
-    assert plan.workdir is not None
-    archive = workdir.archive(Path(plan.workdir))
-    for driver, container in zip(drivers, containers, strict=True):
-        driver.put_files(container, WORKDIR, archive)
-    say(f"code: {plan.workdir} copied to {WORKDIR} on {len(drivers)} node(s) ({len(archive) / 1024:.0f} KB)")
+    archive = workdir.archive(Path(folder))
+    for engine, container in zip(engines, containers, strict=True):
+        engine.put_files(container.id, WORKDIR, archive)
+    say(f"code: {folder} copied to {WORKDIR} on {len(engines)} node(s) ({len(archive) / 1024:.0f} KB)")
 
 
-def wait_for_host_key(driver: NodeDriver, container, deadline: float) -> str:
+def wait_for_host_key(engine: NodeEngine, container: Container, deadline: float) -> str:
+    node = engine.node.name
     while True:
-        content = driver.read_file(container, f"{HOSTKEYS_DIR}/{driver.node.name}.pub")
+        content = engine.read_file(container.id, f"{HOSTKEYS_DIR}/{node}.pub")
         if content:
             return " ".join(content.split()[:2])
-        problem = driver.worker_problem(container)
+        problem = engine.worker_problem(container.id)
         if problem:
-            raise LaunchError(f"{driver.node.name}: {problem}")
+            raise LaunchError(f"{node}: {problem}")
         if time.monotonic() > deadline:
-            raise LaunchError(
-                f"{driver.node.name}: the worker made no SSH host key in time; see `launcher logs "
-                f"--node {driver.node.name}`"
-            )
+            raise LaunchError(f"{node}: the worker made no SSH host key in time; see `launcher logs --node {node}`")
         time.sleep(0.5)
 
 
@@ -290,12 +276,12 @@ FOLLOW_ATTEMPTS = 5
 """How often the launcher re-attaches to a running job whose log stream broke (an engine connection dropped)."""
 
 
-def follow_job(driver: NodeDriver, container, out: IO[str], relay: Say) -> JobEnd | None:
+def follow_job(engine: NodeEngine, container: Container, out: IO[str], relay: Say) -> JobEnd | None:
     """Streams the agent's log from rank 0's container until the job ends: the job's output to `out`, the agent's
     own lines to `relay`. Returns how the job ended, or None when rank 0's container ended first."""
     received, pending = 0, b""
     for _ in range(FOLLOW_ATTEMPTS):
-        _, stream = driver.exec_stream(container, [*AGENT, "follow", "--from", str(received)])
+        _, stream = engine.exec_stream(container.id, [*AGENT, "follow", "--from", str(received)])
         for chunk in stream:
             received += len(chunk)
             *lines, pending = (pending + chunk).split(b"\n")
@@ -306,8 +292,8 @@ def follow_job(driver: NodeDriver, container, out: IO[str], relay: Say) -> JobEn
                 else:
                     out.write(text + "\n")
             out.flush()
-        end = parse_job_end(driver.read_file(container, JOB_STATUS))
-        if end is not None or driver.worker_problem(container):
+        end = parse_job_end(engine.read_file(container.id, JOB_STATUS))
+        if end is not None or engine.worker_problem(container.id):
             break
     if pending:
         out.write(pending.decode(errors="replace"))
@@ -321,9 +307,11 @@ class WorkerWatch(threading.Thread):
 
     MAX_RESTARTS = 5
 
-    def __init__(self, plan: ClusterPlan, containers: list, restart: bool, say: Say) -> None:
+    def __init__(
+        self, plan: ClusterPlan, containers: list[Container], say: Say, connect: Connect = NodeDriver.connect
+    ) -> None:
         super().__init__(name="worker-watch", daemon=True)
-        self.plan, self.restart, self.say = plan, restart, say
+        self.plan, self.restart, self.say, self.connect = plan, plan.settings.job.restart_workers, say, connect
         self.container_ids = {node.name: c.id for node, c in zip(plan.nodes[1:], containers[1:], strict=True)}
         self.lost: dict[str, str] = {}
         """Nodes whose worker is down right now, and why."""
@@ -332,25 +320,24 @@ class WorkerWatch(threading.Thread):
 
     def run(self) -> None:
         try:
-            drivers = {node.name: NodeDriver.connect(node) for node in self.plan.nodes[1:]}
-            containers = {name: drivers[name].client.containers.get(cid) for name, cid in self.container_ids.items()}
+            engines = {node.name: self.connect(node) for node in self.plan.nodes[1:]}
             while not self.done.wait(1):
-                for name, container in containers.items():
-                    self.check(name, drivers[name], container)
+                for name, container_id in self.container_ids.items():
+                    self.check(name, engines[name], container_id)
         except Exception as error:  # the job goes on; only the watching stops
             self.say(f"worker watch stopped: {type(error).__name__}: {error}")
 
-    def check(self, name: str, driver: NodeDriver, container) -> None:
-        problem = driver.lost_reason(container)
-        if problem is None:
+    def check(self, name: str, engine: NodeEngine, container_id: str) -> None:
+        loss = engine.lost_reason(container_id)
+        if loss is None:
             self.lost.pop(name, None)
             return
         if name not in self.lost:
-            self.say(f"{name}: {problem}; the elastic job goes on without it")
-        self.lost[name] = problem
-        if self.restart and "removed" not in problem and self.restarts.get(name, 0) < self.MAX_RESTARTS:
+            self.say(f"{name}: {loss}; the elastic job goes on without it")
+        self.lost[name] = str(loss)
+        if self.restart and not loss.removed and self.restarts.get(name, 0) < self.MAX_RESTARTS:
             self.restarts[name] = self.restarts.get(name, 0) + 1
-            container.start()
+            engine.start_again(container_id)
             self.say(
                 f"{name}: worker started again (restart {self.restarts[name]} of at most "
                 f"{self.MAX_RESTARTS}); it rejoins at the next host discovery"
@@ -362,55 +349,58 @@ class WorkerWatch(threading.Thread):
 
 
 def elastic_failure(
-    plan: ClusterPlan, drivers: list[NodeDriver], containers: list, watch: WorkerWatch, rank0_ended_first: bool
+    plan: ClusterPlan,
+    engines: list[NodeEngine],
+    containers: list[Container],
+    watch: WorkerWatch,
+    rank0_ended_first: bool,
 ) -> str | None:
     """The root cause when an elastic job fails: its driver's node lost, or too few nodes left."""
-    problem = drivers[0].lost_reason(containers[0]) if rank0_ended_first else None
-    if problem:
+    loss = engines[0].lost_reason(containers[0].id) if rank0_ended_first else None
+    if loss:
         return (
-            f"{plan.rank0.name}: {problem} during the run; the elastic driver runs on rank 0's node, so the job "
+            f"{plan.rank0.name}: {loss} during the run; the elastic driver runs on rank 0's node, so the job "
             "ended with it"
         )
     if watch.lost:
+        job = plan.settings.job
         lost = "; ".join(f"{name} ({why})" for name, why in sorted(watch.lost.items()))
-        return (
-            f"the elastic job fell below --min-nodes {plan.elastic_min_nodes} for {plan.elastic_timeout} s: lost {lost}"
-        )
+        minimum = job.spelling.of("elastic_min_workers", job.min_workers)
+        return f"the elastic job fell below {minimum} for {job.elastic_timeout} s: lost {lost}"
     return None
 
 
-def dead_worker(drivers: list[NodeDriver], containers: list, rank0_ended_first: bool) -> str | None:
+def dead_worker(engines: list[NodeEngine], containers: list[Container], rank0_ended_first: bool) -> str | None:
     """A worker killed or removed during the run (rank 0's own exit code is the job's once the job has ended)."""
     start = 0 if rank0_ended_first else 1
-    for driver, container in zip(drivers[start:], containers[start:], strict=True):
-        problem = driver.lost_reason(container)
-        if problem:
-            return f"{driver.node.name}: {problem} during the run"
+    for engine, container in zip(engines[start:], containers[start:], strict=True):
+        loss = engine.lost_reason(container.id)
+        if loss:
+            return f"{engine.node.name}: {loss} during the run"
     return None
 
 
-def cleanup(drivers: list[NodeDriver], cluster_id: str, say: Say) -> None:
+def cleanup(engines: list[NodeEngine], cluster_id: str, say: Say) -> None:
     removed = 0
-    for driver in drivers:
+    for engine in engines:
         try:
-            removed += driver.remove_cluster(cluster_id)
+            removed += engine.remove_cluster(cluster_id)
         except Exception as error:  # keep cleaning the other nodes
-            say(f"{driver.node.name}: cleanup failed ({error}); run `launcher stop` for it")
+            say(f"{engine.node.name}: cleanup failed ({error}); run `launcher stop` for it")
     say(f"cleanup: removed {removed} container(s) of cluster {cluster_id}")
 
 
-def start_agent(
-    plan: ClusterPlan, drivers: list[NodeDriver], containers: list, detach: bool, keep_running: bool, say: Say
-) -> None:
-    drivers[0].exec_detached(containers[0], [*AGENT, "run", "--log", JOB_LOG])
+def start_agent(plan: ClusterPlan, engines: list[NodeEngine], containers: list[Container], say: Say) -> None:
+    settings = plan.settings
+    engines[0].exec_detached(containers[0].id, [*AGENT, "run", "--log", JOB_LOG])
     say(
         f"job agent started in {containers[0].name}: it waits for every worker's sshd, then runs "
-        f"{'horovodrun (elastic)' if plan.elastic else 'mpirun'}"
+        f"{'horovodrun (elastic)' if settings.job.elastic else 'mpirun'}"
     )
-    if detach:
+    if settings.detach:
         ending = (
             "the containers keep running after it (--keep-running)"
-            if keep_running
+            if settings.keep_running
             else "every container stops when the job ends"
         )
         say(
@@ -419,13 +409,14 @@ def start_agent(
         )
 
 
-def dry_run(settings: LaunchSettings, *, push_image: bool = False, say: Say, out: IO[str] = sys.stdout) -> None:
+def dry_run(
+    settings: LaunchSettings, *, say: Say, out: IO[str] = sys.stdout, connect: Connect = NodeDriver.connect
+) -> None:
     """Every check a start makes, then the whole plan on `out`; starts nothing (raises LaunchError where a start
     would stop)."""
-    plan = settings.plan()
-    drivers = connect_all(plan, say)
-    plan = check_nodes(plan, drivers, push_image, say, dry_run=True)
-    image_id = next((found for driver in drivers if (found := driver.image_id(plan.image))), None)
+    engines = connect_all(settings, say, connect)
+    plan = check_nodes(settings, engines, say, dry_run=True)
+    image_id = next((found for engine in engines if (found := engine.image_id(settings.image))), None)
     out.write(plan.dry_run_report(image_id))
     say("dry run: nothing was started")
 
@@ -433,41 +424,38 @@ def dry_run(settings: LaunchSettings, *, push_image: bool = False, say: Say, out
 def launch(
     settings: LaunchSettings,
     *,
-    push_image: bool = False,
-    detach: bool = False,
-    keep_running: bool = False,
     say: Say,
     relay: Say,
     out: IO[str] = sys.stdout,
+    connect: Connect = NodeDriver.connect,
 ) -> int:
     """Runs one training job across the nodes; returns the job's exit status (raises LaunchError on failure).
     Attached, the job's output goes to `out` and the agent's lines to `relay`; a Signalled (the CLI's
     handler for STOP_SIGNALS) while attached removes the cluster on every node."""
-    plan = settings.plan()
-    drivers = connect_all(plan, say)
-    plan = check_nodes(plan, drivers, push_image, say)
+    engines = connect_all(settings, say, connect)
+    plan = check_nodes(settings, engines, say)
     say(plan.describe())
 
     keys = sshtrust.make_key_pair(f"horovod-stack cluster {plan.cluster_id}")
-    containers: list = []
+    containers: list[Container] = []
     detached = False
     try:
-        for driver in drivers:
-            containers.append(driver.start_worker(plan))
-            say(f"{driver.node.name}: worker {plan.container_name(driver.node)} started")
-        deadline = time.monotonic() + settings.ready_timeout
-        if plan.workdir:
-            copy_workdir(plan, drivers, containers, say)
-        hand_over_trust(plan, drivers, containers, keys, deadline, keep_running, say)
-        start_agent(plan, drivers, containers, detach, keep_running, say)
-        if detach:
+        for engine in engines:
+            containers.append(engine.start_worker(plan.worker_container(engine.node)))
+            say(f"{engine.node.name}: worker {plan.container_name(engine.node)} started")
+        deadline = time.monotonic() + settings.job.ready_timeout
+        if settings.job.workdir:
+            copy_workdir(settings.job.workdir, engines, containers, say)
+        hand_over_trust(plan, engines, containers, keys, deadline, say)
+        start_agent(plan, engines, containers, say)
+        if settings.detach:
             detached = True
             return 0
-        watch = WorkerWatch(plan, containers, settings.restart_workers, say) if plan.elastic else None
+        watch = WorkerWatch(plan, containers, say, connect) if settings.job.elastic else None
         if watch:
             watch.start()
         try:
-            end = follow_job(drivers[0], containers[0], out, relay)
+            end = follow_job(engines[0], containers[0], out, relay)
         finally:
             if watch:
                 watch.stop()
@@ -476,9 +464,9 @@ def launch(
             # is recorded, rank 0's container exits with it: its exit code is the job's, not a kill.)
             rank0_ended_first = end is None
             seen = (
-                elastic_failure(plan, drivers, containers, watch, rank0_ended_first)
+                elastic_failure(plan, engines, containers, watch, rank0_ended_first)
                 if watch
-                else dead_worker(drivers, containers, rank0_ended_first)
+                else dead_worker(engines, containers, rank0_ended_first)
             )
             cause = seen or (end.cause if end else f"{plan.rank0.name}: rank 0's container ended before the job did")
             if cause:
@@ -494,4 +482,4 @@ def launch(
     finally:
         if not detached:
             with signals_ignored():  # a second Ctrl-C must not cut the cleanup short
-                cleanup(drivers, plan.cluster_id, say)
+                cleanup(engines, plan.cluster_id, say)

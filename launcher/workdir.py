@@ -10,7 +10,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from launcher.sshtrust import MPIUSER_UID
+from launcher.core.protocol import MPIUSER_UID
 
 SKIPPED = {"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache"}
 

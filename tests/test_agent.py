@@ -12,104 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from launcher import agent, compose_job
-from launcher.agent import Agent
-from launcher.plan import JobSpec, Worker
-from launcher.protocol import (HOSTFILE_PATH, HOSTKEYS_DIR, JOB_SPEC, JOB_STATUS, KEEP_RUNNING, KNOWN_HOSTS, JobEnd,
-                               lost_driver_message, parse_job_end)
+from launcher.agent import __main__ as agent
+from launcher.agent import compose as compose_job
+from launcher.agent.job import Agent, say
+from launcher.core.job import JobSpec, Worker
+from launcher.core.options import SettingsError
+from launcher.core.protocol import (HOSTFILE_PATH, JOB_SPEC, JOB_STATUS, KEEP_RUNNING, KNOWN_HOSTS, JobEnd,
+                                    lost_driver_message, parse_job_end)
+from tests.conftest import Clock, job_spec
+from tests.conftest import StandInTransport as Transport
 
 W1, W2 = Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class Line:
-    def __init__(self, address: str, heard: list[str]) -> None:
-        self.address, self.heard = address, heard
-        self.open, self.last_word = True, None
-
-    def alive(self) -> bool:
-        return self.open
-
-    def send(self, message: str) -> None:
-        self.last_word, self.open = message, False
-        self.heard.append(self.address)
-
-    def wait(self) -> None:
-        pass
-
-
-class Transport:
-    """Workers as addresses: each publishes its host key and answers ssh from a given time on, until lost."""
-
-    def __init__(self, clock: Clock, up_from: dict[str, float], resolves: list[str] | None = None,
-                 cannot_start: set[str] = frozenset(), status: int = 0, lost_in_job: set[str] = frozenset()) -> None:
-        self.clock, self.up_from, self.resolves = clock, up_from, resolves or []
-        self.cannot_start, self.status, self.lost_in_job = cannot_start, status, lost_in_job
-        self.files: dict[str, str] = {}
-        self.lines: dict[str, Line] = {}
-        self.heard: list[str] = []
-        """Addresses in the order their lifelines got the last word."""
-        self.told: dict[str, str] = {}
-        self.ran: list[list[str]] = []
-        self.run_dirs: list[str] = []
-
-    def up(self, address: str) -> bool:
-        return self.clock() >= self.up_from.get(address, float("inf"))
-
-    def resolve(self, service: str) -> list[str]:
-        return list(self.resolves)
-
-    def read(self, path: str) -> str | None:
-        address = path.removeprefix(f"{HOSTKEYS_DIR}/").removesuffix(".pub")
-        if path.startswith(HOSTKEYS_DIR):
-            return f"ssh-ed25519 KEY-{address} mpiuser@{address}\n" if self.up(address) else None
-        return self.files.get(path)
-
-    def write(self, path: str, text: str, mode: int = 0o644) -> None:
-        self.files[path] = text
-
-    def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
-        if not self.up(address):
-            return 255, f"ssh: connect to host {address} port 12345: Connection refused"
-        if "lifeline" in command:
-            self.told[address] = stdin.strip()
-        if "probe" in command and address in self.cannot_start:
-            return 1, "script t.py is not there\n"
-        return 0, ""
-
-    def lifeline(self, address: str, command: str) -> Line:
-        assert "launcher.agent lifeline --driver" in command
-        self.lines[address] = Line(address, self.heard)
-        return self.lines[address]
-
-    def run(self, argv: list[str], cwd: str) -> int:
-        self.ran.append(argv)
-        for address in self.lost_in_job:
-            self.up_from[address] = float("inf")
-            self.lines[address].open = False
-        return self.status
-
-    def make_cluster_key(self) -> None:
-        self.files["cluster key"] = "made"
-
-    def make_run_dir(self, folder: str) -> None:
-        self.run_dirs.append(folder)
 
 
 def spec(**overrides) -> JobSpec:
     settings = {"job_id": "j1", "command": ("python", "t.py"), "expected_workers": 2, "workers": (W1, W2),
                 "workdir": "/workdir", "ready_timeout": 5}
-    return JobSpec(**{**settings, **overrides})
+    return job_spec(**{**settings, **overrides})
 
 
 def run(job: JobSpec, clock: Clock, transport: Transport) -> tuple[JobEnd, list[str]]:
@@ -211,7 +130,7 @@ def test_a_refused_compose_job_still_tells_the_workers_that_are_up():
     clock = Clock()
     environ = {"ELASTIC_MIN_WORKERS": "3"}
     transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 4}, resolves=["172.18.0.2", "172.18.0.3"])
-    with pytest.raises(compose_job.SpecError) as refused:
+    with pytest.raises(SettingsError) as refused:
         compose_job.job_spec(environ, [])
     said: list[str] = []
     end = Agent(compose_job.fallback_spec(environ), transport, say=said.append, clock=clock,
@@ -284,13 +203,13 @@ def test_job_spec_json_is_what_discovery_reads():
 
 
 def test_the_agents_own_lines_are_marked_for_the_launcher(capsys):
-    agent.say("node_1: sshd answers")
+    say("node_1: sshd answers")
     line = capsys.readouterr().out
     assert line.startswith("[agent ") and line.endswith("] node_1: sshd answers\n")
 
 
 def test_shell_settings_are_the_protocols(capsys):
-    from launcher import protocol
+    from launcher.core import protocol
 
     assert protocol.main(["shell"]) == 0
     printed = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())

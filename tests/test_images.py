@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from launcher import images
-from launcher.driver import NodeError, pull_failure
-from launcher.plan import Node
+from launcher.engine import NodeError, pull_failure
+from tests.conftest import StandInEngine as Engine
 
 
 @pytest.mark.parametrize("image, registry", [
@@ -25,40 +25,11 @@ def test_registry_of(image, registry):
     assert images.registry_of(image) == registry
 
 
-class Engine:
-    def __init__(self, name: str, chunks: list[bytes] = (), fail_after: int | None = None) -> None:
-        self.node = Node(name, f"ssh://{name}")
-        self.chunks, self.fail_after = list(chunks), fail_after
-        self.loaded: list[bytes] = []
-        self.pulled: list[str] = []
-        self.saves = 0
-
-    def image_size(self, image):
-        return sum(map(len, self.chunks))
-
-    def save_image(self, image):
-        self.saves += 1
-        yield from self.chunks
-
-    def load_image(self, chunks, image):
-        for index, chunk in enumerate(chunks):
-            if self.fail_after is not None and index >= self.fail_after:
-                raise NodeError(f"{self.node.name}: copying {image} failed (no space left on device)")
-            self.loaded.append(chunk)
-
-    def pull_image(self, image, progress):
-        if "missing" in image:
-            raise NodeError(pull_failure(self.node.name, image, "manifest unknown"))
-        progress(5, 10)
-        progress(10, 10)
-        self.pulled.append(image)
-
-
 CHUNKS = [bytes([n]) * 1000 for n in range(40)]  # more than CHUNKS_AHEAD: the loads must keep up
 
 
 def test_one_export_reaches_every_node_at_once():
-    source, targets, said = Engine("this machine", CHUNKS), [Engine("node_2"), Engine("node_3"), Engine("node_4")], []
+    source, targets, said = Engine("this machine", chunks=CHUNKS), [Engine("node_2"), Engine("node_3"), Engine("node_4")], []
     images.push_everywhere(source, targets, "img:1", said.append)
     assert source.saves == 1
     assert all(target.loaded == CHUNKS for target in targets)
@@ -69,7 +40,7 @@ def test_one_export_reaches_every_node_at_once():
 def test_a_node_that_fails_its_load_does_not_stop_the_others():
     targets = [Engine("node_2"), Engine("node_3", fail_after=3)]
     with pytest.raises(NodeError, match="node_3: copying img:1 failed"):
-        images.push_everywhere(Engine("this machine", CHUNKS), targets, "img:1", lambda _: None)
+        images.push_everywhere(Engine("this machine", chunks=CHUNKS), targets, "img:1", lambda _: None)
     assert targets[0].loaded == CHUNKS
     assert threading.active_count() < 5  # the export thread ended too
 

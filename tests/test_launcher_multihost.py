@@ -615,7 +615,7 @@ def test_nics_named_differently_train_fixed_and_elastic_jobs_over_the_subnet(clu
         fixed = launcher(cluster, *start_args(cluster, "--network-interface", subnet), *TRAIN)
         assert fixed.returncode == 0, fixed.stderr[-3000:] + fixed.stdout[-3000:]
         for line in (f"node_1: port 12345 free, NIC hst0 in {subnet}", f"node_2: port 12345 free, NIC enp9s0 in {subnet}",
-                     f"--mca btl_tcp_if_include {subnet}", f"python -m launcher.rank_nic {subnet} -- python -m app.train"):
+                     f"--mca btl_tcp_if_include {subnet}", f"python -m launcher.agent.rank_nic {subnet} -- python -m app.train"):
             assert line in fixed.stderr
         assert "parameters identical on all 2 ranks" in fixed.stdout
 

@@ -9,17 +9,17 @@ import pytest
 import subprocess
 
 from app.horovod_defaults import HOROVOD_DEFAULTS
-from launcher import compose_job, workdir
-from launcher.plan import (ClusterPlan, JobSpec, Node, Worker, command_probe, hostfile, horovodrun_argv, job_command,
-                           mpi_host, mpirun_argv, nic_problem, pin_known_host, run_dir, ssh_config, trainer_option,
-                           with_run_dir)
-from launcher.plan import GPU_WORKER_ULIMITS, WORKER_ULIMITS, GpuRequest, nic_selection, virtual_subnets
-from launcher.settings import (LaunchSettings, SettingsError, engine_override_key, load_env_file, parse_gpus,
-                               resolve_settings)
-
-
-def make_plan(**overrides) -> ClusterPlan:
-    return LaunchSettings(**{"nodes": ("gpu-a", "gpu-b"), **overrides}).plan(cluster_id="c0ffee00")
+from launcher import workdir
+from launcher.agent import compose as compose_job
+from launcher.core.job import (JobSpec, Worker, command_probe, hostfile, horovodrun_argv, mpirun_argv, pin_known_host,
+                               ssh_config, trainer_option, with_run_dir)
+from launcher.core.nics import nic_problem, nic_selection, virtual_subnets
+from launcher.core.options import JobOptions, SettingsError, job_command
+from launcher.core.protocol import GPU_WORKER_ULIMITS, WORKER_ULIMITS
+from launcher.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir
+from launcher.settings import LaunchSettings, engine_override_key, load_env_file, parse_gpus, resolve_settings
+from tests.conftest import launch_settings
+from tests.conftest import plan_of as make_plan
 
 
 @pytest.mark.parametrize("settings, expected", [
@@ -43,11 +43,11 @@ def test_mpi_host(name, address, expected):
 
 
 def test_underscored_nodes_go_to_mpirun_by_address():
-    plan = LaunchSettings(nodes=("node_1", "node_2")).plan(cluster_id="c0ffee00")
+    plan = make_plan(nodes=("node_1", "node_2"))
     assert [node.name for node in plan.needs_addresses()] == ["node_1", "node_2"]
     with pytest.raises(ValueError, match="node_1 needs an address"):
         plan.mpi_host(plan.rank0)
-    plan = dataclasses.replace(plan, addresses=(("node_1", "10.0.0.1"), ("node_2", "10.0.0.2")))
+    plan = make_plan(nodes=("node_1", "node_2"), found=Found(addresses=(("node_1", "10.0.0.1"), ("node_2", "10.0.0.2"))))
     spec = plan.job_spec()
     assert spec.workers == (Worker("node_1", "10.0.0.1", 1), Worker("node_2", "10.0.0.2", 1))
     assert hostfile(spec.workers, spec.slots) == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
@@ -62,7 +62,7 @@ def test_underscored_nodes_go_to_mpirun_by_address():
     (["./run.sh"], ["./run.sh"]),
 ])
 def test_job_command_is_the_users_command_or_the_trainer(after_dashes, command):
-    assert job_command(after_dashes) == command
+    assert job_command(after_dashes) == tuple(command)
 
 
 def test_mpirun_argv_carries_the_seed_flags_and_trainer_args():
@@ -125,18 +125,19 @@ def test_compose_builds_the_same_command_line_as_the_launcher():
 ])
 def test_compose_settings_and_their_defaults(environ, expected):
     spec = compose_spec(**environ)
-    assert {key: getattr(spec, key) for key in expected} == expected
+    assert {key: getattr(spec, key, None) or getattr(spec.options, key) for key in expected} == expected
 
 
 @pytest.mark.parametrize("environ, message", [
-    ({"ELASTIC_MIN_WORKERS": "3"}, "ELASTIC_MIN_WORKERS=3 is not a whole number from 1 to WORKERS (2); fix it in .env"),
-    ({"ELASTIC_MIN_WORKERS": "two"}, "ELASTIC_MIN_WORKERS=two is not a whole number from 1 to WORKERS (2)"),
+    ({"ELASTIC_MIN_WORKERS": "3"}, "ELASTIC_MIN_WORKERS=3 is not from 1 to the 2 workers in WORKERS; fix it in .env"),
+    ({"ELASTIC_MIN_WORKERS": "two"}, "ELASTIC_MIN_WORKERS=two is not a whole number; fix it in .env"),
     ({"WORKERS": "0"}, "WORKERS=0 is not a whole number of at least 1; fix it in .env"),
-    ({"SSH_PORT": "70000"}, "SSH_PORT=70000 is not a whole number from 1 to 65535; fix it in .env"),
-    ({"READY_TIMEOUT": "soon"}, "READY_TIMEOUT=soon is not a whole number of at least 1; fix it in .env"),
+    ({"SSH_PORT": "70000"}, "SSH_PORT=70000 is not a TCP port (1-65535); fix it in .env"),
+    ({"READY_TIMEOUT": "soon"}, "READY_TIMEOUT=soon is not a whole number; fix it in .env"),
+    ({"STALL_ACTION": "panic"}, "STALL_ACTION='panic' is not one of warn, fail; fix it in .env"),
 ])
 def test_bad_compose_settings_are_refused_in_one_line(environ, message):
-    with pytest.raises(compose_job.SpecError) as error:
+    with pytest.raises(SettingsError) as error:
         compose_spec(**environ)
     assert str(error.value).startswith(message)
 
@@ -208,17 +209,18 @@ def test_rank0_container_stops_with_the_jobs_status():
 
 
 def test_ranks_given_gpus_are_told_so():
-    assert "HOROVOD_STACK_GPUS=1" in make_plan(gpus_per_node=2).job_spec().env
+    assert "HOROVOD_STACK_GPUS=1" in make_plan(gpus_per_node=2).job_spec().rank_env
     assert "HOROVOD_STACK_GPUS=1" not in " ".join(make_plan().job_argv())
     assert "-x HOROVOD_STACK_GPUS=1" in " ".join(make_plan(gpus_per_node=2).job_argv())
-    assert compose_spec(HOROVOD_STACK_GPUS="1", NCCL_DEBUG="INFO").env == ("HOROVOD_STACK_GPUS=1", "NCCL_DEBUG=INFO")
+    assert compose_spec(HOROVOD_STACK_GPUS="1", NCCL_DEBUG="INFO").options.env == ("HOROVOD_STACK_GPUS=1",
+                                                                                 "NCCL_DEBUG=INFO")
 
 
 def test_the_launchers_job_spec_names_every_node_rank0_first_and_survives_json():
-    plan = make_plan(nodes=("gpu-a", "gpu-b", "gpu-c"), env=("SEED=3",), ready_timeout=42)
-    spec = plan.job_spec(keep_running=True)
+    plan = make_plan(nodes=("gpu-a", "gpu-b", "gpu-c"), env=("SEED=3",), ready_timeout=42, keep_running=True)
+    spec = plan.job_spec()
     assert [worker.name for worker in spec.workers] == ["gpu-a", "gpu-b", "gpu-c"] and spec.expected_workers == 3
-    assert spec.keep_running and spec.ready_timeout == 42 and spec.env == ("SEED=3",)
+    assert spec.keep_running and spec.options.ready_timeout == 42 and spec.options.env == ("SEED=3",)
     assert spec.driver == "rank 0's container on gpu-a" and not spec.make_key
     assert spec.run_dir == "/shared/runs/c0ffee00"  # the bundled trainer's folder, which the agent makes
     assert JobSpec.from_json(spec.to_json()) == spec
@@ -256,7 +258,7 @@ def test_ssh_client_config_is_strict_on_the_stacks_port():
 ])
 def test_bad_settings_are_refused(overrides, message):
     with pytest.raises(SettingsError, match=message):
-        LaunchSettings(**{"nodes": ("node_1",), **overrides})
+        launch_settings(**{"nodes": ("node_1",), **overrides})
 
 
 def test_env_file_values_and_flag_overrides():
@@ -264,7 +266,7 @@ def test_env_file_values_and_flag_overrides():
            "DOCKER_HOST_NODE_2": "unix:///run/node2.sock"}
     settings = resolve_settings(env, nodes=None, slots=4)
     assert settings.nodes == ("node_1", "node_2")
-    assert (settings.ssh_port, settings.slots, settings.image) == (2222, 4, "img:1")
+    assert (settings.job.ssh_port, settings.slots, settings.image) == (2222, 4, "img:1")
     assert settings.engine_url("node_1") == "ssh://node_1"
     assert settings.engine_url("node_2") == "unix:///run/node2.sock"
     assert engine_override_key("gpu-box.lan") == "DOCKER_HOST_GPU_BOX_LAN"
@@ -272,10 +274,10 @@ def test_env_file_values_and_flag_overrides():
 
 def test_launcher_reads_its_own_nic_key_not_composes():
     compose_only = {"NODES": "node_1", "NETWORK_INTERFACE": "eth0", "WORKERS": "4"}
-    assert resolve_settings(compose_only, nodes=None).network_interface is None
+    assert resolve_settings(compose_only, nodes=None).job.network_interface is None
     both = {**compose_only, "NODE_NETWORK_INTERFACE": "ens5"}
-    assert resolve_settings(both, nodes=None).network_interface == "ens5"
-    assert resolve_settings(both, nodes=None, network_interface="ib0").network_interface == "ib0"
+    assert resolve_settings(both, nodes=None).job.network_interface == "ens5"
+    assert resolve_settings(both, nodes=None, job={"network_interface": "ib0"}).job.network_interface == "ib0"
 
 
 @pytest.mark.parametrize("wanted, nics, expected", [
@@ -303,15 +305,15 @@ def test_bad_env_value_names_the_key():
 
 def test_env_example_is_a_valid_settings_file():
     settings = resolve_settings(load_env_file(Path(__file__).parents[1] / ".env.example"), nodes=None)
-    assert settings.nodes == ("node_1", "node_2") and settings.ssh_port == 12345
-    assert settings.network_interface is None  # compose's eth0 is not the nodes' NIC
+    assert settings.nodes == ("node_1", "node_2") and settings.job.ssh_port == 12345
+    assert settings.job.network_interface is None  # compose's eth0 is not the nodes' NIC
 
 
 def test_workdir_too_big_to_copy_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr("launcher.settings.WORKDIR_LIMIT_BYTES", 1000)
     (tmp_path / "data.bin").write_bytes(b"0" * 5000)
     with pytest.raises(SettingsError, match="more than the 0 MB copied to every node: put data in SHARED_DIR"):
-        LaunchSettings(nodes=("node_1",), workdir=tmp_path)
+        launch_settings(nodes=("node_1",), workdir=tmp_path)
 
 
 @pytest.mark.parametrize("command, expected", [
@@ -325,7 +327,7 @@ def test_the_bundled_trainer_gets_a_run_folder_of_its_own(command, expected):
 
 
 def elastic_plan(**overrides) -> ClusterPlan:
-    settings = {"nodes": ("gpu-a", "gpu-b", "gpu-c"), "network_interface": "ens5", "elastic_min_nodes": 2}
+    settings = {"nodes": ("gpu-a", "gpu-b", "gpu-c"), "network_interface": "ens5", "elastic_min_workers": 2}
     return make_plan(**{**settings, **overrides})
 
 
@@ -345,8 +347,8 @@ def test_elastic_job_runs_horovodrun_with_discovery_over_the_nodes_rank0_first()
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    ({"elastic_max_nodes": 2}, ["-np", "2", "--min-np", "2", "--max-np", "2"]),
-    ({"elastic_min_nodes": 1, "elastic_timeout": 15}, ["-np", "3", "--min-np", "1", "--max-np", "3"]),
+    ({"elastic_max_workers": 2}, ["-np", "2", "--min-np", "2", "--max-np", "2"]),
+    ({"elastic_min_workers": 1, "elastic_timeout": 15}, ["-np", "3", "--min-np", "1", "--max-np", "3"]),
 ])
 def test_elastic_sizes(overrides, expected):
     argv = elastic_plan(**overrides).job_argv()
@@ -361,9 +363,8 @@ def test_elastic_users_script_keeps_its_own_words_and_timeout_override():
                            env=("HOROVOD_GLOO_TIMEOUT_SECONDS=45",))
     assert argv[:3] == ["env", "-C", "/workdir"] and argv[-2:] == ["python", "train.py"]
     assert [item for item in argv if item.startswith("HOROVOD_GLOO_TIMEOUT")] == ["HOROVOD_GLOO_TIMEOUT_SECONDS=45"]
-    with pytest.raises(ValueError, match="pass --network-interface"):
-        horovodrun_argv(min_ranks=1, max_ranks=2, slots_per_host=1, network_interface=None, ssh_port=22,
-                        elastic_timeout=30, command=["python", "train.py"])
+    with pytest.raises(SettingsError, match="pass --network-interface"):  # the one rule: no NIC, no elastic line
+        JobOptions(elastic=True, network_interface=None)
 
 
 def test_compose_builds_the_elastic_command_line_from_the_same_plan():
@@ -374,22 +375,25 @@ def test_compose_builds_the_elastic_command_line_from_the_same_plan():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"elastic_min_nodes": 0}, "--min-nodes must be from 1 to the 3 node(s)"),
-    ({"elastic_min_nodes": 4}, "--min-nodes must be from 1 to the 3 node(s)"),
-    ({"elastic_max_nodes": 1}, "--max-nodes must be from --min-nodes (2)"),
-    ({"elastic_timeout": 0}, "ELASTIC_TIMEOUT must be positive"),
-    ({"network_interface": None}, "--elastic needs the NIC the nodes reach each other on"),
-    ({"elastic_min_nodes": None, "restart_workers": True}, "add --elastic"),
+    ({"elastic_min_workers": 0}, "--min-nodes 0 is not 1 or more"),
+    ({"elastic_min_workers": 4}, "--min-nodes 4 is not from 1 to the 3 node(s) in --nodes"),
+    ({"elastic_max_workers": 1}, "--max-nodes 1 is not from --min-nodes (2) up"),
+    ({"elastic_max_workers": 4}, "--max-nodes 4 is not from --min-nodes (2) to the 3 node(s) in --nodes"),
+    ({"elastic_timeout": 0}, "ELASTIC_TIMEOUT=0 is not positive seconds"),
+    ({"network_interface": None}, "elastic training needs the NIC the workers reach each other on"),
+    ({"elastic_min_workers": None, "elastic": False, "restart_workers": True}, "add --elastic"),
+    ({"elastic_min_workers": None, "elastic": False, "elastic_max_workers": 2}, "--max-nodes is for elastic jobs"),
+    ({"restart_workers": True, "detach": True}, "--restart-workers needs the launcher to stay attached"),
 ])
 def test_bad_elastic_settings_are_refused(overrides, message):
-    settings = {"nodes": ("a", "b", "c"), "network_interface": "ens5", "elastic_min_nodes": 2, **overrides}
+    settings = {"nodes": ("a", "b", "c"), "network_interface": "ens5", "elastic_min_workers": 2, **overrides}
     with pytest.raises(SettingsError) as error:
-        LaunchSettings(**settings)
+        launch_settings(**settings)
     assert message in str(error.value)
 
 
 def test_compose_gives_its_containers_the_launchers_limits():
-    from launcher.plan import GPU_WORKER_ULIMITS, WORKER_CAPABILITIES, WORKER_ULIMITS
+    from launcher.core.protocol import WORKER_CAPABILITIES
 
     repo = Path(__file__).resolve().parents[1]
     compose, gpu_file = (repo / "compose.yaml").read_text(), (repo / "compose.gpu.yaml").read_text()
@@ -402,7 +406,7 @@ def test_compose_gives_its_containers_the_launchers_limits():
 
 def test_devices_come_from_the_flag_or_the_env_file():
     from_env = resolve_settings({"NODES": "a", "DEVICES": "/dev/infiniband, /dev/null:/dev/x"}, nodes=None)
-    assert from_env.plan().devices == ("/dev/infiniband", "/dev/null:/dev/x")
+    assert from_env.devices == ("/dev/infiniband", "/dev/null:/dev/x")
     flag = resolve_settings({"NODES": "a", "DEVICES": "/dev/infiniband"}, nodes=None, devices=("/dev/null",))
     assert flag.devices == ("/dev/null",)
 
@@ -446,7 +450,7 @@ def test_gpus_are_a_count_or_ids(text, expected):
 
 def test_gpus_come_from_the_flag_or_the_env_file():
     from_env = resolve_settings({"NODES": "a", "GPUS_PER_NODE": "0,1"}, nodes=None)
-    assert (from_env.gpus_per_node, from_env.gpu_ids, from_env.plan().slots_per_node) == (2, ("0", "1"), 2)
+    assert (from_env.gpus_per_node, from_env.gpu_ids, ClusterPlan.of(from_env).slots_per_node) == (2, ("0", "1"), 2)
     assert resolve_settings({"NODES": "a", "GPUS_PER_NODE": "0,1"}, nodes=None, gpus="4").gpu_ids == ()
     assert resolve_settings({"NODES": "a", "GPUS_PER_NODE": ""}, nodes=None).gpus_per_node == 0
     with pytest.raises(SettingsError, match="^GPUS_PER_NODE in .env 'x' is neither"):
@@ -476,11 +480,11 @@ def test_virtual_subnets(addresses, expected):
 
 
 def test_unpinned_nics_are_left_out_of_a_multi_host_job_and_survive_json():
-    plan = dataclasses.replace(make_plan(), excluded_subnets=("172.17.0.0/16",))
+    plan = make_plan(found=Found(excluded_subnets=("172.17.0.0/16",)))
     spec = JobSpec.from_json(plan.job_spec().to_json())
     assert (spec.excluded_subnets, spec.across_hosts) == (("172.17.0.0/16",), True)
     assert "--mca btl_tcp_if_exclude 127.0.0.1/8,172.17.0.0/16" in " ".join(spec.job_argv())
-    pinned = dataclasses.replace(make_plan(network_interface="ens5"), excluded_subnets=("172.17.0.0/16",))
+    pinned = make_plan(network_interface="ens5", found=Found(excluded_subnets=("172.17.0.0/16",)))
     assert pinned.job_spec().excluded_subnets == ()
     assert "NCCL_SOCKET_IFNAME=^" not in " ".join(make_plan(nodes=("gpu-a",)).job_argv())
     users_own = " ".join(make_plan(env=("NCCL_SOCKET_IFNAME=ib0",)).job_argv())
@@ -525,7 +529,7 @@ def test_hostfiles_in_open_mpis_format(text, expected):
 
 def test_per_node_counts_reach_the_hostfile_the_gpus_and_the_plan_line(tmp_path):
     settings = resolve_settings({}, nodes="gpu-a:4,gpu-b", gpus="2")
-    plan = settings.plan(cluster_id="c0ffee00")
+    plan = ClusterPlan.of(settings, cluster_id="c0ffee00")
     spec = plan.job_spec()
     assert hostfile(spec.workers, spec.slots) == "gpu-a slots=4\ngpu-b slots=2\n"
     assert [plan.gpu_request(node) for node in plan.nodes] == [GpuRequest(count=4), GpuRequest(count=2)]
@@ -534,7 +538,7 @@ def test_per_node_counts_reach_the_hostfile_the_gpus_and_the_plan_line(tmp_path)
         plan.describe())
     hosts = tmp_path / "hosts"
     hosts.write_text("gpu-a slots=4\ngpu-b slots=2\n")
-    from_file = resolve_settings({"NODES": "x"}, nodes=None, hostfile=hosts).plan(cluster_id="c0ffee00")
+    from_file = ClusterPlan.of(resolve_settings({"NODES": "x"}, nodes=None, hostfile=hosts))
     assert [plan.slots(node) for node in from_file.nodes] == [4, 2]
 
 
@@ -544,7 +548,7 @@ def test_per_node_counts_reach_the_hostfile_the_gpus_and_the_plan_line(tmp_path)
     ({}, {"nodes": None, "hostfile": Path("/nonexistent/hosts")}, "--hostfile /nonexistent/hosts does not exist"),
     ({"NODES": "a:0"}, {"nodes": None}, "NODES in .env: 'a:0' has no whole rank count"),
     ({}, {"nodes": "a:4,b", "gpus": "0,1"}, "--gpus names 2 GPU\\(s\\) for every node, but a node's count differs"),
-    ({}, {"nodes": "a,b", "network_interface": "10.0.0/24"}, "--network-interface '10.0.0/24' is neither a NIC name "
+    ({}, {"nodes": "a,b", "job": {"network_interface": "10.0.0/24"}}, "--network-interface '10.0.0/24' is neither a NIC name "
                                                              "nor an IPv4 subnet in CIDR form"),
 ])
 def test_bad_node_lists_and_subnets_are_refused(env, flags, message):
@@ -553,24 +557,26 @@ def test_bad_node_lists_and_subnets_are_refused(env, flags, message):
 
 
 def test_a_subnet_is_normalised_and_gives_open_mpi_the_subnet_and_each_rank_its_own_nic():
-    settings = resolve_settings({}, nodes="a,b", network_interface="10.0.0.7/24")
-    assert settings.network_interface == "10.0.0.0/24"
-    plan = dataclasses.replace(settings.plan(cluster_id="c0ffee00"), node_nics=(("a", "ens5"), ("b", "eno1")))
+    settings = resolve_settings({}, nodes="a,b", job={"network_interface": "10.0.0.7/24"})
+    assert settings.job.network_interface == "10.0.0.0/24"
+    plan = ClusterPlan.of(settings, "c0ffee00", Found(node_nics=(("a", "ens5"), ("b", "eno1"))))
     argv = " ".join(plan.job_argv())
     assert "--mca btl_tcp_if_include 10.0.0.0/24 --mca oob_tcp_if_include 10.0.0.0/24" in argv
-    assert "NCCL_SOCKET_IFNAME" not in argv  # each rank's own, from launcher.rank_nic
-    assert argv.endswith("python -m launcher.rank_nic 10.0.0.0/24 -- python -m app.train --run-dir /shared/runs/c0ffee00")
+    assert "NCCL_SOCKET_IFNAME" not in argv  # each rank's own, from launcher.agent.rank_nic
+    assert argv.endswith("python -m launcher.agent.rank_nic 10.0.0.0/24 -- python -m app.train --run-dir "
+                         "/shared/runs/c0ffee00")
 
 
 def test_an_elastic_job_over_a_subnet_serves_on_rank0s_nic_and_ranks_find_their_own():
-    settings = resolve_settings({}, nodes="a:2,b:1,c:3", network_interface="10.0.0.0/24",
-                                elastic_min_nodes=2, env_vars=("NCCL_SOCKET_IFNAME=ib0",))
-    plan = dataclasses.replace(settings.plan(cluster_id="c0ffee00"), node_nics=(("a", "ens5"), ("b", "eno1")))
+    settings = resolve_settings({}, nodes="a:2,b:1,c:3", job={"network_interface": "10.0.0.0/24", "elastic": True,
+                                                              "elastic_min_workers": 2,
+                                                              "env": ("NCCL_SOCKET_IFNAME=ib0",)})
+    plan = ClusterPlan.of(settings, "c0ffee00", Found(node_nics=(("a", "ens5"), ("b", "eno1"))))
     argv = " ".join(plan.job_argv())
     # The two smallest hosts (1 + 2 ranks) still hold the minimum; all three (6) are the most.
     assert "-np 6 --min-np 3 --max-np 6 " in argv
     assert "GLOO_SOCKET_IFNAME=ens5 HOROVOD_GLOO_IFACE=ens5" in argv and "--network-interface ens5 " in argv
-    assert "python -m launcher.rank_nic 10.0.0.0/24 --keep NCCL_SOCKET_IFNAME -- python -m app.train" in argv
+    assert "python -m launcher.agent.rank_nic 10.0.0.0/24 --keep NCCL_SOCKET_IFNAME -- python -m app.train" in argv
 
 
 @pytest.mark.parametrize("addresses, subnet, nic, problem", [
@@ -581,7 +587,7 @@ def test_an_elastic_job_over_a_subnet_serves_on_rank0s_nic_and_ranks_find_their_
      "with a subnet every node has an address in"),
 ])
 def test_the_nic_in_a_subnet(addresses, subnet, nic, problem):
-    from launcher.plan import nic_in_subnet, subnet_problem
+    from launcher.core.nics import nic_in_subnet, subnet_problem
 
     assert nic_in_subnet(addresses, subnet) == nic
     found = subnet_problem(subnet, addresses)
@@ -589,8 +595,7 @@ def test_the_nic_in_a_subnet(addresses, subnet, nic, problem):
 
 
 def test_the_dry_run_report_shows_each_container_the_hostfile_and_the_command_but_no_key():
-    plan = dataclasses.replace(resolve_settings({}, nodes="gpu-a:2,gpu-b", gpus="1").plan(cluster_id="c0ffee00"),
-                               addresses=())
+    plan = ClusterPlan.of(resolve_settings({}, nodes="gpu-a:2,gpu-b", gpus="1"), cluster_id="c0ffee00")
     report = plan.dry_run_report("sha256:7405069ce4ce0000")
     for expected in ("plan: 3 ranks on 2 node(s)", "gpu-a (rank 0, runs the job agent; engine ssh://gpu-a)",
                      "container horovod-stack-c0ffee00-gpu-a: image horovod-stack:latest (7405069ce4ce), network host",
@@ -608,7 +613,7 @@ def test_the_dry_run_report_shows_each_container_the_hostfile_and_the_command_bu
      {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ens5", "HOROVOD_GLOO_IFACE": "ens5"}),
 ])
 def test_each_rank_takes_its_own_hosts_nic_in_the_subnet(argv, addresses, environ, monkeypatch):
-    from launcher import rank_nic
+    from launcher.agent import rank_nic
 
     ran = []
     monkeypatch.setattr(rank_nic, "host_addresses", lambda: addresses)
@@ -622,7 +627,7 @@ def test_each_rank_takes_its_own_hosts_nic_in_the_subnet(argv, addresses, enviro
 
 
 def test_a_rank_whose_host_has_no_address_in_the_subnet_says_so(monkeypatch, capsys):
-    from launcher import rank_nic
+    from launcher.agent import rank_nic
 
     monkeypatch.setattr(rank_nic, "host_addresses", lambda: [("eth0", "192.0.2.2/24")])
     assert rank_nic.main(["10.0.0.0/24", "--", "python", "t.py"]) == 1
@@ -640,7 +645,7 @@ def test_a_rank_whose_host_has_no_address_in_the_subnet_says_so(monkeypatch, cap
     ("/data:/home", "would hide the stack's own /home/mpiuser"),
 ])
 def test_mounts(text, expected):
-    from launcher.plan import parse_bind
+    from launcher.core.options import parse_bind
 
     if expected.startswith("Bind("):
         assert repr(parse_bind(text)) == expected
@@ -651,9 +656,10 @@ def test_mounts(text, expected):
 
 def test_mounts_come_from_the_flag_or_the_env_file_and_reach_every_worker():
     settings = resolve_settings({"NODES": "a,b", "MOUNTS": "/data/mnist:/data:ro, /ckpt:/ckpt"}, nodes=None)
-    plan = settings.plan(cluster_id="c0ffee00")
+    plan = ClusterPlan.of(settings, cluster_id="c0ffee00")
     assert [str(bind) for bind in plan.worker_container(plan.nodes[1]).binds] == [
         "/data/mnist -> /data (read-only)", "/ckpt -> /ckpt"]
-    assert resolve_settings({"NODES": "a", "MOUNTS": "/x:/x"}, nodes=None, mounts=("/y:/y",)).binds[0].source == "/y"
+    flag = resolve_settings({"NODES": "a", "MOUNTS": "/x:/x"}, nodes=None, job={"mounts": ("/y:/y",)})
+    assert flag.job.binds[0].source == "/y"
     with pytest.raises(SettingsError, match="--mount 'x:/x' is not"):
         resolve_settings({"NODES": "a", "MOUNTS": "x:/x"}, nodes=None)

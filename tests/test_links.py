@@ -15,10 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from app.bench import netns
-from app.bench.ps_vs_ring import model_seconds
+from app.cost_model import model_seconds
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
-from launcher import linkprobe
+from launcher.agent import linkprobe
 from launcher.cli import app
+from tests.conftest import StandInEngine, launch_settings
 from launcher.links import (
     Link,
     Unreachable,
@@ -68,8 +69,8 @@ def probe_output(rtt=0.25, forward=941.5, backward=938.0) -> str:
 @pytest.mark.parametrize("output, expected", [
     (probe_output(), Link("a", "b", "10.0.0.2", 0.25, 941.5, 938.0)),
     ('{"error": "timed out"}\n', Unreachable("a", "b", "10.0.0.2", 12345, "timed out")),
-    ("python: No module named launcher.linkprobe\n",
-     Unreachable("a", "b", "10.0.0.2", 12345, "python: No module named launcher.linkprobe")),
+    ("python: No module named launcher.agent.linkprobe\n",
+     Unreachable("a", "b", "10.0.0.2", 12345, "python: No module named launcher.agent.linkprobe")),
     ("", Unreachable("a", "b", "10.0.0.2", 12345, "no output")),
 ])
 def test_read_probe(output, expected):
@@ -163,7 +164,7 @@ def test_the_bundled_trainers_gradient_size_is_simplenets():
 
 
 def test_the_launcher_with_its_link_test_imports_no_torch():
-    code = "import sys, launcher.cli, launcher.linkcheck, launcher.linkprobe; print('torch' in sys.modules)"
+    code = "import sys, launcher.cli, launcher.linkcheck, launcher.agent.linkprobe; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stdout.strip() == "False"
 
@@ -225,7 +226,7 @@ def probe_between(network: netns.Network, source: int, target: int, seconds: flo
     """linkprobe's two ends as `doctor --links` runs them, each in its rank's namespace (this venv, not the image)."""
     port = 23456
     client, server = network.hosts[source], network.hosts[target]
-    module = [sys.executable, "-m", "launcher.linkprobe"]
+    module = [sys.executable, "-m", "launcher.agent.linkprobe"]
     bounds = ["--port", str(port), "--seconds", str(seconds)]
     serving = subprocess.Popen([*server.prefix(), *module, "serve", "--bind", server.address, *bounds],
                                stdout=subprocess.PIPE, text=True, cwd=REPO)
@@ -270,36 +271,9 @@ def test_on_shaped_namespaces_the_links_match_the_shaping_and_the_prediction_a_m
     assert abs(prediction.ring_s / measured_ring - 1) <= PREDICTION_TOLERANCE
 
 
-# --- the Docker side, against stand-in drivers ---
-class StandInDriver:
-    def __init__(self, name: str, output: str = "", interrupt: bool = False):
-        self.node = SimpleNamespace(name=name)
-        self.output, self.interrupt = output, interrupt
-        self.started: list[tuple[list[str], dict]] = []
-        self.removed: list[str] = []
-
-    def start_probe(self, image, argv, name, labels):
-        self.started.append((argv, labels))
-        return name
-
-    def wait_for_output(self, container, text, timeout):
-        return '{"listening": "x"}\n'
-
-    def finish(self, container, timeout):
-        if self.interrupt:
-            raise KeyboardInterrupt
-        return self.output
-
-    def remove_cluster(self, cluster_id=None):
-        self.removed.append(cluster_id)
-        return 1
-
-
-def stand_in_plan(network_interface):
-    from launcher.plan import Node
-
-    nodes = (Node("node_1", "ssh://node_1"), Node("node_2", "ssh://node_2"))
-    return SimpleNamespace(image="img", ssh_port=12345, network_interface=network_interface, nodes=nodes)
+# --- the Docker side, against the stand-in engine ---
+def stand_in_settings(network_interface):
+    return launch_settings(nodes=("node_1", "node_2"), image="img", network_interface=network_interface)
 
 
 VIEWS = {"node_1": SimpleNamespace(addresses=(("hst0", "10.0.0.1/24"),)),
@@ -315,12 +289,12 @@ def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_
                                                                                          target, source):
     from launcher import linkcheck
 
-    node_1, node_2 = StandInDriver("node_1", probe_output()), StandInDriver("node_2")
-    results = linkcheck.measure(stand_in_plan(network_interface), [node_1, node_2], VIEWS, 1.0, lambda _: None)
+    node_1, node_2 = StandInEngine("node_1", probe_output=probe_output()), StandInEngine("node_2")
+    results = linkcheck.measure(stand_in_settings(network_interface), [node_1, node_2], VIEWS, 1.0, lambda _: None)
     assert results == [Link("node_1", "node_2", "10.0.0.2", 0.25, 941.5, 938.0)]
-    [(serve, labels)] = node_2.started
-    [(probe, _)] = node_1.started
-    assert serve[:4] == ["python", "-m", "launcher.linkprobe", "serve"] and serve[serve.index("--bind") + 1] == bind
+    [(serve, labels)] = node_2.probes
+    [(probe, _)] = node_1.probes
+    assert serve[:4] == ["python", "-m", "launcher.agent.linkprobe", "serve"] and serve[serve.index("--bind") + 1] == bind
     assert probe[probe.index("--target") + 1] == target and probe[probe.index("--port") + 1] == "12345"
     assert probe[probe.index("--timeout") + 2 :] == ["--port", "12345", "--seconds", "1.0", *source]
     cluster = labels["horovod-stack.cluster"]
@@ -330,8 +304,8 @@ def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_
 def test_measure_removes_every_container_when_interrupted():
     from launcher import linkcheck
 
-    node_1, node_2 = StandInDriver("node_1", interrupt=True), StandInDriver("node_2")
+    node_1, node_2 = StandInEngine("node_1", interrupt=True), StandInEngine("node_2")
     with pytest.raises(KeyboardInterrupt):
-        linkcheck.measure(stand_in_plan("hst0"), [node_1, node_2], VIEWS, 1.0, lambda _: None)
-    cluster = node_2.started[0][1]["horovod-stack.cluster"]
+        linkcheck.measure(stand_in_settings("hst0"), [node_1, node_2], VIEWS, 1.0, lambda _: None)
+    cluster = node_2.probes[0][1]["horovod-stack.cluster"]
     assert node_1.removed == node_2.removed == [cluster]

@@ -15,11 +15,14 @@ import jsonschema
 import pytest
 import yaml
 
-from launcher import mpijob, mpijob_job
-from launcher.mpijob import MpiJobRequest
-from launcher.mpijob_job import OperatorAgent, Options
-from launcher.plan import HOROVOD_DEFAULTS, JobSpec, Worker, job_command
-from launcher.protocol import CLUSTER_KEY, HOSTKEYS_DIR, KNOWN_HOSTS, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR, SSH_PORT
+from app.horovod_defaults import HOROVOD_DEFAULTS
+from launcher.core.job import JobSpec, Worker
+from launcher.core.options import JobOptions, SettingsError, job_command
+from launcher.core.protocol import CLUSTER_KEY, HOSTKEYS_DIR, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR, SSH_PORT
+from launcher.k8s import launcher_pod as mpijob_job
+from launcher.k8s import mpijob
+from launcher.k8s.launcher_pod import OperatorAgent, PodArgs
+from tests.conftest import JOB_OPTIONS, StandInTransport, job_spec
 
 SCHEMA = Path(__file__).parent / "k8s" / "mpijob-v2beta1.schema.json"
 """The operator's CRD schema, kept with the tests (tests/k8s/README.md); the workplace's reference copy is below."""
@@ -75,8 +78,10 @@ def test_the_schema_kept_here_is_the_workplaces_reference():
 
 
 def export(**fields) -> dict:
-    request = MpiJobRequest(**{"name": "digits", "workers": 2, "command": tuple(job_command(TRAIN)), **fields})
-    text = mpijob.to_yaml(request)
+    """The document `launcher export mpijob` writes for these flags (the job options' by their JobOptions names)."""
+    job = {"command": job_command(TRAIN), **{key: fields.pop(key) for key in list(fields) if key in JOB_OPTIONS}}
+    job.setdefault("elastic", job.get("elastic_min_workers") is not None)
+    text = mpijob.to_yaml(mpijob.request(job, **{"name": "digits", "workers": 2, **fields}))
     assert text.startswith("# MPIJob ")
     return yaml.safe_load(text)
 
@@ -86,7 +91,11 @@ def pods(document: dict) -> tuple[dict, dict]:
     return replicas["Launcher"]["template"]["spec"], replicas["Worker"]["template"]["spec"]
 
 
-def launcher_options(document: dict) -> Options:
+def launcher_options(document: dict) -> JobOptions:
+    return launcher_pod(document).options
+
+
+def launcher_pod(document: dict) -> PodArgs:
     args = pods(document)[0]["containers"][0]["args"]
     assert args[0] == mpijob.LAUNCHER_ROLE
     return mpijob_job.parse(args[1:])
@@ -134,7 +143,7 @@ def test_every_export_validates_against_the_crd_schema_and_the_operators_rules(s
 
 def test_the_launcher_pod_runs_the_same_command_with_the_stacks_defaults_and_the_users_env():
     options = launcher_options(export(env=("NCCL_DEBUG=INFO", "A=1")))
-    assert options.job == "digits"
+    assert launcher_pod(export()).job == "digits"
     assert options.command == tuple(job_command(TRAIN))
     assert options.env == ("NCCL_DEBUG=INFO", "A=1", "OMPI_MCA_mpi_yield_when_idle=1")  # the user's NCCL_DEBUG wins
     assert set(HOROVOD_DEFAULTS) <= {item.partition("=")[0] for item in options.env}
@@ -146,7 +155,7 @@ def test_the_launcher_pod_runs_the_same_command_with_the_stacks_defaults_and_the
 
 def test_an_elastic_export_names_the_pods_nic_and_its_minimum():
     options = launcher_options(export(workers=3, elastic_min_workers=2))
-    assert (options.min_workers, options.network_interface) == (2, "eth0")
+    assert (options.elastic, options.min_workers, options.network_interface) == (True, 2, "eth0")
     assert launcher_options(export(elastic_min_workers=1, network_interface="net1")).network_interface == "net1"
     assert launcher_options(export()).network_interface is None
 
@@ -160,7 +169,7 @@ BAD = {
     "no workers": ({"workers": 0}, "--workers 0: an MPIJob needs at least 1 worker"),
     "bad env": ({"env": ("1A=2",)}, "--env '1A=2' is not KEY=VALUE"),
     "slots beside gpus": ({"slots": 2, "gpus_per_node": 4}, "a GPU worker runs one rank per GPU; drop --slots"),
-    "minimum above workers": ({"elastic_min_workers": 3}, "--min-workers 3 is not from 1 to --workers 2"),
+    "minimum above workers": ({"elastic_min_workers": 3}, "--min-workers 3 is not from 1 to the 2 worker pods (--workers)"),
     "bad namespace": ({"namespace": "Team_A"}, "--namespace 'Team_A' is not a Kubernetes namespace name"),
 }
 
@@ -208,11 +217,13 @@ HOSTFILE = "digits-worker-0.digits.default.svc slots=2\ndigits-worker-1.digits.d
 
 
 def test_agent_args_and_parse_agree():
-    options = Options(job="j", network_interface="eth0", min_workers=2, env=("A=1", "B=x y"),
-                      command=("python", "-m", "app.train", "--epochs", "1"))
-    assert mpijob_job.parse(mpijob_job.agent_args(options)) == options
-    assert mpijob_job.agent_args(Options(job="j", command=("true",))) == ["--job", "j", "--", "true"]
-    with pytest.raises(mpijob_job.SpecError, match="written by `launcher export mpijob`"):
+    pod = PodArgs(job="j", options=JobOptions(network_interface="eth0", elastic=True, elastic_min_workers=2,
+                                              env=("A=1", "B=x y"), command=("python", "-m", "app.train", "--epochs",
+                                                                             "1")))
+    assert mpijob_job.parse(mpijob_job.agent_args(pod)) == pod
+    assert mpijob_job.agent_args(PodArgs(job="j", options=JobOptions(command=("true",)))) == ["--job", "j", "--",
+                                                                                              "true"]
+    with pytest.raises(SettingsError, match="written by `launcher export mpijob`"):
         mpijob_job.parse(["--nope", "--", "true"])
 
 
@@ -220,9 +231,9 @@ def test_the_operators_hostfile_gives_the_workers_in_order_with_their_slots():
     assert mpijob_job.hostfile_workers("# by the operator\n" + HOSTFILE) == [
         Worker("digits-worker-0", "digits-worker-0.digits.default.svc", 2),
         Worker("digits-worker-1", "digits-worker-1.digits.default.svc", 2)]
-    with pytest.raises(mpijob_job.SpecError, match="lists no workers"):
+    with pytest.raises(SettingsError, match="lists no workers"):
         mpijob_job.hostfile_workers("\n")
-    with pytest.raises(mpijob_job.SpecError, match="line 1: 'slots=two' is not slots=N"):
+    with pytest.raises(SettingsError, match="line 1: 'slots=two' is not slots=N"):
         mpijob_job.hostfile_workers("w slots=two\n")
 
 
@@ -242,9 +253,9 @@ def test_the_job_runs_mpirun_over_the_operators_workers_with_a_run_folder_of_its
 
 
 def test_bad_launcher_arguments_are_refused_before_any_worker_is_claimed():
-    with pytest.raises(mpijob_job.SpecError, match="--min-workers 3 is not from 1 to the 2 workers"):
-        mpijob_job.job_spec(mpijob_job.parse(["--min-workers", "3"]), HOSTFILE, [])
-    with pytest.raises(mpijob_job.SpecError, match="elastic training needs the NIC"):
+    with pytest.raises(SettingsError, match="--min-workers 3 is not from 1 to the 2 workers"):
+        mpijob_job.job_spec(mpijob_job.parse(["--min-workers", "3", "--network-interface", "eth0"]), HOSTFILE, [])
+    with pytest.raises(SettingsError, match="elastic training needs the NIC"):
         mpijob_job.job_spec(mpijob_job.parse(["--min-workers", "1"]), HOSTFILE, [])
     with pytest.raises(ValueError, match="is not KEY=VALUE"):
         mpijob_job.parse(["--env", "oops"])
@@ -256,31 +267,19 @@ def test_ip_addresses_are_read_from_ip_o_addr():
     assert mpijob_job.parse_ip_addresses(text) == [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24")]
 
 
-class Transport:
-    """The launcher pod's files and two workers whose sshd answers the pinned key only."""
-
-    def __init__(self, keys: dict[str, str]) -> None:
-        self.keys = keys
-        self.files = {f"{MPIJOB_SSH_AUTH_DIR}/id_rsa": "the operator's key (a stand-in, no real key)\n"}
-        self.modes: dict[str, int] = {}
-
-    def read(self, path: str) -> str | None:
-        return self.files.get(path)
-
-    def write(self, path: str, text: str, mode: int = 0o644) -> None:
-        self.files[path], self.modes[path] = text, mode
-
-    def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
-        pinned = f"[{address}]:{SSH_PORT} {self.keys[address]}"
-        return (0, "") if pinned in self.files.get(KNOWN_HOSTS, "").splitlines() else (255, "host key changed")
+def operator_transport(keys: dict[str, str]) -> StandInTransport:
+    """The launcher pod's files and workers whose sshd answers the pinned key only."""
+    transport = StandInTransport(keys=keys)
+    transport.files[f"{MPIJOB_SSH_AUTH_DIR}/id_rsa"] = "the operator's key (a stand-in, no real key)\n"
+    return transport
 
 
 def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_first_contact():
     keys = {"w0.j.ns.svc": "ssh-ed25519 AAA0", "w1.j.ns.svc": "ssh-ed25519 AAA1"}
-    transport = Transport(dict(keys))
+    transport = operator_transport(dict(keys))
     scanned: list[str] = []
-    spec = JobSpec(job_id="j", command=("true",), expected_workers=2,
-                   workers=(Worker("w0", "w0.j.ns.svc"), Worker("w1", "w1.j.ns.svc")))
+    spec = job_spec(job_id="j", command=("true",), expected_workers=2,
+                    workers=(Worker("w0", "w0.j.ns.svc"), Worker("w1", "w1.j.ns.svc")))
     agent = OperatorAgent(spec, transport, MPIJOB_SSH_AUTH_DIR,  # type: ignore[arg-type]
                           scan=lambda address, port: scanned.append(address) or keys[address], say=lambda _: None)
     agent.prepare()
@@ -295,9 +294,9 @@ def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_fir
 
 
 def test_without_the_operators_key_the_job_is_refused_naming_the_mount():
-    transport = Transport({})
+    transport = operator_transport({})
     transport.files.clear()
-    spec = JobSpec(job_id="j", command=("true",), expected_workers=0)
+    spec = job_spec(job_id="j", command=("true",), expected_workers=0)
     end = OperatorAgent(spec, transport, MPIJOB_SSH_AUTH_DIR, say=lambda _: None).run()  # type: ignore[arg-type]
     assert end.status == 2
     assert end.cause and f"no SSH key at {MPIJOB_SSH_AUTH_DIR}/id_rsa" in end.cause

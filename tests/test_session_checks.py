@@ -1,45 +1,18 @@
-"""The launch's checks before any worker starts, against stand-in drivers (no Docker)."""
-
-import dataclasses
+"""The launch's checks before any worker starts, against the stand-in engine (no Docker): the same findings refuse
+a start and fill doctor's report (launcher/preflight.py)."""
 
 import pytest
 
-from app import gpu
-from launcher import session
-from launcher.driver import HostView
-from launcher.plan import Node
-from launcher.settings import LaunchSettings
-
+from launcher import doctor, preflight, session
+from launcher.plan import ClusterPlan
+from launcher.preflight import NodeFacts, Severity
+from tests.conftest import StandInEngine, connect_to, container, launch_settings
 
 HOSTS = {"node_1": "10.0.0.1", "node_2": "10.0.0.2"}
 
 
-class StandInDriver:
-    def __init__(self, name: str, nics: tuple[str, ...], port_taken: bool = False, gpu_query: str = "",
-                 addresses: tuple[tuple[str, str], ...] = ()) -> None:
-        self.node = Node(name, f"ssh://{name}")
-        self.gpu_query = gpu_query
-        self.view = HostView(port_taken=port_taken, nics=nics, addresses=addresses)
-        self.started = []
-        self.gpu_requests = []
-
-    def cluster_containers(self, cluster_id=None):
-        return []
-
-    def image_id(self, image):
-        return "sha256:0123456789abcdef"
-
-    def host_view(self, image, port, resolve=()):
-        # As /etc/hosts on every node would: the test nodes resolve, other names do not.
-        return dataclasses.replace(self.view, resolved=tuple((name, HOSTS[name]) for name in resolve if name in HOSTS))
-
-    def gpu_problem(self, image, request):
-        self.gpu_requests.append(request)
-        return gpu.gpu_problem(self.gpu_query, len(request.device_ids) or request.count)
-
-    def start_worker(self, plan):
-        self.started.append(plan.cluster_id)
-        raise AssertionError("a worker started")
+def node_engine(name, nics, port_taken=False, gpu_query="", addresses=()):  # the two test nodes resolve
+    return StandInEngine(name, nics, port_taken=port_taken, gpu_query=gpu_query, addresses=addresses, resolves=HOSTS)
 
 
 @pytest.mark.parametrize("nic, node_2_nics, port_taken, error", [
@@ -50,19 +23,18 @@ class StandInDriver:
                                                "NODE_NETWORK_INTERFACE in .env"),
     ("ens5", ("lo", "ens5"), True, "node_2: port 12345 is already in use there"),
 ])
-def test_nic_and_port_are_checked_before_any_worker_starts(nic, node_2_nics, port_taken, error, monkeypatch):
-    drivers = [StandInDriver("node_1", ("lo", "ens5")), StandInDriver("node_2", node_2_nics, port_taken)]
-    monkeypatch.setattr(session, "connect_all", lambda plan, say: drivers)
+def test_nic_and_port_are_checked_before_any_worker_starts(nic, node_2_nics, port_taken, error):
+    engines = [node_engine("node_1", ("lo", "ens5")), node_engine("node_2", node_2_nics, port_taken)]
     said = []
-    settings = LaunchSettings(nodes=("node_1", "node_2"), network_interface=nic)
+    settings = launch_settings(nodes=("node_1", "node_2"), network_interface=nic)
     if error is None:
-        session.check_nodes(settings.plan(), drivers, push_image=False, say=said.append)
+        session.check_nodes(settings, engines, say=said.append)
         assert "node_2: port 12345 free" + (f", NIC {nic} present" if nic else "") in said
         return
     with pytest.raises(session.LaunchError) as refused:
-        session.launch(settings, say=said.append, relay=said.append)
+        session.launch(settings, say=said.append, relay=said.append, connect=connect_to(*engines))
     assert str(refused.value).startswith(error)
-    assert [d.started for d in drivers] == [[], []]
+    assert [d.started for d in engines] == [[], []]
 
 
 H100 = "0, NVIDIA H100 80GB HBM3, 580.65.06, 9.0\n1, NVIDIA H100 80GB HBM3, 580.65.06, 9.0\n"
@@ -76,25 +48,24 @@ H100 = "0, NVIDIA H100 80GB HBM3, 580.65.06, 9.0\n1, NVIDIA H100 80GB HBM3, 580.
                                                      "CUDA 13 needs 7.5 or higher"),
     ("0, Odd GPU, [N/A], [N/A]\n", 1, "nvidia-smi's answer there could not be read"),
 ])
-def test_gpus_are_checked_on_every_node_before_any_worker_starts(query, wanted, problem, monkeypatch):
-    drivers = [StandInDriver("node_1", ("lo",), gpu_query=H100 * 2), StandInDriver("node_2", ("lo",), gpu_query=query)]
-    monkeypatch.setattr(session, "connect_all", lambda plan, say: drivers)
-    settings = LaunchSettings(nodes=("node_1", "node_2"), gpus_per_node=wanted if problem else 2)
+def test_gpus_are_checked_on_every_node_before_any_worker_starts(query, wanted, problem):
+    engines = [node_engine("node_1", ("lo",), gpu_query=H100 * 2), node_engine("node_2", ("lo",), gpu_query=query)]
+    settings = launch_settings(nodes=("node_1", "node_2"), gpus_per_node=wanted if problem else 2)
     if problem is None:
-        session.check_nodes(settings.plan(), drivers, push_image=False, say=lambda _: None)
+        session.check_nodes(settings, engines, say=lambda _: None)
         return
     with pytest.raises(session.LaunchError) as refused:
-        session.launch(settings, say=lambda _: None, relay=lambda _: None)
+        session.launch(settings, say=lambda _: None, relay=lambda _: None, connect=connect_to(*engines))
     assert str(refused.value).startswith(f"node_2: {problem}")
-    assert [d.started for d in drivers] == [[], []]
+    assert [d.started for d in engines] == [[], []]
 
 
-def test_gpus_named_by_id_are_checked_with_the_workers_own_request(monkeypatch):
-    drivers = [StandInDriver("node_1", ("lo",), gpu_query=H100), StandInDriver("node_2", ("lo",), gpu_query=H100)]
-    settings = LaunchSettings(nodes=("node_1", "node_2"), gpus_per_node=2, gpu_ids=("0", "1"))
-    session.check_nodes(settings.plan(), drivers, push_image=False, say=lambda _: None)
-    plan = settings.plan()
-    assert [request for driver in drivers for request in driver.gpu_requests] == [plan.gpu_request(plan.rank0)] * 2
+def test_gpus_named_by_id_are_checked_with_the_workers_own_request():
+    engines = [node_engine("node_1", ("lo",), gpu_query=H100), node_engine("node_2", ("lo",), gpu_query=H100)]
+    settings = launch_settings(nodes=("node_1", "node_2"), gpus_per_node=2, gpu_ids=("0", "1"))
+    session.check_nodes(settings, engines, say=lambda _: None)
+    plan = ClusterPlan.of(settings)
+    assert [request for driver in engines for request in driver.gpu_requests] == [plan.gpu_request(plan.rank0)] * 2
     assert plan.gpu_request(plan.rank0).device_ids == ("0", "1")
 
 
@@ -107,9 +78,49 @@ def test_an_unpinned_nic_across_hosts_leaves_every_nodes_virtual_subnets_out(nic
     node_1 = (("lo", "127.0.0.1/8"), ("eth0", "10.0.0.1/24"), ("docker0", "172.17.0.1/16"))
     node_2 = (("lo", "127.0.0.1/8"), ("eth0", "10.0.0.2/24"), ("docker0", "172.17.0.1/16"),
               ("br-c33e5cb9fa8c", "172.26.0.1/16"))
-    drivers = [StandInDriver("node_1", ("lo", "eth0", "docker0"), addresses=node_1),
-               StandInDriver("node_2", ("lo", "eth0", "docker0", "br-c33e5cb9fa8c", "veth9a1"), addresses=node_2)]
-    plan = LaunchSettings(nodes=nodes, network_interface=nic).plan()
-    checked = session.check_nodes(plan, drivers[: len(nodes)], push_image=False, say=lambda _: None)
-    assert checked.excluded_subnets == expected
+    engines = [node_engine("node_1", ("lo", "eth0", "docker0"), addresses=node_1),
+               node_engine("node_2", ("lo", "eth0", "docker0", "br-c33e5cb9fa8c", "veth9a1"), addresses=node_2)]
+    settings = launch_settings(nodes=nodes, network_interface=nic)
+    checked = session.check_nodes(settings, engines[: len(nodes)], say=lambda _: None)
+    assert checked.found.excluded_subnets == expected
     assert checked.job_spec().excluded_subnets == expected
+
+
+def test_a_running_cluster_refuses_a_start_and_a_finished_one_is_named():
+    node_1, node_2 = node_engine("node_1", ("lo",)), node_engine("node_2", ("lo",))
+    node_2.cluster_containers = lambda cluster_id=None: [container("old", "5ca1ab1e", running=False)]  # type: ignore
+    said: list[str] = []
+    session.check_nodes(launch_settings(nodes=("node_1", "node_2")), [node_1, node_2], say=said.append)
+    assert ("node_2: finished cluster 5ca1ab1e is kept for `launcher status` and `launcher logs`; `launcher stop "
+            "--nodes node_1,node_2 --cluster 5ca1ab1e` removes it") in said
+    node_1.cluster_containers = lambda cluster_id=None: [container("job", "c0ffee00")]  # type: ignore
+    with pytest.raises(session.LaunchError) as refused:
+        session.launch(launch_settings(nodes=("node_1", "node_2")), say=said.append, relay=said.append,
+                       connect=connect_to(node_1, node_2))
+    assert str(refused.value) == ("node_1: cluster c0ffee00 is still running; stop it first with `launcher stop "
+                                  "--nodes node_1,node_2 --cluster c0ffee00`")
+
+
+def test_doctor_prints_every_finding_and_counts_the_problems_a_start_would_refuse():
+    node_1 = node_engine("node_1", ("lo", "eth0"))
+    node_2 = node_engine("node_2", ("lo", "ens5"), port_taken=True)
+    printed: list[str] = []
+    settings = launch_settings(nodes=("node_1", "node_2"), network_interface="eth0")
+    problems, engines, views = doctor.check(settings, printed.append, connect=connect_to(node_1, node_2))
+    assert "node_1: engine        ok (26.1.5 at ssh://node_1)" in printed
+    assert "node_1: network iface ok (eth0)" in printed and "node_1: ssh port      ok free (12345)" in printed
+    assert ("node_2: ssh port      FAIL port 12345 is already in use there; free it or pass --ssh-port with a free "
+            "port") in printed
+    assert problems == [
+        "node_2: no network interface eth0 there (it has ens5, lo); pass --network-interface with one of them, or set "
+        "NODE_NETWORK_INTERFACE in .env",
+        "node_2: port 12345 is already in use there; free it or pass --ssh-port with a free port",
+    ]
+    assert [engine.node.name for engine in engines] == ["node_1", "node_2"] and set(views) == {"node_1", "node_2"}
+
+
+@pytest.mark.parametrize("skew, severity", [(0.4, Severity.OK), (-7.0, Severity.WARNING)])
+def test_clock_skew_is_a_warning_doctor_fails_on_and_a_start_only_says(skew, severity):
+    facts = NodeFacts("node_1", "ssh://node_1", version="26.1.5", image_id="sha256:0123456789abcdef", clock_skew=skew)
+    [finding] = [f for f in preflight.check_node(launch_settings(), facts) if f.check == "clock skew"]
+    assert finding.severity is severity and (finding.ok == (severity is Severity.OK))

@@ -9,12 +9,15 @@ import threading
 
 import pytest
 
-from launcher import jobstate, stacks, stall
-from launcher.agent import Agent, StallWatch
+from launcher import jobstate
+from launcher.agent import stacks
+from launcher.agent.job import Agent, StallWatch
+from launcher.agent.stacks import Frame, RankStack
+from launcher.core import stall
+from launcher.core.job import Worker
+from launcher.core.protocol import JOB_STALL
 from launcher.jobstate import ContainerState
-from launcher.plan import JobSpec, Worker
-from launcher.protocol import JOB_STALL
-from launcher.stacks import Frame, RankStack
+from tests.conftest import StandInTransport, job_spec
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
 COLLECTIVE = (Frame("synchronize", f"{SITE}/horovod/torch/mpi_ops.py", 1037),
@@ -117,50 +120,22 @@ def test_status_says_stalled_with_the_odd_ranks_out():
         "running: no epoch finished yet")
 
 
-class StalledTransport:
-    """A job that never prints again: rank 0 waits in the collective (node_1), rank 1 in its own code (node_2)."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, str] = {}
-        self.ended = threading.Event()
-        self.commands: list[tuple[str, str]] = []
-
-    def output_age(self) -> float:
-        return 999.0
-
-    def file_age(self, path: str) -> float | None:
-        return None
-
-    def horovod_warning(self) -> str | None:
-        return None
-
-    def write(self, path: str, text: str, mode: int = 0o644) -> None:
-        self.files[path] = text
-
-    def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
-        self.commands.append((address, command))
-        node = "node_1" if address == "10.0.0.1" else "node_2"
-        frames = COLLECTIVE if node == "node_1" else OWN_WAIT
-        return 0, stacks.to_json([RankStack(0 if node == "node_1" else 1, node, 50, frames)]) + "\n"
-
-    def stop_job(self) -> None:
-        self.ended.set()
-
-
 WORKERS = [Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2")]
 
 
 @pytest.mark.parametrize("action", ["warn", "fail"])
 def test_the_stall_watch_gathers_the_stacks_once_and_ends_the_job_only_when_asked(action):
-    spec = JobSpec(job_id="j", command=("python", "stall.py"), expected_workers=2, workers=tuple(WORKERS),
-                   stall_timeout=1, stall_action=action)
-    transport, said = StalledTransport(), []
+    spec = job_spec(job_id="j", command=("python", "stall.py"), expected_workers=2, workers=tuple(WORKERS),
+                    stall_timeout=1, stall_action=action)
+    # A job that never prints again: rank 0 waits in the collective (node_1), rank 1 in its own code (node_2).
+    waiting = {"10.0.0.1": [RankStack(0, "node_1", 50, COLLECTIVE)], "10.0.0.2": [RankStack(1, "node_2", 50, OWN_WAIT)]}
+    transport, said = StandInTransport(stacks_of=waiting), []
     watch = StallWatch(Agent(spec, transport, say=said.append), WORKERS)  # type: ignore[arg-type]
     watch.start()
     assert transport.ended.wait(3) is (action == "fail")
     watch.stop()
     assert [address for address, _ in transport.commands] == ["10.0.0.1", "10.0.0.2"]  # once, not every round
-    assert "python -m launcher.stacks collect --node node_2" in transport.commands[1][1]
+    assert "python -m launcher.agent.stacks collect --node node_2" in transport.commands[1][1]
     assert any(line.startswith("rank 1 (node_2 pid 50) in wait_for_data at stall.py:14") for line in said)
     record = stall.StallRecord.from_json(transport.files[JOB_STALL])
     assert record.idle_seconds == 999 and record.where.startswith("rank 1 (node_2 pid 50) in wait_for_data")

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from app.bench import ranks as launch
 from app.bench.report import median_spread, write_report
+from app.entrypoint import TRAINER
 from app.horovod_defaults import HOROVOD_DEFAULTS
-from launcher.plan import TRAINER
 
 
 def median_rate(lines: list[str]) -> tuple[float, float]:

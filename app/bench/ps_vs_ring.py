@@ -20,17 +20,10 @@ from typing import Any
 from app.bench import netns
 from app.bench import ranks as launch
 from app.bench.report import write_report
+from app.cost_model import model_seconds
 
 TOLERANCE = 0.15
 """How close the measured PS/ring ratio must land to the model's."""
-
-
-def model_seconds(pattern: str, ranks: int, megabytes: float, link_mbit: float) -> float:
-    """The cost model's step time (bandwidth term only), in seconds."""
-    per_gradient = megabytes * 1e6 * 8 / (link_mbit * 1e6)
-    if pattern == "ps":
-        return 2 * (ranks - 1) * per_gradient
-    return 2 * (ranks - 1) / ranks * per_gradient
 
 
 def model_ratio(ranks: int) -> float:

@@ -2,10 +2,10 @@
 
 One home for each fact that more than one process reads: the host-side launcher, the job agent in the rank-0 (or
 compose launcher) container, each worker's entrypoint (docker/entrypoint.sh reads the values it needs through
-`python -m launcher.protocol shell`) and `launcher status`. Nothing here has side effects.
+`python -m launcher.core.protocol shell`) and `launcher status`. Nothing here has side effects.
 
-    python -m launcher.protocol shell               KEY=VALUE lines for bash (eval)
-    python -m launcher.protocol exit-code MESSAGE   the status in a job-end message (e.g. 3), for bash
+    python -m launcher.core.protocol shell               KEY=VALUE lines for bash (eval)
+    python -m launcher.core.protocol exit-code MESSAGE   the status in a job-end message (e.g. 3), for bash
 """
 
 from __future__ import annotations
@@ -32,8 +32,33 @@ WORKER_CLAIM_TIMEOUT_SECONDS = 900
 """A worker that no job's agent has claimed (no lifeline) this long after it started stops by itself: nothing is
 left running when the client that started it died before the job began."""
 
+DEFAULT_IMAGE = "horovod-stack:latest"
+"""The image every door runs unless told otherwise (IMAGE, --image)."""
+SHARED_VOLUME = "horovod-stack-shared"
+"""The shared folder's default: a Docker volume of this name on each node, compose's volume, the MPIJob's claim."""
+SHM_SIZE = "1g"
+"""Shared memory for every worker (NCCL and Gloo use it), as Docker writes sizes."""
+MPIUSER_UID = 1000
+"""The image's user, who runs sshd and every rank, and owns what the stack writes into containers."""
+
+# --- the worker container, as every door starts it ------------------------------------------------------------------
+WORKER_ULIMITS = {"stack": 64 * 1024**2}
+"""NCCL's container advice, for every worker: a 64 MB stack (compose.yaml sets the same)."""
+GPU_WORKER_ULIMITS = {**WORKER_ULIMITS, "memlock": -1}
+"""GPU workers also get unlimited locked memory, which NCCL's RDMA transports register their buffers in
+(compose.gpu.yaml sets the same). Not for CPU workers: raising the limit needs the engine's CAP_SYS_RESOURCE,
+which some hosts (sandboxes, rootless engines) lack, and CPU jobs have no use for it."""
+WORKER_CAPABILITIES = ("IPC_LOCK", "SYS_PTRACE")
+"""IPC_LOCK lets a rank lock the memory it registers for RDMA (InfiniBand, RoCE); SYS_PTRACE lets py-spy read the
+ranks' stacks (`launcher stacks`, the stall watch)."""
+
 # --- paths inside the containers ----------------------------------------------------------------------------------
 HOME = "/home/mpiuser"
+SHARED_MOUNT = "/shared"
+RUNS_DIR = f"{SHARED_MOUNT}/runs"
+"""Each run of the bundled trainer writes into a folder of its own here: metrics, checkpoints, TensorBoard."""
+WORKDIR = "/workdir"
+"""Where the user's code sits in every container (--workdir, compose's WORKDIR); the job's working directory."""
 CLUSTER_SSH_DIR = "/cluster/ssh"
 """The cluster's key pair and authorized_keys (compose: a volume the workers mount read-only)."""
 CLUSTER_KEY = f"{CLUSTER_SSH_DIR}/id_ed25519"
@@ -44,7 +69,7 @@ SSH_CONFIG = f"{SSH_DIR}/config"
 KNOWN_HOSTS = f"{SSH_DIR}/known_hosts"
 HOSTFILE_PATH = f"{HOME}/hostfile"
 JOB_SPEC = f"{HOME}/job.json"
-"""The job the agent runs (launcher.plan.JobSpec as JSON): written by the multi-host launcher, or by the agent
+"""The job the agent runs (launcher.core.job.JobSpec as JSON): written by the multi-host launcher, or by the agent
 itself from compose's environment; elastic host discovery reads it too."""
 JOB_LOG = f"{HOME}/job.log"
 """The agent's and the job's output, in the multi-host launcher's rank-0 container (`launcher logs`, `status`)."""
@@ -55,16 +80,21 @@ JOB_END_FILE = f"{HOME}/.job-ended"
 WORKER_CLAIMED = f"{HOME}/.claimed"
 """In every worker: made when an agent's lifeline first reaches it."""
 AGENT = ("python", "-m", "launcher.agent")
-STACKS = ("python", "-m", "launcher.stacks")
+STACKS = ("python", "-m", "launcher.agent.stacks")
 """In a worker container: its ranks' stacks, as JSON (`STACKS collect --node NAME [--native]`)."""
 JOB_STALL = f"{HOME}/job.stall"
-"""In the agent's container while the job runs: the stall watch's record (launcher/stall.py), for `status`."""
+"""In the agent's container while the job runs: the stall watch's record (launcher/core/stall.py), for `status`."""
 STALL_TIMEOUT_SECONDS = 300
 """A running job that prints nothing and records no new metrics this long is stalled (0: no stall watch)."""
-RANK_NIC = ("python", "-m", "launcher.rank_nic")
+RANK_NIC = ("python", "-m", "launcher.agent.rank_nic")
 """In front of each rank's command when the job's NIC is a subnet: sets NCCL's and Gloo's NIC to the rank's own."""
 DISCOVERY_SCRIPT = "/opt/horovod-stack/docker/discover-hosts.sh"
 """Elastic Horovod's host discovery, in the image (`python -m launcher.agent discover`)."""
+
+LINK_PROBE = ("python", "-m", "launcher.agent.linkprobe")
+"""`launcher doctor --links`' two ends, each in a short-lived host-network container of the image."""
+LINK_SECONDS = 2.0
+"""How long each direction of a node pair streams in the link test, unless --link-seconds says otherwise."""
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Ctrl-C, `kill` or a service manager's stop, a closed terminal: what the launcher and the agent stop on."""
@@ -145,16 +175,16 @@ def main(argv: list[str]) -> int:
     return 2
 
 
-# --- the MPIJob door (launcher/mpijob.py writes these paths into the document; launcher/mpijob_job.py reads them) ---
+# --- the MPIJob door (launcher/k8s/mpijob.py writes these paths into the document; k8s/launcher_pod.py reads them) --
 MPIJOB_SSH_AUTH_DIR = "/cluster/mpi-operator-ssh"
 """The MPIJob's sshAuthMountPath: where the MPI Operator mounts its Secret (id_rsa, id_rsa.pub, authorized_keys;
 root-owned, mode 0644) in the launcher and every worker. The entrypoint and the agent copy from there to the
 places the stack's sshd and ssh read keys, owned by mpiuser with the modes they insist on."""
 MPIJOB_HOSTFILE = "/etc/mpi/hostfile"
+"""The operator's hostfile in the launcher pod: `<job>-worker-<i>.<job>.<ns>.svc slots=<slotsPerWorker>` lines."""
 MPIJOB_DISCOVERY = "/etc/mpi/discover_hosts.sh"
 """The operator's elastic host discovery in the launcher pod: one host name per running worker, no slot counts
 (horovodrun's --slots-per-host gives them)."""
-"""The operator's hostfile in the launcher pod: `<job>-worker-<i>.<job>.<ns>.svc slots=<slotsPerWorker>` lines."""
 
 
 if __name__ == "__main__":

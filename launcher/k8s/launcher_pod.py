@@ -1,13 +1,14 @@
 """The MPIJob door: a Kubeflow MPIJob's launcher pod (MPI Operator v0.8) as a JobSpec for the job agent.
 
-    python -m launcher.agent mpijob [--job NAME] [--ssh-auth DIR] [--hostfile FILE] [--network-interface NIC]
-                                    [--min-workers M] [--env KEY=VALUE]... -- COMMAND...
+    python -m launcher.k8s.launcher_pod [--job NAME] [--ssh-auth DIR] [--hostfile FILE] [--network-interface NIC]
+                                        [--min-workers M] [--env KEY=VALUE]... -- COMMAND...
 
 The operator finds the workers and writes them into its hostfile (MPIJOB_HOSTFILE: one
 `<job>-worker-<i>.<job>.<ns>.svc slots=N` line each); everything after that is the agent's, as for the other doors:
 readiness, lifelines, mpirun over a hostfile of those same names and slots (given with --hostfile: Open MPI 5
-ignores the operator's ORTE variables), the exit status and root cause. `launcher export mpijob` (launcher/mpijob.py)
-writes the pod's arguments with agent_args, which this module parses.
+ignores the operator's ORTE variables), the exit status and root cause. `launcher export mpijob` (launcher/k8s/
+mpijob.py) writes the pod's arguments with agent_args, which this module parses into the same JobOptions every door
+builds.
 
 Keys: the operator mounts its Secret at sshAuthMountPath (MPIJOB_SSH_AUTH_DIR): id_rsa, id_rsa.pub and
 authorized_keys, root-owned with mode 0644. The agent copies the private key to where the stack's ssh client reads
@@ -30,21 +31,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from launcher.agent import Agent, JobError, SshTransport, Transport, stop_on_signals
-from launcher.compose_job import new_run_id
-from launcher.plan import (
-    RUNS_DIR,
-    DoorWords,
-    JobSpec,
-    Worker,
-    check_env_assignment,
-    job_command,
-    nic_in_subnet,
-    subnet_of,
-    virtual_subnets,
-    with_run_dir,
-)
-from launcher.protocol import (
+from launcher.agent.compose import new_run_id
+from launcher.agent.job import Agent, JobError
+from launcher.agent.transport import SshTransport, Transport, stop_on_signals
+from launcher.core.job import DoorWords, JobSpec, Worker
+from launcher.core.nics import nic_in_subnet, subnet_of, virtual_subnets
+from launcher.core.options import JobOptions, SettingsError, Spelling, job_command
+from launcher.core.protocol import (
     CLUSTER_KEY,
     HOSTKEYS_DIR,
     JOB_SPEC,
@@ -52,8 +45,8 @@ from launcher.protocol import (
     MPIJOB_DISCOVERY,
     MPIJOB_HOSTFILE,
     MPIJOB_SSH_AUTH_DIR,
+    RUNS_DIR,
     SSH_CONNECT_TIMEOUT_SECONDS,
-    SSH_PORT,
     JobEnd,
 )
 
@@ -66,71 +59,72 @@ WORDS = DoorWords(
     lost_hint="`kubectl describe pod` shows how the worker pod ended",
 )
 RESULTS_HINT = "the MPIJob's shared claim (/shared in every pod)"
-
-
-class SpecError(ValueError):
-    """An MPIJob launcher's argument or hostfile the agent refuses; one line naming the fix."""
+SPELLING = Spelling(
+    {
+        "env": "--env",
+        "network_interface": "--network-interface",
+        "elastic": "--elastic",
+        "elastic_min_workers": "--min-workers",
+        "workers": "workers in the MPI Operator's hostfile",
+    },
+    flag_fix="export the job again with another {name} (launcher export mpijob takes the same option)",
+)
+"""`launcher export mpijob`'s options, which the pod's arguments carry."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
-    """The launcher pod's arguments (as agent_args writes them)."""
+class PodArgs:
+    """The launcher pod's arguments (as agent_args writes them): where the operator put its files, and the job."""
 
+    options: JobOptions
     job: str = "mpijob"
     ssh_auth: str = MPIJOB_SSH_AUTH_DIR
     hostfile: str = MPIJOB_HOSTFILE
-    network_interface: str | None = None
-    min_workers: int | None = None
-    env: tuple[str, ...] = ()
-    command: tuple[str, ...] = ()
-    """The words after `--` (job_command: the user's command, or the bundled trainer's options)."""
 
 
-def agent_args(options: Options) -> list[str]:
-    """The launcher pod's arguments to `python -m launcher.agent mpijob` for `options` (parse reads them back);
-    the defaults are left out, the job's name never."""
-    default = Options()
-    argv = ["--job", options.job]
+def agent_args(pod: PodArgs) -> list[str]:
+    """The launcher pod's arguments to `python -m launcher.k8s.launcher_pod` for `pod` (parse reads them back); the
+    defaults are left out, the job's name never."""
+    options = pod.options
+    argv = ["--job", pod.job]
     for flag, value, usual in (
-        ("--ssh-auth", options.ssh_auth, default.ssh_auth),
-        ("--hostfile", options.hostfile, default.hostfile),
+        ("--ssh-auth", pod.ssh_auth, MPIJOB_SSH_AUTH_DIR),
+        ("--hostfile", pod.hostfile, MPIJOB_HOSTFILE),
         ("--network-interface", options.network_interface, None),
-        ("--min-workers", None if options.min_workers is None else str(options.min_workers), None),
+        ("--min-workers", str(options.min_workers) if options.elastic else None, None),
     ):
         if value is not None and value != usual:
             argv += [flag, value]
     for item in options.env:
-        argv += ["--env", check_env_assignment(item)]
+        argv += ["--env", item]
     return [*argv, "--", *options.command]
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise SpecError(f"{message}; the launcher pod's arguments are written by `launcher export mpijob`")
+        raise SettingsError(f"{message}; the launcher pod's arguments are written by `launcher export mpijob`")
 
 
-def parse(argv: list[str]) -> Options:
-    """The launcher pod's arguments: the agent's options, then `--` and the command."""
+def parse(argv: list[str]) -> PodArgs:
+    """The launcher pod's arguments: the agent's options, then `--` and the command (job_command of those words)."""
     split = argv.index("--") if "--" in argv else len(argv)
-    parser = _Parser(prog="python -m launcher.agent mpijob", add_help=False)
-    parser.add_argument("--job", default=Options.job)
-    parser.add_argument("--ssh-auth", default=Options.ssh_auth)
-    parser.add_argument("--hostfile", default=Options.hostfile)
+    parser = _Parser(prog="python -m launcher.k8s.launcher_pod", add_help=False)
+    parser.add_argument("--job", default=PodArgs.job)
+    parser.add_argument("--ssh-auth", default=PodArgs.ssh_auth)
+    parser.add_argument("--hostfile", default=PodArgs.hostfile)
     parser.add_argument("--network-interface")
     parser.add_argument("--min-workers", type=int)
     parser.add_argument("--env", action="append", default=[])
     known = parser.parse_args(argv[:split])
-    for item in known.env:
-        check_env_assignment(item)
-    return Options(
-        job=known.job,
-        ssh_auth=known.ssh_auth,
-        hostfile=known.hostfile,
-        network_interface=known.network_interface or None,
-        min_workers=known.min_workers,
+    options = JobOptions(
+        command=job_command(argv[split + 1 :]),
         env=tuple(known.env),
-        command=tuple(argv[split + 1 :]),
+        network_interface=known.network_interface or None,
+        elastic=known.min_workers is not None,
+        elastic_min_workers=known.min_workers,
+        spelling=SPELLING,
     )
+    return PodArgs(options=options, job=known.job, ssh_auth=known.ssh_auth, hostfile=known.hostfile)
 
 
 def hostfile_workers(text: str, path: str = MPIJOB_HOSTFILE) -> list[Worker]:
@@ -145,12 +139,12 @@ def hostfile_workers(text: str, path: str = MPIJOB_HOSTFILE) -> list[Worker]:
         for word in words[1:]:
             key, _, value = word.partition("=")
             if key in ("slots", "max_slots") and not value.isdigit():
-                raise SpecError(f"{path} line {number}: {word!r} is not slots=N; the MPI Operator writes that file")
+                raise SettingsError(f"{path} line {number}: {word!r} is not slots=N; the MPI Operator writes that file")
             if key == "slots":
                 slots = int(value)
         workers.append(Worker(words[0].split(".")[0], words[0], slots))
     if not workers:
-        raise SpecError(f"{path} lists no workers; is this the launcher pod of an MPIJob with Worker replicas?")
+        raise SettingsError(f"{path} lists no workers; is this the launcher pod of an MPIJob with Worker replicas?")
     return workers
 
 
@@ -164,48 +158,31 @@ def parse_ip_addresses(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def job_spec(
-    options: Options, hostfile_text: str, addresses: list[tuple[str, str]], now: float | None = None
-) -> JobSpec:
+def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]], now: float | None = None) -> JobSpec:
     """The job a launcher pod runs: the operator's workers with their slots; the bundled trainer writes into a run
     folder of its own on the shared claim (RUNS_DIR/<job>-<time>-<random>), so a second run never overwrites the
     first. With no NIC pinned, the virtual NICs of the launcher's own pod (a pod with host networking sees its node's)
     are left out, as the launcher door does with each node's."""
-    workers = hostfile_workers(hostfile_text, options.hostfile)
-    if options.min_workers is not None and not 1 <= options.min_workers <= len(workers):
-        raise SpecError(
-            f"--min-workers {options.min_workers} is not from 1 to the {len(workers)} workers in {options.hostfile}; "
-            "export the job again with a smaller --min-workers"
-        )
-    run_id = f"{options.job}-{new_run_id(now)}"
-    command = with_run_dir(job_command(options.command), f"{RUNS_DIR}/{run_id}")
+    workers = hostfile_workers(hostfile_text, pod.hostfile)
+    run_id = f"{pod.job}-{new_run_id(now)}"
+    options = pod.options
     nic = options.network_interface
     subnet = subnet_of(nic)
-    spec = JobSpec(
+    return JobSpec(
         job_id=run_id,
-        command=tuple(command),
+        options=options,
+        run_folder=f"{RUNS_DIR}/{run_id}",
         expected_workers=len(workers),
         slots=workers[0].slots or 1,
         workers=tuple(workers),
-        ssh_port=SSH_PORT,
-        network_interface=nic,
         excluded_subnets=() if nic else tuple(virtual_subnets(addresses)),
         across_hosts=True,
         driver_nic=nic_in_subnet(addresses, subnet) if subnet else None,
-        env=options.env,
-        elastic_min_workers=options.min_workers,
         discovery_script=MPIJOB_DISCOVERY,
         driver=DRIVER,
         results_hint=RESULTS_HINT,
-        words=dataclasses.replace(
-            WORDS, elastic_minimum=f"--min-workers {options.min_workers}" if options.min_workers else "--min-workers"
-        ),
+        words=dataclasses.replace(WORDS, elastic_minimum=SPELLING.of("elastic_min_workers", options.min_workers)),
     )
-    try:
-        spec.job_argv()  # a bad --env or an elastic job without its NIC: refused before any worker is claimed
-    except ValueError as error:
-        raise SpecError(f"{error} (launcher export mpijob takes the same option)") from None
-    return spec
 
 
 Scan = Callable[[str, int], str | None]
@@ -249,7 +226,7 @@ class OperatorAgent(Agent):
     def pin(self, worker: Worker) -> bool:
         published = f"{HOSTKEYS_DIR}/{worker.address}.pub"
         if not self.transport.read(published):
-            key = self.scan(worker.address, self.spec.ssh_port)
+            key = self.scan(worker.address, self.spec.options.ssh_port)
             if not key:
                 return False
             self.transport.write(published, key + "\n")
@@ -269,9 +246,11 @@ def fallback_spec(hostfile_text: str | None) -> JobSpec:
     """What the agent needs to tell the workers that a refused job has ended: where they are."""
     try:
         workers = tuple(hostfile_workers(hostfile_text or ""))
-    except SpecError:
+    except SettingsError:
         workers = ()
-    return JobSpec(job_id="refused", command=(), expected_workers=0, workers=workers, driver=DRIVER, words=WORDS)
+    return JobSpec(
+        job_id="refused", options=JobOptions(), expected_workers=0, workers=workers, driver=DRIVER, words=WORDS
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -281,14 +260,14 @@ def main(argv: list[str]) -> int:
     hostfile_text: str | None = None
     ssh_auth = MPIJOB_SSH_AUTH_DIR
     try:
-        options = parse(argv)
-        ssh_auth = options.ssh_auth
-        hostfile_text = transport.read(options.hostfile)
+        pod = parse(argv)
+        ssh_auth = pod.ssh_auth
+        hostfile_text = transport.read(pod.hostfile)
         if hostfile_text is None:
-            raise SpecError(
-                f"no {options.hostfile}: the MPI Operator mounts it in an MPIJob's launcher pod; run this there"
+            raise SettingsError(
+                f"no {pod.hostfile}: the MPI Operator mounts it in an MPIJob's launcher pod; run this there"
             )
-        spec = job_spec(options, hostfile_text, own_addresses())
+        spec = job_spec(pod, hostfile_text, own_addresses())
         transport.write(JOB_SPEC, spec.to_json())
     except (ValueError, OSError) as error:
         agent = OperatorAgent(fallback_spec(hostfile_text), transport, ssh_auth)

@@ -1,7 +1,10 @@
-"""A thin driver over one node's Docker engine (Docker SDK): connect, inspect, copy the image, start, exec, remove.
+"""One node's Docker engine, as the host side sees it: the NodeEngine protocol (what session, preflight, doctor,
+status, logs, stacks and results ask of a node) and NodeDriver, its Docker SDK implementation.
 
-Each method does one Docker thing and turns the SDK's exceptions into NodeError, one line naming the node and
-the fix. The order of a launch lives in session.py.
+Nothing outside this module touches a docker-py object: containers are Container records, found again by ID, and
+the SDK's exceptions become NodeError, which carries what happened (Failure: unreachable, refused, not found,
+failed) in one line naming the node and the fix. Tests use a stand-in of NodeEngine (tests/conftest.py). The order
+of a launch lives in session.py.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import Enum
+from typing import Protocol
 
 import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
@@ -20,9 +25,10 @@ from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, gpu_problem
+from launcher.core.options import Bind
+from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
 from launcher.jobstate import ContainerState
-from launcher.plan import LABEL_CLUSTER, LABEL_NODE, RUNS_DIR, SHARED_MOUNT, Bind, ClusterPlan, GpuRequest, Node
-from launcher.protocol import HOME
+from launcher.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, WorkerContainer
 from launcher.settings import engine_override_key
 
 PUSH_TIMEOUT_S = 3600
@@ -69,8 +75,116 @@ def device_request(gpu: GpuRequest) -> DeviceRequest:
     return DeviceRequest(count=gpu.count, capabilities=[["gpu"]])
 
 
+class Failure(Enum):
+    """What happened, for callers that act on it (never on a message's wording)."""
+
+    UNREACHABLE = "unreachable"
+    """The engine does not answer."""
+    REFUSED = "refused"
+    """The engine refused a request (a container that did not start, a write it would not take)."""
+    NOT_FOUND = "not found"
+    """What was asked for is not there (a container removed, an image missing)."""
+    FAILED = "failed"
+    """The request ran and failed (a copy, a pull, an export)."""
+
+
 class NodeError(RuntimeError):
-    """Something on one node stops the launch; the message names the node and the fix."""
+    """Something on one node stops the launch; the message names the node and the fix, `failure` what happened."""
+
+    def __init__(self, message: str, failure: Failure = Failure.FAILED) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+@dataclass(frozen=True)
+class Container:
+    """One of the stack's containers on a node, as the engine last reported it."""
+
+    id: str
+    name: str
+    labels: dict[str, str]
+    status: str
+    """Docker's word: created, running, exited, ..."""
+    state: ContainerState
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Why a worker is lost: its container removed, or killed (docker kill, out of memory, a crash by signal)."""
+
+    why: str
+    removed: bool = False
+
+    def __str__(self) -> str:
+        return self.why
+
+
+class NodeEngine(Protocol):
+    """What the host side asks of one node's engine. Containers are named by ID; every failure is a NodeError."""
+
+    node: Node
+
+    def version(self) -> str: ...
+
+    def image_id(self, image: str) -> str | None: ...
+
+    def cluster_containers(self, cluster_id: str | None = None) -> list[Container]: ...
+
+    def clock_skew_seconds(self) -> float: ...
+
+    def gpu_problem(self, image: str, gpu: GpuRequest) -> str | None: ...
+
+    def missing_bind(self, image: str, binds: tuple[Bind, ...]) -> str | None: ...
+
+    def host_view(self, image: str, port: int, resolve: tuple[str, ...] = ()) -> HostView: ...
+
+    def list_runs(self, image: str, shared_dir: str) -> list[tuple[str, int]]: ...
+
+    def run_archive(self, image: str, shared_dir: str, name: str) -> Iterator[bytes]: ...
+
+    def start_probe(self, image: str, argv: list[str], name: str, labels: dict[str, str]) -> str: ...
+
+    def wait_for_output(self, container_id: str, text: str, timeout: float) -> str | None: ...
+
+    def finish(self, container_id: str, timeout: float) -> str: ...
+
+    def image_size(self, image: str) -> int: ...
+
+    def save_image(self, image: str) -> Iterator[bytes]: ...
+
+    def load_image(self, chunks: Iterator[bytes], image: str) -> None: ...
+
+    def pull_image(self, image: str, progress: Callable[[int, int], None]) -> None: ...
+
+    def start_worker(self, spec: WorkerContainer) -> Container: ...
+
+    def start_again(self, container_id: str) -> None: ...
+
+    def put_files(self, container_id: str, path: str, archive: bytes) -> None: ...
+
+    def read_file(self, container_id: str, path: str) -> str | None: ...
+
+    def logs(self, container_id: str) -> Iterator[bytes]: ...
+
+    def worker_problem(self, container_id: str) -> str | None: ...
+
+    def lost_reason(self, container_id: str) -> Loss | None: ...
+
+    def exec_stream(self, container_id: str, argv: list[str]) -> tuple[str, Iterator[bytes]]: ...
+
+    def exec_detached(self, container_id: str, argv: list[str]) -> None: ...
+
+    def exec_exit_code(self, exec_id: str) -> int | None: ...
+
+    def remove_cluster(self, cluster_id: str | None = None) -> int: ...
+
+
+Connect = Callable[[Node], NodeEngine]
+"""How the host side reaches a node's engine (NodeDriver.connect; a stand-in in the tests)."""
 
 
 def bind_mount(bind: Bind) -> Mount:
@@ -114,9 +228,35 @@ class NodeDriver:
         except (DockerException, OSError) as error:
             raise NodeError(
                 f"{node.name}: cannot reach its Docker engine at {node.engine_url} ({_first_line(error)}); check the "
-                f"host is up and runs Docker, or point {engine_override_key(node.name)} in .env at its engine"
+                f"host is up and runs Docker, or point {engine_override_key(node.name)} in .env at its engine",
+                Failure.UNREACHABLE,
             ) from None
         return cls(node, client)
+
+    def version(self) -> str:
+        return str(self.client.version().get("Version", "?"))
+
+    def _get(self, container_id: str):
+        """The SDK's container object; NodeError (not found) once it is gone."""
+        try:
+            return self.client.containers.get(container_id)
+        except NotFound:
+            raise NodeError(f"{self.node.name}: container {container_id[:12]} is gone", Failure.NOT_FOUND) from None
+
+    def _record(self, container) -> Container:
+        state = container.attrs["State"]
+        return Container(
+            id=container.id,
+            name=container.name,
+            labels=dict(container.labels),
+            status=container.status,
+            state=ContainerState(
+                node=container.labels.get(LABEL_NODE, self.node.name),
+                running=state.get("Status") == "running",
+                exit_code=state.get("ExitCode"),
+                finished_at=None if state.get("Status") == "running" else state.get("FinishedAt"),
+            ),
+        )
 
     # --- inspection -------------------------------------------------------------------------------------------
     def image_id(self, image: str) -> str | None:
@@ -125,10 +265,10 @@ class NodeDriver:
         except ImageNotFound:
             return None
 
-    def cluster_containers(self, cluster_id: str | None = None) -> list:
+    def cluster_containers(self, cluster_id: str | None = None) -> list[Container]:
         """The stack's containers on this node, running or stopped (one cluster's, or every cluster's)."""
         label = f"{LABEL_CLUSTER}={cluster_id}" if cluster_id else LABEL_CLUSTER
-        return self.client.containers.list(all=True, filters={"label": label})
+        return [self._record(c) for c in self.client.containers.list(all=True, filters={"label": label})]
 
     def clock_skew_seconds(self) -> float:
         engine_time = self.client.info()["SystemTime"]
@@ -215,18 +355,21 @@ class NodeDriver:
             resolved=tuple((row[1], row[2]) for row in rows if row[:1] == ["resolved"] and len(row) == 3),
         )
 
-    def start_probe(self, image: str, argv: list[str], name: str, labels: dict[str, str]) -> object:
+    def start_probe(self, image: str, argv: list[str], name: str, labels: dict[str, str]) -> str:
         """A short-lived host-network container of the image running `argv` (launcher doctor --links); the caller
         removes it by its cluster label (remove_cluster), whatever happens."""
         try:
             return self.client.containers.run(
                 image, argv, name=name, labels=labels, network_mode="host", user="mpiuser", detach=True
-            )
+            ).id
         except APIError as error:
-            raise NodeError(f"{self.node.name}: a link-test container did not start ({_first_line(error)})") from None
+            raise NodeError(
+                f"{self.node.name}: a link-test container did not start ({_first_line(error)})", Failure.REFUSED
+            ) from None
 
-    def wait_for_output(self, container, text: str, timeout: float) -> str | None:
+    def wait_for_output(self, container_id: str, text: str, timeout: float) -> str | None:
         """The container's output once it holds `text`, or once the container has ended; None on timeout."""
+        container = self._get(container_id)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             output = container.logs().decode(errors="replace")
@@ -238,8 +381,9 @@ class NodeDriver:
             time.sleep(0.2)
         return None
 
-    def finish(self, container, timeout: float) -> str:
+    def finish(self, container_id: str, timeout: float) -> str:
         """The container's output after it has ended (at most `timeout` seconds from now)."""
+        container = self._get(container_id)
         try:
             container.wait(timeout=timeout)
         except (RequestException, APIError):  # still running: what it printed so far
@@ -268,7 +412,8 @@ class NodeDriver:
         except Exception as error:  # the SDK, requests or the socket: all mean the copy failed
             raise NodeError(
                 f"{self.node.name}: copying {image} failed ({_first_line(error)}); free disk space "
-                "on the node or load the image there by hand"
+                "on the node or load the image there by hand",
+                Failure.FAILED,
             ) from None
         finally:
             self.client.api.timeout = saved
@@ -294,10 +439,9 @@ class NodeDriver:
             self.client.api.timeout = saved
 
     # --- the worker container ---------------------------------------------------------------------------------
-    def start_worker(self, plan: ClusterPlan) -> object:
-        spec = plan.worker_container(self.node)
+    def start_worker(self, spec: WorkerContainer) -> Container:
         try:
-            return self.client.containers.run(
+            container = self.client.containers.run(
                 spec.image,
                 ["worker"],
                 name=spec.name,
@@ -314,60 +458,66 @@ class NodeDriver:
                 detach=True,
             )
         except APIError as error:
-            raise NodeError(f"{self.node.name}: the worker container did not start ({_first_line(error)})") from None
+            raise NodeError(
+                f"{self.node.name}: the worker container did not start ({_first_line(error)})", Failure.REFUSED
+            ) from None
+        return self._record(container)
 
-    def put_files(self, container, path: str, archive: bytes) -> None:
+    def start_again(self, container_id: str) -> None:
+        """Starts a stopped container again, as it was (same files, same host key)."""
+        self._get(container_id).start()
+
+    def put_files(self, container_id: str, path: str, archive: bytes) -> None:
+        container = self._get(container_id)
         if not container.put_archive(path, archive):
-            raise NodeError(f"{self.node.name}: could not write files into {container.name}:{path}")
+            raise NodeError(f"{self.node.name}: could not write files into {container.name}:{path}", Failure.REFUSED)
 
-    def read_file(self, container, path: str) -> str | None:
+    def read_file(self, container_id: str, path: str) -> str | None:
         """A file's text from a container, running or stopped (the archive API needs no exec); None if absent."""
         try:
-            stream, _ = container.get_archive(path)
+            stream, _ = self.client.containers.get(container_id).get_archive(path)
             with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
                 content = archive.extractfile(archive.getmembers()[0])
                 return content.read().decode(errors="replace") if content else None
         except (NotFound, IndexError, tarfile.TarError):
             return None
 
-    def container_state(self, container) -> ContainerState:
-        state = container.attrs["State"]
-        return ContainerState(
-            node=container.labels.get(LABEL_NODE, self.node.name),
-            running=state.get("Status") == "running",
-            exit_code=state.get("ExitCode"),
-            finished_at=None if state.get("Status") == "running" else state.get("FinishedAt"),
-        )
+    def logs(self, container_id: str) -> Iterator[bytes]:
+        """The container's own output so far (its entrypoint's: sshd, the worker's lines)."""
+        yield from self._get(container_id).logs(stream=True, follow=False)
 
-    def worker_problem(self, container) -> str | None:
+    def worker_problem(self, container_id: str) -> str | None:
         """Why the worker container is not running, or None while it runs."""
-        lost = self.lost_reason(container)
-        if lost or container.status == "running":
-            return lost
+        lost = self.lost_reason(container_id)
+        if lost:
+            return str(lost)
+        container = self._get(container_id)
+        if container.status == "running":
+            return None
         exit_code = container.attrs["State"].get("ExitCode")
         last_line = container.logs(tail=1).decode().strip() or "no output"
         return f"its worker container stopped (exit status {exit_code}; last output: {last_line})"
 
-    def lost_reason(self, container) -> str | None:
+    def lost_reason(self, container_id: str) -> Loss | None:
         """Why the worker is lost, if it was: removed, or killed (docker kill, out of memory, a crash by signal). A
         container that ended by itself (its job over, its status its own) is not lost."""
         try:
-            container.reload()
+            container = self.client.containers.get(container_id)
         except NotFound:
-            return "its worker container is gone (removed)"
+            return Loss("its worker container is gone (removed)", removed=True)
         state = container.attrs["State"]
         if container.status == "running":
             return None
         if state.get("OOMKilled"):
-            return "its worker container was killed (out of memory)"
-        return "its worker container stopped (killed)" if state.get("ExitCode") == 137 else None
+            return Loss("its worker container was killed (out of memory)")
+        return Loss("its worker container stopped (killed)") if state.get("ExitCode") == 137 else None
 
-    def exec_stream(self, container, argv: list[str]) -> tuple[str, Iterator[bytes]]:
-        exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir=HOME)["Id"]
+    def exec_stream(self, container_id: str, argv: list[str]) -> tuple[str, Iterator[bytes]]:
+        exec_id = self.client.api.exec_create(container_id, argv, user="mpiuser", workdir=HOME)["Id"]
         return exec_id, self.client.api.exec_start(exec_id, stream=True)
 
-    def exec_detached(self, container, argv: list[str]) -> None:
-        exec_id = self.client.api.exec_create(container.id, argv, user="mpiuser", workdir=HOME)["Id"]
+    def exec_detached(self, container_id: str, argv: list[str]) -> None:
+        exec_id = self.client.api.exec_create(container_id, argv, user="mpiuser", workdir=HOME)["Id"]
         self.client.api.exec_start(exec_id, detach=True)
 
     def exec_exit_code(self, exec_id: str) -> int | None:
@@ -375,8 +525,9 @@ class NodeDriver:
 
     def remove_cluster(self, cluster_id: str | None = None) -> int:
         """Force-removes the cluster's containers on this node; returns how many there were."""
+        label = f"{LABEL_CLUSTER}={cluster_id}" if cluster_id else LABEL_CLUSTER
         removed = 0
-        for container in self.cluster_containers(cluster_id):
+        for container in self.client.containers.list(all=True, filters={"label": label}):
             try:
                 container.remove(force=True)
                 removed += 1

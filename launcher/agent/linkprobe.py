@@ -1,10 +1,11 @@
-"""`python -m launcher.linkprobe serve|probe`: one node pair's link, both ways, over one TCP connection, bounded in
-bytes and time; each side prints one JSON line. `launcher doctor --links` runs it in short-lived host-network
+"""`python -m launcher.agent.linkprobe serve|probe`: one node pair's link, both ways, over one TCP connection,
+bounded in bytes and time; each side prints one JSON line. `launcher doctor --links` runs it in short-lived host-network
 containers of the image on the two nodes (launcher/linkcheck.py); the namespace test runs it in namespaces.
 
 On one connection, the probe (client) side:
 1. round trips: PINGS one-byte messages the server echoes; the median is the RTT;
-2. forward: it streams zeros for at most SECONDS or MAX_BYTES, then half-closes; the server times what arrives;
+2. forward: it streams zeros for at most LINK_SECONDS (or --seconds) or MAX_BYTES, then half-closes; the server
+   times what arrives;
 3. the server sends back what it measured (a 4-byte length, then JSON), then streams the same bounded way
    backward; the probe times that.
 
@@ -23,10 +24,10 @@ import struct
 import sys
 import time
 
+from launcher.core.protocol import LINK_SECONDS
+
 PINGS = 21
 CHUNK = 1 << 20
-SECONDS = 2.0
-"""How long each direction streams unless told (`launcher doctor --link-seconds`)."""
 IO_TIMEOUT_S = 30.0
 """A peer silent this long ends the test: no container waits for ever."""
 
@@ -122,13 +123,13 @@ def probe(target: str, port: int, source: str | None, seconds: float, max_bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.linkprobe", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m launcher.agent.linkprobe", description=__doc__.split("\n\n")[0])
     parser.add_argument("role", choices=("serve", "probe"))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--bind", default="0.0.0.0", help="serve: the address to listen on")
     parser.add_argument("--target", help="probe: the server's address or name")
     parser.add_argument("--source", help="probe: the local address to send from (the job's NIC)")
-    parser.add_argument("--seconds", type=float, default=SECONDS, help="the longest each direction streams")
+    parser.add_argument("--seconds", type=float, default=LINK_SECONDS, help="the longest each direction streams")
     parser.add_argument("--max-bytes", type=int, default=4 << 30, help="the most each direction streams")
     parser.add_argument("--timeout", type=float, default=10.0, help="serve: accept; probe: connect (seconds)")
     args = parser.parse_args(argv)

@@ -1,8 +1,9 @@
 """The Kubernetes door's document: a job as a Kubeflow MPIJob (kubeflow.org/v2beta1, MPI Operator v0.8).
 
-Pure: from an MpiJobRequest (what `launcher export mpijob` was given) to the MPIJob as a dict, then YAML. Nothing
-here talks to a cluster. The launcher pod runs the job agent (launcher/mpijob_job.py, the pod's arguments written
-by its agent_args); every worker pod runs the image's sshd as mpiuser on the stack's port.
+Pure: from an MpiJobRequest (what `launcher export mpijob` was given: where to run, plus the JobOptions every door
+builds) to the MPIJob as a dict, then YAML. Nothing here talks to a cluster. The launcher pod runs the job agent
+(launcher/k8s/launcher_pod.py, the pod's arguments written by its agent_args); every worker pod runs the image's
+sshd as mpiuser on the stack's port.
 
 What the document says, and why:
 - the same image, command and Horovod defaults as the other doors, the user's --env, slots per worker;
@@ -19,33 +20,32 @@ What the document says, and why:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.gpu import GPUS_ASKED
-from launcher.mpijob_job import Options, agent_args
-from launcher.plan import SHARED_MOUNT, WORKER_CAPABILITIES, check_env_assignment, defaults_unless_set
-from launcher.protocol import MPIJOB_SSH_AUTH_DIR, SSH_PORT
-from launcher.settings import LaunchSettings
-from launcher.sshtrust import MPIUSER_UID
+from launcher.core.job import defaults_unless_set
+from launcher.core.options import JobOptions, SettingsError, Spelling
+from launcher.core.protocol import (
+    DEFAULT_IMAGE,
+    MPIJOB_SSH_AUTH_DIR,
+    MPIUSER_UID,
+    SHARED_MOUNT,
+    SHARED_VOLUME,
+    SHM_SIZE,
+    SSH_PORT,
+    WORKER_CAPABILITIES,
+)
+from launcher.k8s.launcher_pod import SPELLING as POD_SPELLING
+from launcher.k8s.launcher_pod import PodArgs, agent_args
 
 API_VERSION = "kubeflow.org/v2beta1"
 ENTRYPOINT = "/opt/horovod-stack/docker/entrypoint.sh"
 """The image's ENTRYPOINT (Dockerfile), named in each pod's command so no operator default replaces it."""
 LAUNCHER_ROLE, WORKER_ROLE = "mpijob-launcher", "mpijob-worker"
 """The entrypoint's roles for an MPIJob's pods (docker/entrypoint.sh)."""
-
-
-def _launcher_default(name: str) -> str:
-    """A default of the launcher's settings (launcher/settings.py), which the export shares."""
-    return str(next(item.default for item in fields(LaunchSettings) if item.name == name))
-
-
 DEFAULT_NAMESPACE = "default"
-DEFAULT_IMAGE = _launcher_default("image")
-DEFAULT_CLAIM = _launcher_default("shared_dir")
-"""The claim's name is the other doors' shared volume's name."""
-DEFAULT_SHM_SIZE = _launcher_default("shm_size")
 POD_NIC = "eth0"
 """A pod's own NIC under the usual network plugins: elastic jobs (Gloo) need theirs named."""
 BACKOFF_LIMIT = 0
@@ -55,28 +55,26 @@ DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DOCKER_SIZE = re.compile(r"^(\d+)([bkmg]?)$", re.IGNORECASE)
 PART_OF = {"app.kubernetes.io/part-of": "horovod-stack"}
+SPELLING = Spelling({**POD_SPELLING.names, "workers": "worker pods (--workers)"})
+"""`launcher export mpijob`'s flags for the job's options."""
 
 
 @dataclass(frozen=True)
 class MpiJobRequest:
-    """What `launcher export mpijob` was given."""
+    """What `launcher export mpijob` was given: where the job runs, and the job."""
 
     name: str
     workers: int
-    command: tuple[str, ...]
-    """What every rank runs (plan.job_command of the words after `--`)."""
+    job: JobOptions
     slots: int | None = None
     """Ranks per worker on CPUs (default 1)."""
     gpus_per_node: int = 0
     """GPUs per worker, one rank each; replaces slots when set."""
     image: str = DEFAULT_IMAGE
     namespace: str = DEFAULT_NAMESPACE
-    shared_claim: str = DEFAULT_CLAIM
-    env: tuple[str, ...] = ()
-    elastic_min_workers: int | None = None
-    network_interface: str | None = None
-    """The pods' NIC for Open MPI, NCCL and Gloo; elastic jobs default to POD_NIC."""
-    shm_size: str = DEFAULT_SHM_SIZE
+    shared_claim: str = SHARED_VOLUME
+    """The claim's name is the other doors' shared volume's name."""
+    shm_size: str = SHM_SIZE
 
     @property
     def slots_per_worker(self) -> int:
@@ -122,9 +120,9 @@ def problems(request: MpiJobRequest) -> list[str]:
             f"--slots {request.slots} with --gpus-per-node {request.gpus_per_node}: a GPU worker runs one rank per "
             "GPU; drop --slots"
         )
-    minimum = request.elastic_min_workers
-    if minimum is not None and not 1 <= minimum <= max(request.workers, 1):
-        found.append(f"--min-workers {minimum} is not from 1 to --workers {request.workers}; pass one that is")
+    fit = request.job.workers_problem(max(request.workers, 1))
+    if fit:
+        found.append(fit)
     if not DNS_1123_LABEL.match(request.namespace) or len(request.namespace) > MAX_LABEL:
         found.append(f"--namespace {request.namespace!r} is not a Kubernetes namespace name; pass an existing one")
     if not DNS_1123_SUBDOMAIN.match(request.shared_claim) or len(request.shared_claim) > 253:
@@ -132,11 +130,6 @@ def problems(request: MpiJobRequest) -> list[str]:
             f"--shared-claim {request.shared_claim!r} is not a PersistentVolumeClaim name (lowercase letters, digits, "
             "'-' and '.'); pass the name of your claim"
         )
-    for item in request.env:
-        try:
-            check_env_assignment(item)
-        except ValueError as error:
-            found.append(f"{error}; pass --env KEY=VALUE")
     try:
         k8s_quantity(request.shm_size)
     except ValueError as error:
@@ -144,23 +137,37 @@ def problems(request: MpiJobRequest) -> list[str]:
     return found
 
 
+def request(job: Mapping[str, Any], **where: Any) -> MpiJobRequest:
+    """The request `launcher export mpijob` makes of its flags: `job` the job options' (by JobOptions name), `where`
+    the MpiJobRequest's own. An elastic job's NIC defaults to the pod's (POD_NIC). Raises SettingsError with every
+    problem, the job's and the request's, one line each."""
+    chosen = {name: value for name, value in job.items() if value is not None}
+    if chosen.get("elastic") and not chosen.get("network_interface"):
+        chosen["network_interface"] = POD_NIC
+    found: list[str] = []
+    try:
+        options = JobOptions(**chosen, spelling=SPELLING)
+    except SettingsError as error:
+        found += error.problems
+        options = JobOptions(spelling=SPELLING)
+    made = MpiJobRequest(job=options, **{key: value for key, value in where.items() if value is not None})
+    found += problems(made)
+    if found:
+        raise SettingsError(*found)
+    return made
+
+
 def rank_env(request: MpiJobRequest) -> tuple[str, ...]:
     """What every rank gets: the user's --env, the stack's Horovod defaults they leave unset, and, on GPUs, the flag
     that the ranks were given GPUs. All of it is in the launcher's arguments, one place to change it."""
     gpus = (f"{GPUS_ASKED}=1",) if request.gpus_per_node else ()
-    return (*request.env, *defaults_unless_set((*request.env, *gpus)), *gpus)
+    env = request.job.env
+    return (*env, *defaults_unless_set((*env, *gpus)), *gpus)
 
 
-def launcher_options(request: MpiJobRequest) -> Options:
-    """The launcher pod's job agent's options (launcher/mpijob_job.py)."""
-    elastic = request.elastic_min_workers is not None
-    return Options(
-        job=request.name,
-        network_interface=request.network_interface or (POD_NIC if elastic else None),
-        min_workers=request.elastic_min_workers,
-        env=rank_env(request),
-        command=request.command,
-    )
+def pod_args(request: MpiJobRequest) -> PodArgs:
+    """The launcher pod's arguments (launcher/k8s/launcher_pod.py): the job, with every rank's environment."""
+    return PodArgs(options=replace(request.job, env=rank_env(request)), job=request.name)
 
 
 def _pod(request: MpiJobRequest, container: dict[str, Any], role: str) -> dict[str, Any]:
@@ -179,16 +186,16 @@ def _pod(request: MpiJobRequest, container: dict[str, Any], role: str) -> dict[s
 
 
 def document(request: MpiJobRequest) -> dict[str, Any]:
-    """The MPIJob; raises ValueError with every problem, one per line."""
+    """The MPIJob; raises SettingsError with every problem, one per line."""
     found = problems(request)
     if found:
-        raise ValueError("\n".join(found))
+        raise SettingsError(*found)
     image = {"image": request.image, "imagePullPolicy": "IfNotPresent"}
     launcher = {
         "name": "launcher",
         **image,
         "command": [ENTRYPOINT],
-        "args": [LAUNCHER_ROLE, *agent_args(launcher_options(request))],
+        "args": [LAUNCHER_ROLE, *agent_args(pod_args(request))],
     }
     worker: dict[str, Any] = {
         "name": "worker",

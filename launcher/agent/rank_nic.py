@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from launcher.plan import nic_in_subnet, nic_variables
+from launcher.core.nics import nic_in_subnet, nic_variables
 
 
 def host_addresses() -> list[tuple[str, str]]:

@@ -1,0 +1,127 @@
+"""Compose's door: its launcher container's environment (compose.yaml, .env) as a JobSpec for the job agent.
+
+Compose finds its workers by the worker service's DNS name and waits for WORKERS of them; everything after that
+is the agent's, as for the multi-host launcher. The job's options are the same JobOptions every door builds, their
+rules its own; every bad value is refused in one line that names the .env key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import shlex
+import time
+from collections.abc import Mapping
+
+from app.gpu import GPUS_ASKED
+from launcher.core.job import DoorWords, JobSpec
+from launcher.core.options import JobOptions, SettingsError, Spelling, job_command
+from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
+
+DRIVER = "compose's launcher container"
+WORDS = DoorWords(
+    command_fix="set WORKDIR to the folder that holds your code, or use an image FROM horovod-stack:latest that has it",
+    workers_fix="check that the workers run (docker compose ps) and that WORKERS matches them",
+    elastic_minimum="ELASTIC_MIN_WORKERS",
+    lost_hint="`docker compose ps -a` shows how they ended",
+)
+SPELLING = Spelling(
+    {
+        "env": "the environment",
+        "network_interface": "NETWORK_INTERFACE",
+        "ssh_port": "SSH_PORT",
+        "ready_timeout": "READY_TIMEOUT",
+        "stall_timeout": "STALL_TIMEOUT",
+        "stall_action": "STALL_ACTION",
+        "elastic": "ELASTIC_MIN_WORKERS",
+        "elastic_min_workers": "ELASTIC_MIN_WORKERS",
+        "elastic_timeout": "ELASTIC_TIMEOUT",
+        "workers": "workers in WORKERS",
+    }
+)
+"""Compose's .env keys for the job's options."""
+OPTION_KEYS = {
+    "ssh_port": "SSH_PORT",
+    "ready_timeout": "READY_TIMEOUT",
+    "stall_timeout": "STALL_TIMEOUT",
+    "elastic_timeout": "ELASTIC_TIMEOUT",
+    "elastic_min_workers": "ELASTIC_MIN_WORKERS",
+}
+"""The job options compose sets from whole numbers in its environment."""
+
+
+def _whole(environ: Mapping[str, str], key: str) -> int | None:
+    raw = environ.get(key, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise SettingsError(f"{key}={raw} is not a whole number; fix it in .env")
+    return int(raw)
+
+
+def _count(environ: Mapping[str, str], key: str, default: int) -> int:
+    count = _whole(environ, key)
+    if count is not None and count < 1:
+        raise SettingsError(f"{key}={count} is not a whole number of at least 1; fix it in .env")
+    return default if count is None else count
+
+
+def _worker_service(environ: Mapping[str, str]) -> str:
+    return environ.get("WORKER_SERVICE", "").strip() or "worker"
+
+
+def new_run_id(now: float | None = None) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(2)
+
+
+def job_options(environ: Mapping[str, str], args: list[str]) -> JobOptions:
+    """The job's options from compose's environment: `args` are the service's command words (the bundled trainer's
+    flags from compose.yaml), TRAIN_ARGS adds more, TRAIN_COMMAND replaces the trainer with the user's command."""
+    user_command = environ.get("TRAIN_COMMAND", "").strip()
+    command = (
+        shlex.split(user_command) if user_command else job_command([*args, *environ.get("TRAIN_ARGS", "").split()])
+    )
+    numbers = {name: value for name, key in OPTION_KEYS.items() if (value := _whole(environ, key)) is not None}
+    return JobOptions(
+        command=tuple(command),
+        # Passed to every rank when compose sets them: GPUs given (compose.gpu.yaml) and NCCL's verbosity.
+        env=tuple(f"{key}={environ[key]}" for key in (GPUS_ASKED, "NCCL_DEBUG") if environ.get(key, "").strip()),
+        network_interface=environ.get("NETWORK_INTERFACE", "").strip() or None,
+        stall_action=environ.get("STALL_ACTION", "").strip() or JobOptions.stall_action,
+        elastic="elastic_min_workers" in numbers,
+        workdir=WORKDIR if environ.get("WORKDIR", "").strip() else None,
+        spelling=SPELLING,
+        **numbers,
+    )
+
+
+def job_spec(environ: Mapping[str, str], args: list[str]) -> JobSpec:
+    """The job that compose's launcher service describes (job_options), run by WORKERS workers of the service."""
+    options = job_options(environ, args)
+    return JobSpec(
+        job_id=f"compose-{new_run_id()}",
+        options=options,
+        run_folder=f"{RUNS_DIR}/{environ.get('RUN_ID', '').strip() or new_run_id()}",
+        expected_workers=_count(environ, "WORKERS", 2),
+        slots=_count(environ, "SLOTS_PER_WORKER", 1),
+        worker_service=_worker_service(environ),
+        driver=DRIVER,
+        make_key=True,
+        results_hint=environ.get("RESULTS_HINT", "").strip() or None,
+        words=dataclasses.replace(WORDS, elastic_minimum=SPELLING.of("elastic_min_workers", options.min_workers)),
+    )
+
+
+def fallback_spec(environ: Mapping[str, str]) -> JobSpec:
+    """What the agent needs to tell compose's workers that a refused job has ended: where they are."""
+    port = environ.get("SSH_PORT", "").strip()
+    options = JobOptions(ssh_port=int(port) if port.isdigit() and 1 <= int(port) <= 65535 else SSH_PORT)
+    return JobSpec(
+        job_id="refused",
+        options=options,
+        expected_workers=0,
+        worker_service=_worker_service(environ),
+        driver=DRIVER,
+        make_key=True,
+        words=WORDS,
+    )

@@ -1,0 +1,381 @@
+"""The job agent: owns one job from inside the rank-0 container (or compose's launcher container, or an MPIJob's
+launcher pod), whichever door started it.
+
+One job, in order (Agent.run): ssh client set-up (for compose also the cluster's key pair) -> readiness: every
+worker's published host key pinned and its sshd answering -> a lifeline to every worker -> a check that every
+worker can start the command -> the hostfile and mpirun (or elastic horovodrun) -> its exit status and root cause
+-> every worker told that the job ended. While it runs, a stall watch notices a job that prints nothing and records
+no new metrics for the stall timeout, and gathers every rank's stack once (launcher/core/stall.py,
+launcher/agent/stacks.py). The job's life is the cluster's: it does not depend on the client that started it, and
+when the agent itself dies (its container killed, out of memory, a reboot) its lifelines close and every worker
+stops by itself.
+
+Side effects go through a Transport (launcher/agent/transport.py), so every decision here is tested without
+containers.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Callable
+
+from launcher.agent import stacks
+from launcher.agent.transport import Lifeline, Transport
+from launcher.core import stall
+from launcher.core.job import JobSpec, Worker, command_probe, hostfile, pin_known_host, ssh_config
+from launcher.core.protocol import (
+    AGENT,
+    AGENT_PREFIX,
+    HOME,
+    HOSTFILE_PATH,
+    HOSTKEYS_DIR,
+    JOB_STALL,
+    JOB_STATUS,
+    KEEP_RUNNING,
+    KNOWN_HOSTS,
+    SSH_CONFIG,
+    SSH_CONNECT_TIMEOUT_SECONDS,
+    STACKS,
+    WORKER_CLAIM_TIMEOUT_SECONDS,
+    JobEnd,
+    Signalled,
+)
+
+DISCOVERY_SSH_TIMEOUT = 2
+REFUSED_JOB_PATIENCE_SECONDS = 30
+"""How long a job refused before it started keeps trying to tell the workers (they may still be starting)."""
+ELASTIC_CLAIM_INTERVAL = 2
+STALL_POLL_SECONDS = 5
+
+Say = Callable[[str], None]
+
+
+def say(message: str) -> None:
+    print(f"{AGENT_PREFIX}{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class JobError(RuntimeError):
+    """The job could not run, or failed for a reason the agent can name; one line naming the fix."""
+
+
+def lifeline_command(driver: str) -> str:
+    return shlex.join([*AGENT, "lifeline", "--driver", driver])
+
+
+class Agent:
+    def __init__(
+        self,
+        spec: JobSpec,
+        transport: Transport,
+        say: Say = say,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.spec, self.transport, self.say, self.clock, self.sleep = spec, transport, say, clock, sleep
+        self.lifelines: dict[str, Lifeline] = {}
+        """Open lifelines, by worker address."""
+
+    # --- finding and trusting workers ----------------------------------------------------------------------------
+    def candidates(self) -> list[Worker]:
+        """The workers this job may use right now: the launcher's fixed list, or what the service name resolves to."""
+        if self.spec.workers:
+            return list(self.spec.workers)
+        if self.spec.worker_service:
+            return [Worker(address, address) for address in self.transport.resolve(self.spec.worker_service)]
+        return []
+
+    def pin(self, worker: Worker) -> bool:
+        """Pins the host key the worker published (read from the cluster's files, never trusted over the network);
+        False while it has published none."""
+        key = self.transport.read(f"{HOSTKEYS_DIR}/{worker.address}.pub")
+        if not key or len(key.split()) < 2:
+            return False
+        known = self.transport.read(KNOWN_HOSTS) or ""
+        updated = pin_known_host(known, worker.address, self.spec.options.ssh_port, key)
+        if updated != known:
+            self.transport.write(KNOWN_HOSTS, updated, 0o600)
+        return True
+
+    def answers(self, worker: Worker, timeout: float = SSH_CONNECT_TIMEOUT_SECONDS) -> bool:
+        return self.pin(worker) and self.transport.ssh(worker.address, "true", timeout)[0] == 0
+
+    def prepare(self) -> None:
+        if self.spec.make_key:
+            self.transport.make_cluster_key()
+        self.transport.write(SSH_CONFIG, ssh_config(self.spec.options.ssh_port), 0o600)
+        self.transport.write(KNOWN_HOSTS, "", 0o600)  # pins are per job: a worker's key is new in every container
+        if self.spec.run_dir:
+            self.transport.make_run_dir(self.spec.run_dir)
+
+    def wait_until_ready(self) -> list[Worker]:
+        """The job's workers once every one's sshd answers, in the candidates' order (rank 0's node first)."""
+        spec = self.spec
+        deadline = self.clock() + spec.options.ready_timeout
+        ready: list[Worker] = []
+        while True:
+            candidates = self.candidates()
+            for worker in candidates:
+                if worker not in ready and self.answers(worker):
+                    ready.append(worker)
+                    self.say(
+                        f"{worker.name}: sshd answers on port {spec.options.ssh_port} ({len(ready)}/"
+                        f"{spec.expected_workers} workers answer over ssh)"
+                    )
+            if len(ready) >= spec.expected_workers:
+                order = {worker: index for index, worker in enumerate(candidates)}
+                return sorted(ready, key=lambda worker: order.get(worker, len(order)))[: spec.expected_workers]
+            if self.clock() > deadline:
+                waiting = [worker.name for worker in candidates if worker not in ready]
+                raise JobError(
+                    f"only {len(ready)} of {spec.expected_workers} workers answered ssh on port "
+                    f"{spec.options.ssh_port} within {spec.options.ready_timeout:.0f} s (still waiting for "
+                    f"{', '.join(waiting) or 'workers that do not resolve yet'}); {spec.words.workers_fix}"
+                )
+            self.sleep(1)
+
+    def claim(self, workers: list[Worker]) -> None:
+        """A lifeline to every worker that has none open: it ends when the job ends, or when this agent dies."""
+        for worker in workers:
+            line = self.lifelines.get(worker.address)
+            if line is None or not line.alive():
+                self.lifelines[worker.address] = self.transport.lifeline(
+                    worker.address, lifeline_command(self.spec.driver)
+                )
+
+    # --- the job -----------------------------------------------------------------------------------------------
+    def check_command(self, workers: list[Worker]) -> None:
+        """Every worker can start the command, or one line naming the worker and the fix, before mpirun."""
+        spec = self.spec
+        probe = f"cd {shlex.quote(spec.cwd)} && {shlex.join(command_probe(spec.command))}"
+        for worker in workers:
+            code, output = self.transport.ssh(worker.address, probe, SSH_CONNECT_TIMEOUT_SECONDS + 20)
+            if code != 0:
+                why = (output.strip().splitlines() or [f"exit status {code}"])[-1]
+                raise JobError(
+                    f"{worker.name}: cannot start `{' '.join(spec.command)}` in {spec.cwd}: {why}; "
+                    f"{spec.words.command_fix}"
+                )
+
+    def run_job(self, ready: list[Worker]) -> JobEnd:
+        spec = self.spec
+        argv = spec.job_argv()
+        self.transport.write(HOSTFILE_PATH, hostfile(ready, spec.slots))
+        self.say(f"hostfile: {' '.join(f'{worker.address}:{spec.slots_of(worker)}' for worker in ready)}")
+        self.say(f"running: {' '.join(argv)}")
+        watch = ElasticClaims(self) if spec.elastic else None
+        stall = StallWatch(self, ready) if spec.options.stall_timeout > 0 else None
+        for thread in (watch, stall):
+            if thread:
+                thread.start()
+        try:
+            status = self.transport.run(argv, cwd=HOME)
+        finally:
+            for thread in (watch, stall):
+                if thread:
+                    thread.stop()
+        self.say(f"{spec.program} exited with status {status}")
+        if stall and stall.cause:
+            return JobEnd(status or 1, stall.cause)
+        return JobEnd(status, None if status == 0 else self.failure_cause(ready))
+
+    def gather_stacks(self, workers: list[Worker], native: bool = False) -> list[stacks.RankStack]:
+        """Every rank's stack on every worker (py-spy in each worker container, over ssh); a worker that cannot
+        say is named in the agent's log."""
+        found: list[stacks.RankStack] = []
+        for worker in workers:
+            command = shlex.join([*STACKS, "collect", "--node", worker.name, *(["--native"] if native else [])])
+            code, output = self.transport.ssh(worker.address, command, stacks.PY_SPY_TIMEOUT_SECONDS * 4)
+            try:
+                found += stacks.from_json(output.strip().splitlines()[-1]) if code == 0 else []
+            except (ValueError, KeyError, IndexError):
+                code = code or 1
+            if code != 0:
+                self.say(f"{worker.name}: no stacks ({(output.strip().splitlines() or ['no answer'])[-1]})")
+        return found
+
+    def failure_cause(self, ready: list[Worker]) -> str | None:
+        """Why a job that ran failed, when it is a lost worker (a rank's own error is in the job's output)."""
+        spec = self.spec
+        lost = [
+            worker.name
+            for worker in ready
+            if not (line := self.lifelines.get(worker.address))
+            or not line.alive()
+            or not self.answers(worker, DISCOVERY_SSH_TIMEOUT)
+        ]
+        if not lost:
+            return None
+        if spec.elastic:
+            return (
+                f"the elastic job fell below {spec.words.elastic_minimum} for {spec.options.elastic_timeout} s: lost "
+                f"{', '.join(lost)}; {spec.words.lost_hint}"
+            )
+        return f"{', '.join(lost)}: worker lost during the run; {spec.words.lost_hint}"
+
+    def run(self) -> JobEnd:
+        """The whole job; however it ends, its status is recorded and every worker is told."""
+        ready: list[Worker] = []
+        try:
+            self.prepare()
+            ready = self.wait_until_ready()
+            self.claim(ready)
+            self.check_command(ready)
+            end = self.run_job(ready)
+        except JobError as error:
+            self.say(f"error: {error}")
+            end = JobEnd(2, str(error))
+        except Signalled as stop:  # before the job ran; once it runs, the signal goes to it
+            end = JobEnd(128 + stop.signum, f"the job's agent was stopped ({stop}) before the job ended")
+            self.say(f"error: {end.cause}")
+        except Exception as error:  # noqa: BLE001  a bug of ours still ends the job, every worker told
+            end = JobEnd(70, f"the job's agent failed: {type(error).__name__}: {error}")
+            self.say(f"error: {end.cause}")
+        self.finish(end, self.workers_to_tell(ready))
+        return end
+
+    def refuse(self, cause: str) -> JobEnd:
+        """A job refused before it started (a bad setting): the workers that are up are told all the same."""
+        self.say(f"error: {cause}")
+        end = JobEnd(2, cause)
+        self.prepare()
+        self.finish(end, self.candidates(), patience=REFUSED_JOB_PATIENCE_SECONDS)
+        return end
+
+    # --- the end -----------------------------------------------------------------------------------------------
+    def workers_to_tell(self, ready: list[Worker]) -> list[Worker]:
+        known = {worker.address: worker for worker in [*ready, *self.candidates()]}
+        return list(known.values())
+
+    def finish(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
+        spec = self.spec
+        outcome = "succeeded" if end.succeeded else "FAILED"
+        stays = "the workers keep running (--keep-running)" if spec.keep_running else "the workers stop now"
+        self.say(f"job {outcome} (exit status {end.status}); {stays}")
+        if spec.run_dir:
+            where = f" in {spec.results_hint}" if spec.results_hint else ""
+            self.say(f"results: {spec.run_dir} (metrics.jsonl, curves.png, tb/, checkpoints/){where}")
+        elif spec.results_hint:
+            self.say(f"results: {spec.results_hint}")
+        self.transport.write(JOB_STATUS, end.message() + "\n")
+        self.wind_down(end, workers, patience)
+
+    def wind_down(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
+        """Tells every worker the job ended. The worker whose container runs this agent (the launcher's rank 0)
+        hears last: it stops soon after, and this agent with it."""
+        message = KEEP_RUNNING if self.spec.keep_running else end.message()
+        own = self.spec.agent_host
+        self.tell_all([worker for worker in workers if worker.address != own], message, patience)
+        if own is not None:
+            self.tell_all([worker for worker in workers if worker.address == own] or [Worker(own, own)], message)
+
+    def tell_all(self, workers: list[Worker], message: str, patience: float = 0) -> None:
+        """Every open lifeline gets the word before any is waited on. A worker whose lifeline closed has recorded
+        that itself and stopped: one more word costs a short try. One never claimed is told over a new connection,
+        retried for `patience` seconds."""
+        lines = {
+            worker.address: self.lifelines[worker.address] for worker in workers if worker.address in self.lifelines
+        }
+        sent = {address: line for address, line in lines.items() if line.alive()}
+        for line in sent.values():
+            line.send(message)
+        for worker in workers:
+            if worker.address in lines and worker.address not in sent:
+                self.tell(worker, message, timeout=DISCOVERY_SSH_TIMEOUT)
+        deadline = self.clock() + patience
+        pending = [worker for worker in workers if worker.address not in lines]
+        while pending:
+            pending = [worker for worker in pending if not self.tell(worker, message)]
+            if not pending or self.clock() > deadline:
+                break
+            self.sleep(1)
+        for line in sent.values():
+            line.wait()
+        if pending:
+            self.say(
+                f"could not reach {', '.join(worker.name for worker in pending)} to say the job ended; a "
+                f"worker no job claims stops by itself {WORKER_CLAIM_TIMEOUT_SECONDS} s after it started"
+            )
+
+    def tell(self, worker: Worker, message: str, timeout: float = SSH_CONNECT_TIMEOUT_SECONDS) -> bool:
+        command = lifeline_command(self.spec.driver)
+        return self.pin(worker) and self.transport.ssh(worker.address, command, timeout, stdin=message + "\n")[0] == 0
+
+
+class ElasticClaims(threading.Thread):
+    """During an elastic job: a lifeline to every worker that joins or comes back (discovery lets it in)."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(name="elastic-claims", daemon=True)
+        self.agent = agent
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(ELASTIC_CLAIM_INTERVAL):
+            try:
+                unclaimed = [
+                    worker
+                    for worker in self.agent.candidates()
+                    if not (line := self.agent.lifelines.get(worker.address)) or not line.alive()
+                ]
+                self.agent.claim([worker for worker in unclaimed if self.agent.answers(worker, DISCOVERY_SSH_TIMEOUT)])
+            except Exception as error:  # noqa: BLE001  the job goes on; a later round tries again
+                self.agent.say(f"could not claim a returning worker: {error}")
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()  # before the wind-down reads the lifelines
+
+
+class StallWatch(threading.Thread):
+    """While the job runs: when it prints nothing and records no new metrics for the stall timeout, every rank's
+    stack goes into the job's log once, and JOB_STALL says so for `launcher status` (also Horovod's own stall
+    warnings); with the stall action `fail`, the job is ended with the stall as its cause."""
+
+    def __init__(self, agent: Agent, workers: list[Worker]) -> None:
+        super().__init__(name="stall-watch", daemon=True)
+        self.agent, self.workers = agent, workers
+        self.done = threading.Event()
+        self.cause: str | None = None
+        """Why the job was ended (the stall), when the stall action is `fail`."""
+
+    def run(self) -> None:
+        spec, transport = self.agent.spec, self.agent.transport
+        metrics = f"{spec.run_dir}/metrics.jsonl" if spec.run_dir else None
+        where, written = "", None
+        while not self.done.wait(min(STALL_POLL_SECONDS, max(1.0, spec.options.stall_timeout / 4))):
+            try:
+                idle = stall.idle_seconds(transport.output_age(), transport.file_age(metrics) if metrics else None)
+                if not stall.is_stalled(idle, spec.options.stall_timeout):
+                    if where:
+                        self.agent.say(f"the job shows progress again after a stall of {idle:.0f} s or more")
+                    where = ""
+                elif not where:
+                    where = self.stalled(idle) or "no rank's stack could be taken"
+                record = stall.StallRecord(int(idle) if where else 0, where, transport.horovod_warning())
+                if record != written:
+                    transport.write(JOB_STALL, record.to_json() + "\n")
+                    written = record
+            except Exception as error:  # noqa: BLE001  the job goes on; the next round tries again
+                self.agent.say(f"stall watch: {type(error).__name__}: {error}")
+
+    def stalled(self, idle: float) -> str:
+        spec = self.agent.spec
+        self.agent.say(
+            f"the job looks stalled: no output and no new metrics for {idle:.0f} s (stall timeout "
+            f"{spec.options.stall_timeout} s); every rank's stack:"
+        )
+        found = self.agent.gather_stacks(self.workers)
+        for line in stacks.report(found).splitlines():
+            self.agent.say(line)
+        where = stacks.summary(found) if found else ""
+        if spec.options.stall_action == "fail":
+            self.cause = f"the job stalled: no output and no new metrics for {idle:.0f} s; {where or 'no stacks'}"
+            self.agent.say(f"error: {self.cause}; ending the job (stall action fail)")
+            self.agent.transport.stop_job()
+        return where
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()

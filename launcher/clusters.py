@@ -1,0 +1,106 @@
+"""Clusters already started, as the user's machine sees them through each node's engine: `launcher status`, `logs`,
+`stacks`, `results` and `stop`. Each reads or removes what the containers hold (the job's status and log in rank
+0's container, the run folder in the shared folder); none of them needs the client that started the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import jobstate, results
+from launcher.core.protocol import AGENT, JOB_LOG, JOB_STALL, JOB_STATUS
+from launcher.engine import Container, NodeEngine
+from launcher.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, run_dir
+
+
+class ClusterError(RuntimeError):
+    """Nothing to show or take: the message names what is missing and what to run."""
+
+
+def stop(engines: list[NodeEngine], cluster: str | None) -> Iterator[str]:
+    """Removes the stack's containers (one cluster's, or all) on every node; a line per node."""
+    for engine in engines:
+        yield f"{engine.node.name}: removed {engine.remove_cluster(cluster)} container(s)"
+
+
+@dataclass(frozen=True)
+class Member:
+    node: str
+    container: Container
+
+
+def status(engines: list[NodeEngine]) -> Iterator[str]:
+    """Each cluster's job (running: epoch, accuracy, throughput; succeeded; failed, with its cause) and its
+    containers on every node, or that there is none."""
+    found = False
+    for engine in engines:
+        for container in engine.cluster_containers():
+            if container.labels.get(LABEL_ROLE) != "rank0":
+                continue
+            found = True
+            cluster = container.labels.get(LABEL_CLUSTER, "?")
+            members = [Member(e.node.name, c) for e in engines for c in e.cluster_containers(cluster)]
+            state = jobstate.describe(
+                container.state,
+                engine.read_file(container.id, JOB_STATUS),
+                engine.read_file(container.id, JOB_LOG) or "",
+                [member.container.state for member in members],
+                metrics=engine.read_file(container.id, f"{run_dir(cluster)}/metrics.jsonl"),
+                stall=engine.read_file(container.id, JOB_STALL),
+            )
+            yield f"cluster {cluster}: {state}"
+            for member in members:
+                member_state = member.container.state
+                ended = "" if member_state.running else f" (exit status {member_state.exit_code})"
+                yield (
+                    f"  {member.node}: {member.container.name} role={member.container.labels.get(LABEL_ROLE)} "
+                    f"ranks={member.container.labels.get(LABEL_RANKS, '?')} {member.container.status}{ended}"
+                )
+    if not found:
+        yield "no cluster on " + ", ".join(engine.node.name for engine in engines)
+
+
+def fetch_results(
+    engines: list[NodeEngine], image: str, shared_dir: str, cluster: str | None, to: Path, checkpoints: bool
+) -> tuple[results.Run, list[str]]:
+    """Copies a run's folder (the cluster's, or the newest) from the node that holds it into `to`."""
+    try:
+        run = results.choose(results.runs_on(engines, image, shared_dir), cluster)
+    except ValueError as error:
+        raise ClusterError(str(error)) from None
+    engine = next(e for e in engines if e.node.name == run.node)
+    to.mkdir(parents=True, exist_ok=True)
+    return run, results.extract(engine.run_archive(image, shared_dir, run.name), to, checkpoints)
+
+
+def stacks(engines: list[NodeEngine], cluster: str | None, native: bool) -> tuple[Iterator[bytes], NodeEngine, str]:
+    """Every rank's stack now, from the job agent in the running cluster's rank-0 container: its output stream,
+    and how to ask for its exit code afterwards (the engine and the exec's ID)."""
+    rank0 = [
+        (engine, container)
+        for engine in engines
+        for container in engine.cluster_containers(cluster)
+        if container.labels.get(LABEL_ROLE) == "rank0" and container.running
+    ]
+    if not rank0:
+        raise ClusterError("no running cluster on these nodes: `launcher status` lists the clusters")
+    engine, container = rank0[0]
+    exec_id, stream = engine.exec_stream(container.id, [*AGENT, "stacks", *(["--native"] if native else [])])
+    return stream, engine, exec_id
+
+
+def logs(engine: NodeEngine, follow: bool) -> Iterator[bytes]:
+    """A worker's own output; on rank 0's node the job's output too, also after the job ended, and with `follow`,
+    streamed until the job ends."""
+    containers = engine.cluster_containers()
+    if not containers:
+        raise ClusterError(f"{engine.node.name}: no container of the stack there; start one with `launcher start`")
+    container = containers[0]
+    yield from engine.logs(container.id)
+    job_log = engine.read_file(container.id, JOB_LOG)
+    if not container.running or job_log is None or not follow:  # ended jobs keep their output too
+        yield (job_log or "").encode()
+    else:  # the job agent's follower: it returns once the job has ended
+        yield from engine.exec_stream(container.id, [*AGENT, "follow"])[1]

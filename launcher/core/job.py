@@ -1,0 +1,384 @@
+"""One job as the job agent runs it, whichever door made it: its options (launcher.core.options), where its workers
+are, and how it ends; and the command lines built from it (mpirun over a hostfile, or elastic horovodrun over the
+agent's host discovery), the hostfile, and the ssh client settings every connection into the cluster uses.
+
+Pure functions of their inputs, so every line mpirun will see is unit-tested. A command line is built only from a
+valid JobSpec, so building one never fails.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath as Path
+
+from app.entrypoint import TRAINER
+from app.gpu import GPUS_ASKED
+from app.horovod_defaults import HOROVOD_DEFAULTS
+from launcher.core.nics import NIC_VARIABLES, nic_selection, nic_variables, subnet_of
+from launcher.core.options import JobOptions, SettingsError
+from launcher.core.protocol import (
+    CLUSTER_KEY,
+    DISCOVERY_SCRIPT,
+    HOME,
+    HOSTFILE_PATH,
+    KNOWN_HOSTS,
+    RANK_NIC,
+    SSH_CONNECT_TIMEOUT_SECONDS,
+    WORKDIR,
+)
+
+ELASTIC_GLOO_TIMEOUT_SECONDS = 10
+"""How long a rank waits on a silent peer before its collective fails (Horovod's default: 30 s). A killed worker's
+peers often get no TCP reset, so this bounds how soon an elastic job notices the loss; --env
+HOROVOD_GLOO_TIMEOUT_SECONDS=N overrides it for steps where ranks legitimately wait longer."""
+BLACKLIST_COOLDOWN_SECONDS = (2, 30)
+"""A host whose worker failed may rejoin after 4-6 s, doubling on each further failure (horovodrun's range)."""
+
+
+def trainer_with(command: list[str] | tuple[str, ...], flag: str, *value: str) -> list[str]:
+    """`command` with `flag` (and its value) added when it runs the bundled trainer without that flag already
+    (as `--flag V` or `--flag=V`); a command of the user's is theirs and stays as it is."""
+    command = list(command)
+    if command[: len(TRAINER)] != list(TRAINER) or any(word.split("=")[0] == flag for word in command):
+        return command
+    return [*command, flag, *value]
+
+
+def trainer_option(command: list[str] | tuple[str, ...], flag: str) -> str | None:
+    """The value the bundled trainer's `command` gives `flag` (`--flag V` or `--flag=V`); None if it gives none or
+    the command is not the bundled trainer."""
+    words = list(command)
+    if words[: len(TRAINER)] != list(TRAINER):
+        return None
+    for index, word in enumerate(words):
+        if word == flag and index + 1 < len(words):
+            return words[index + 1]
+        if word.startswith(f"{flag}="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def with_run_dir(command: list[str] | tuple[str, ...], folder: str) -> list[str]:
+    """The bundled trainer writes each run into a folder of its own (metrics, checkpoints, TensorBoard, curves),
+    so a second run never overwrites the first's."""
+    return trainer_with(command, "--run-dir", folder)
+
+
+def command_probe(command: list[str] | tuple[str, ...]) -> list[str]:
+    """A bash argv that fails, printing why, when a rank could not start the command: its program is not on PATH,
+    or a script given to python is not there (relative to the working directory)."""
+    checks = 'command -v "$1" >/dev/null || { echo "$1 is not on PATH"; exit 1; }'
+    argv = [command[0]]
+    if Path(command[0]).name.startswith("python") and len(command) > 1 and not command[1].startswith("-"):
+        checks += '; [ -f "$2" ] || { echo "script $2 is not there"; exit 1; }'
+        argv.append(command[1])
+    return ["bash", "-c", checks, "probe", *argv]
+
+
+def mpirun_argv(
+    *,
+    ranks: int,
+    hostfile: str,
+    command: list[str] | tuple[str, ...],
+    network_interface: str | None = None,
+    excluded_subnets: tuple[str, ...] = (),
+    across_hosts: bool = False,
+    env: tuple[str, ...] = (),
+    workdir: str | None = None,
+) -> list[str]:
+    """The one mpirun command line of a job: the seed article's flags, NIC selection for Open MPI, NCCL and
+    Gloo (nic_selection), the user's variables (-x), the stack's Horovod defaults the user did not set, the
+    working directory, then the command every rank runs."""
+    argv = [
+        "mpirun",
+        "-np",
+        str(ranks),
+        "--hostfile",
+        hostfile,
+        "-bind-to",
+        "none",
+        "-map-by",
+        "slot",
+        # Only the launching container holds the cluster's private key, so it starts every remote daemon.
+        "--mca",
+        "plm_rsh_no_tree_spawn",
+        "1",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONPATH",
+    ]
+    user_set = names_set(env)
+    argv += nic_selection(network_interface, excluded_subnets, across_hosts, user_set)
+    for item in env:
+        argv += ["-x", item]
+    for item in defaults_unless_set(env):
+        argv += ["-x", item]
+    if workdir:
+        argv += ["-wdir", workdir]
+    return argv + rank_command(command, network_interface, user_set)
+
+
+def names_set(env: tuple[str, ...]) -> frozenset[str]:
+    """The variables that KEY=VALUE pairs (valid ones: JobOptions checked them) set."""
+    return frozenset(item.partition("=")[0] for item in env)
+
+
+def defaults_unless_set(env: tuple[str, ...], extra: dict[str, str] | None = None) -> list[str]:
+    """KEY=VALUE for each of the stack's defaults (HOROVOD_DEFAULTS, then `extra`) that the user's --env pairs do
+    not set themselves."""
+    chosen = names_set(env)
+    return [f"{name}={value}" for name, value in {**HOROVOD_DEFAULTS, **(extra or {})}.items() if name not in chosen]
+
+
+def rank_command(
+    command: list[str] | tuple[str, ...], network_interface: str | None, user_set: frozenset[str] = frozenset()
+) -> list[str]:
+    """What each rank runs: the command itself, or, when the job's NIC is a subnet, the command behind RANK_NIC,
+    which sets NCCL's and Gloo's NIC to the one its own host has in the subnet (the names may differ between hosts)
+    and leaves a variable the user set (`user_set`) as it is."""
+    subnet = subnet_of(network_interface)
+    if not subnet:
+        return list(command)
+    keep = sorted(user_set & set(NIC_VARIABLES))
+    return [*RANK_NIC, subnet, *(["--keep", ",".join(keep)] if keep else []), "--", *command]
+
+
+def horovodrun_argv(
+    *,
+    min_ranks: int,
+    max_ranks: int,
+    slots_per_host: int,
+    network_interface: str,
+    ssh_port: int,
+    elastic_timeout: int,
+    command: list[str] | tuple[str, ...],
+    env: tuple[str, ...] = (),
+    workdir: str | None = None,
+    driver_nic: str | None = None,
+    discovery_script: str = DISCOVERY_SCRIPT,
+) -> list[str]:
+    """The one horovodrun command line of an elastic job (Gloo; its NIC pinned, as JobOptions requires): it starts
+    max_ranks ranks on the hosts that DISCOVERY_SCRIPT lists, carries on while at least min_ranks remain, takes
+    returning hosts back, and gives up after elastic_timeout seconds below the minimum. horovodrun hands its own
+    environment to every rank and runs them in its own working directory, hence `env -C WORKDIR VARIABLES...` in front.
+    The discovery script reads the job's workers from the job spec (launcher.agent discover). With a subnet for a NIC,
+    horovodrun is given its own host's NIC in it (`driver_nic`: it serves the ranks' rendezvous there) and each rank
+    finds its own (rank_command)."""
+    own_nic = driver_nic if subnet_of(network_interface) else network_interface
+    assert own_nic, "JobOptions and JobSpec refuse an elastic job without its NIC"
+    command = trainer_with(command, "--elastic")  # the bundled trainer's loop; a user's script brings its own
+    defaults = defaults_unless_set(env, {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS)})
+    user_set = names_set(env)
+    variables = [*nic_variables(own_nic), *defaults, *env]
+    return [
+        "env",
+        *(["-C", workdir] if workdir else []),
+        *variables,
+        "horovodrun",
+        "--gloo",
+        "-np",
+        str(max_ranks),
+        "--min-np",
+        str(min_ranks),
+        "--max-np",
+        str(max_ranks),
+        "--slots-per-host",
+        str(slots_per_host),
+        "--host-discovery-script",
+        discovery_script,
+        "--network-interface",
+        own_nic,
+        "--ssh-port",
+        str(ssh_port),
+        "--elastic-timeout",
+        str(elastic_timeout),
+        "--blacklist-cooldown-range",
+        *map(str, BLACKLIST_COOLDOWN_SECONDS),
+        *rank_command(command, network_interface, user_set),
+    ]
+
+
+def hostfile(workers: list[Worker] | tuple[Worker, ...], slots: int) -> str:
+    """Open MPI's hostfile: one line per worker, by the address mpirun and ssh use, with its own rank count (or
+    `slots`, the job's, for a worker without one)."""
+    return "".join(f"{worker.address} slots={worker.slots or slots}\n" for worker in workers)
+
+
+def pin_known_host(known_hosts: str, address: str, port: int, host_key: str) -> str:
+    """known_hosts with `host_key` ('TYPE BASE64') pinned for [address]:port: a worker that came back at the same
+    address with a new key replaces its old line; every other line stays."""
+    pattern = f"[{address}]:{port} "
+    kept = [line for line in known_hosts.splitlines() if line and not line.startswith(pattern)]
+    return "".join(f"{line}\n" for line in [*kept, pattern + " ".join(host_key.split()[:2])])
+
+
+def ssh_config(port: int) -> str:
+    """The rank-0 side's ssh client settings for every connection into the cluster (the agent's and mpirun's)."""
+    return (
+        f"Host *\n  Port {port}\n  IdentityFile {CLUSTER_KEY}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {KNOWN_HOSTS}\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
+        f"  ConnectTimeout {SSH_CONNECT_TIMEOUT_SECONDS}\n  LogLevel ERROR\n"
+    )
+
+
+@dataclass(frozen=True)
+class Worker:
+    name: str
+    """How logs and errors name it: the node's name (launcher) or its address (compose)."""
+    address: str
+    """What ssh and mpirun connect to."""
+    slots: int | None = None
+    """Its ranks (a node's count from --nodes HOST:SLOTS or --hostfile); None: the job's slots."""
+
+
+@dataclass(frozen=True)
+class DoorWords:
+    """How one door words the fixes in the agent's errors (its users set different knobs)."""
+
+    command_fix: str = (
+        "pass --workdir with the folder that holds your code, or build an image FROM horovod-stack:latest that has it"
+    )
+    workers_fix: str = "check that rank 0 reaches those hosts by name and that the port is open between nodes"
+    elastic_minimum: str = "--min-nodes"
+    """The setting that holds the elastic minimum, as the user wrote it."""
+    lost_hint: str = "`launcher status` shows how each worker ended"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job, as the job agent runs it: what the user asked for (options), where its workers are, and how it ends.
+
+    Doors differ only in how workers are found: a fixed list (the multi-host launcher's nodes, rank 0's first; the
+    MPI Operator's hostfile) or a DNS name that resolves to every worker (compose's service) with the number to
+    wait for."""
+
+    job_id: str
+    options: JobOptions
+    expected_workers: int
+    run_folder: str | None = None
+    """Where the bundled trainer writes this run (a folder of its own under RUNS_DIR, so a second run never
+    overwrites the first's), unless the user's options give it another; a user's command decides for itself."""
+    slots: int = 1
+    workers: tuple[Worker, ...] = ()
+    worker_service: str | None = None
+    excluded_subnets: tuple[str, ...] = ()
+    """With no NIC pinned: the subnets of the workers' hosts' virtual NICs, which Open MPI leaves out
+    (nic_selection)."""
+    across_hosts: bool = False
+    """The workers are on more than one host: an unpinned NIC is not left to chance."""
+    driver_nic: str | None = None
+    """With a subnet for the NIC: rank 0's host's NIC in it (elastic horovodrun serves there)."""
+    discovery_script: str = DISCOVERY_SCRIPT
+    """Elastic: the host discovery horovodrun runs (the agent's own, or the MPI Operator's in an MPIJob)."""
+    gpus: bool = False
+    """The workers were given GPUs: every rank is told so (GPUS_ASKED) and refuses to train on the CPU."""
+    driver: str = "the job's agent"
+    """How a worker names this job's driver when it is lost ("rank 0 on node_1", "compose's launcher container")."""
+    keep_running: bool = False
+    """The workers stay up after the job (--keep-running) until `launcher stop`."""
+    agent_host: str | None = None
+    """The address of the worker whose container runs the agent (the launcher's rank 0), told last when the job
+    ends; None where the agent has a container of its own (compose)."""
+    make_key: bool = False
+    """The agent makes the cluster's key pair (compose, where nobody outside the cluster hands one over)."""
+    results_hint: str | None = None
+    words: DoorWords = field(default_factory=DoorWords)
+
+    def __post_init__(self) -> None:
+        options = self.options
+        problem = options.workers_problem(self.expected_workers) if self.expected_workers else None
+        if problem:
+            raise SettingsError(problem)
+        if options.elastic and subnet_of(options.network_interface) and not self.driver_nic:
+            raise SettingsError(
+                f"elastic training over the subnet {options.network_interface} needs an address in it where "
+                f"{self.driver} runs; pass a subnet that holds one, or a NIC name"
+            )
+
+    @property
+    def elastic(self) -> bool:
+        return self.options.elastic
+
+    @property
+    def program(self) -> str:
+        return "horovodrun" if self.elastic else "mpirun"
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """What every rank runs: the options' command, with the bundled trainer given its run folder."""
+        command = self.options.command
+        return tuple(with_run_dir(command, self.run_folder)) if self.run_folder else command
+
+    @property
+    def run_dir(self) -> str | None:
+        """The bundled trainer's run folder, which the agent makes and links as runs/latest; None for a user's
+        command (it decides where it writes)."""
+        return trainer_option(self.command, "--run-dir")
+
+    @property
+    def cwd(self) -> str:
+        return WORKDIR if self.options.workdir else HOME
+
+    @property
+    def rank_env(self) -> tuple[str, ...]:
+        """KEY=VALUE pairs every rank gets: the user's, and GPUS_ASKED where the workers were given GPUs."""
+        return (*self.options.env, f"{GPUS_ASKED}=1") if self.gpus else self.options.env
+
+    def slots_of(self, worker: Worker) -> int:
+        return worker.slots or self.slots
+
+    def rank_counts(self) -> list[int]:
+        """Each expected worker's ranks: the listed workers' own counts, or the job's slots for each."""
+        return [self.slots_of(worker) for worker in self.workers] or [self.slots] * self.expected_workers
+
+    def job_argv(self) -> list[str]:
+        """The job's one command line: mpirun over HOSTFILE_PATH, or elastic horovodrun over the discovery."""
+        options = self.options
+        workdir = WORKDIR if options.workdir else None
+        if not self.elastic:
+            return mpirun_argv(
+                ranks=sum(self.rank_counts()),
+                hostfile=HOSTFILE_PATH,
+                command=self.command,
+                network_interface=options.network_interface,
+                excluded_subnets=self.excluded_subnets,
+                across_hosts=self.across_hosts,
+                env=self.rank_env,
+                workdir=workdir,
+            )
+        assert options.network_interface  # JobOptions: an elastic job has its NIC
+        # Counts that differ between hosts: the minimum holds whichever hosts remain, the maximum whichever join.
+        counts = sorted(self.rank_counts())
+        return horovodrun_argv(
+            min_ranks=sum(counts[: options.min_workers]),
+            max_ranks=sum(counts[::-1][: options.elastic_max_workers or self.expected_workers]),
+            slots_per_host=self.slots,
+            network_interface=options.network_interface,
+            ssh_port=options.ssh_port,
+            elastic_timeout=options.elastic_timeout,
+            command=self.command,
+            env=self.rank_env,
+            workdir=workdir,
+            driver_nic=self.driver_nic,
+            discovery_script=self.discovery_script,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "options": self.options.to_dict()}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        data = json.loads(text)
+        known = set(cls.__dataclass_fields__)
+        data = {key: value for key, value in data.items() if key in known}  # a newer launcher's extras
+        return cls(
+            **{
+                **data,
+                "options": JobOptions.from_dict(data["options"]),
+                "excluded_subnets": tuple(data.get("excluded_subnets", ())),
+                "workers": tuple(Worker(**worker) for worker in data.get("workers", ())),
+                "words": DoorWords(**data.get("words", {})),
+            }
+        )

@@ -1,0 +1,233 @@
+"""The checks before any worker starts, one set for `start`, `start --dry-run` and `doctor`: pure functions from
+what each node's engine reported (NodeFacts) to typed Findings, and from the facts to what the plan needs (Found).
+
+`start` refuses on the first blocking finding, `doctor` prints every finding and fails on any that is not ok,
+`--dry-run` prints them with the plan. Gathering the facts (the engine's side effects) is session.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from launcher.core.nics import nic_in_subnet, nic_problem, subnet_of, subnet_problem, virtual_subnets
+from launcher.engine import HostView
+from launcher.plan import Found, GpuRequest
+from launcher.settings import LaunchSettings
+
+CLOCK_SKEW_LIMIT_SECONDS = 5.0
+"""More than this between a node's clock and this machine's makes logs and metrics hard to line up."""
+
+
+class Severity(Enum):
+    OK = "ok"
+    NOTE = "note"
+    """Worth saying; changes nothing (a finished cluster kept, an image a start will copy)."""
+    WARNING = "warning"
+    """A start goes on; doctor fails on it."""
+    BLOCKING = "blocking"
+    """A start would fail, so it does not begin."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str
+    check: str
+    """What was checked, as doctor's column names it: engine, image, ssh port, network iface, GPUs, ..."""
+    severity: Severity
+    what: str
+    """What was found: a problem, or (when ok) the detail doctor prints."""
+    fix: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.severity is Severity.OK
+
+    def line(self) -> str:
+        """One line naming the node, the problem and the fix."""
+        return f"{self.node}: {self.what}" + (f"; {self.fix}" if self.fix else "")
+
+    def doctor_line(self) -> str:
+        mark = {Severity.OK: "ok", Severity.NOTE: "note"}.get(self.severity, "FAIL")
+        return f"{self.node}: {self.check:<13} {mark} {self.what}" + (f"; {self.fix}" if self.fix else "")
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What one node's engine reported; None where it was not asked (the engine unreachable, the image missing)."""
+
+    node: str
+    engine_url: str
+    rank0: bool = False
+    version: str | None = None
+    unreachable: str | None = None
+    """The engine's connection error, when it does not answer."""
+    running_clusters: tuple[str, ...] = ()
+    finished_clusters: tuple[str, ...] = ()
+    image_id: str | None = None
+    view: HostView | None = None
+    """The node as its host-network workers will see it (a container of the image)."""
+    resolve: tuple[str, ...] = ()
+    """The names the view was asked to resolve (on rank 0's node: those Open MPI needs addresses for)."""
+    gpu_request: GpuRequest | None = None
+    gpu_problem: str | None = None
+    missing_bind: str | None = None
+    clock_skew: float | None = None
+
+
+def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | None = None) -> list[Finding]:
+    """Every finding about one node, in the order a start needs them. `image_coming` says how a missing image will
+    get there ("copies it there from this machine", "pulls it from REGISTRY"); None: it will not, so it blocks."""
+    node = facts.node
+    stop_all = f"`launcher stop --nodes {','.join(settings.nodes)}"
+
+    def found(check: str, severity: Severity, what: str, fix: str = "") -> Finding:
+        return Finding(node, check, severity, what, fix)
+
+    if facts.unreachable is not None:
+        return [found("engine", Severity.BLOCKING, facts.unreachable)]
+    findings = [found("engine", Severity.OK, f"({facts.version} at {facts.engine_url})")]
+    for cluster in facts.running_clusters:
+        findings.append(
+            found(
+                "cluster",
+                Severity.BLOCKING,
+                f"cluster {cluster} is still running",
+                f"stop it first with {stop_all} --cluster {cluster}`",
+            )
+        )
+    for cluster in facts.finished_clusters:
+        findings.append(
+            found(
+                "cluster",
+                Severity.NOTE,
+                f"finished cluster {cluster} is kept for `launcher status` and `launcher logs`",
+                f"{stop_all} --cluster {cluster}` removes it",
+            )
+        )
+    if facts.image_id is None:
+        if image_coming:
+            findings.append(found("image", Severity.NOTE, f"lacks {settings.image}; a start {image_coming}"))
+        else:
+            findings.append(
+                found(
+                    "image",
+                    Severity.BLOCKING,
+                    f"image {settings.image} is not there",
+                    "pass --push-image to copy it from this machine's engine, load it on that node, or name it in a "
+                    "registry (IMAGE=REGISTRY/NAME:TAG)",
+                )
+            )
+    else:
+        findings.append(found("image", Severity.OK, f"({facts.image_id[7:19]})"))
+    if facts.view is not None:
+        findings += _host_findings(settings, facts, facts.view)
+    if facts.clock_skew is not None:
+        skew = facts.clock_skew
+        if abs(skew) > CLOCK_SKEW_LIMIT_SECONDS:
+            findings.append(
+                found("clock skew", Severity.WARNING, f"clock skew {skew:+.1f} s", "sync the node's clock (NTP)")
+            )
+        else:
+            findings.append(found("clock skew", Severity.OK, f"({skew:+.1f} s)"))
+    return findings
+
+
+def _host_findings(settings: LaunchSettings, facts: NodeFacts, view: HostView) -> list[Finding]:
+    """The NIC or subnet, the SSH port, the GPUs, the --mount folders and (on rank 0's node) the names Open MPI
+    needs addresses for: each a worker or mpirun would otherwise fail on after other workers started, in Docker's
+    or Open MPI's words that never name the fix."""
+    node, job = facts.node, settings.job
+    nic, port = job.network_interface, job.ssh_port
+    findings = []
+    subnet = subnet_of(nic)
+    problem = subnet_problem(subnet, view.addresses) if subnet else nic_problem(nic, view.nics)
+    if problem:
+        findings.append(Finding(node, "network iface", Severity.BLOCKING, problem))
+    elif subnet:
+        own = nic_in_subnet(view.addresses, subnet)
+        listed = ", ".join(f"{name} {address}" for name, address in view.addresses if name == own)
+        findings.append(Finding(node, "network iface", Severity.OK, f"({listed or subnet})"))
+    elif nic:
+        findings.append(Finding(node, "network iface", Severity.OK, f"({nic})"))
+    else:
+        left_out = ", ".join(virtual_subnets(view.addresses)) or "none here"
+        findings.append(
+            Finding(node, "network iface", Severity.OK, f"(none pinned; virtual NICs left out: {left_out})")
+        )
+    if view.port_taken:
+        findings.append(
+            Finding(
+                node,
+                "ssh port",
+                Severity.BLOCKING,
+                f"port {port} is already in use there",
+                "free it or pass --ssh-port with a free port",
+            )
+        )
+    else:
+        findings.append(Finding(node, "ssh port", Severity.OK, f"free ({port})"))
+    if facts.gpu_request is not None:
+        if facts.gpu_problem:
+            findings.append(Finding(node, "GPUs", Severity.BLOCKING, facts.gpu_problem))
+        else:
+            findings.append(Finding(node, "GPUs", Severity.OK, f"({facts.gpu_request} asked for)"))
+    if facts.missing_bind:
+        findings.append(
+            Finding(
+                node,
+                "mounts",
+                Severity.BLOCKING,
+                f"a --mount folder is not there ({facts.missing_bind})",
+                "make it, or mount the same share at that path on every node",
+            )
+        )
+    resolved = {name for name, _ in view.resolved}
+    for name in sorted(set(facts.resolve) - resolved):
+        findings.append(
+            Finding(
+                node,
+                "names",
+                Severity.BLOCKING,
+                f"{name} does not resolve there",
+                "add it to DNS or /etc/hosts on every node",
+            )
+        )
+    return findings
+
+
+def check_cluster(settings: LaunchSettings, facts: list[NodeFacts]) -> list[Finding]:
+    """What no single node shows: the image must be the very same build everywhere."""
+    ids = {fact.node: fact.image_id for fact in facts if fact.image_id}
+    if len(set(ids.values())) <= 1:
+        return []
+    listing = ", ".join(f"{name} {image_id[7:19]}" for name, image_id in ids.items())
+    return [
+        Finding(
+            "all",
+            "image",
+            Severity.BLOCKING,
+            f"image {settings.image} differs between nodes ({listing})",
+            "mismatched Horovod/MPI builds hang, so load one image on every node (docker save | docker load)",
+        )
+    ]
+
+
+def blocking(findings: list[Finding]) -> list[Finding]:
+    return [finding for finding in findings if finding.severity is Severity.BLOCKING]
+
+
+def found(settings: LaunchSettings, facts: list[NodeFacts]) -> Found:
+    """What the plan takes from the facts: each node's NIC in the subnet, the addresses rank 0 resolved, and, with
+    no NIC pinned across nodes, the virtual NICs' subnets the job leaves out."""
+    nic = settings.job.network_interface
+    subnet = subnet_of(nic)
+    views = [(fact, fact.view) for fact in facts if fact.view is not None]
+    node_nics = tuple(
+        (fact.node, own) for fact, view in views if subnet and (own := nic_in_subnet(view.addresses, subnet))
+    )
+    addresses = tuple(pair for _, view in views for pair in view.resolved)
+    excluded: tuple[str, ...] = ()
+    if not nic and len(settings.nodes) > 1:
+        excluded = tuple(virtual_subnets([pair for _, view in views for pair in view.addresses]))
+    return Found(node_nics=node_nics, addresses=addresses, excluded_subnets=excluded)

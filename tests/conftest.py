@@ -1,0 +1,292 @@
+"""The stand-ins every unit test shares: one of the host side's NodeEngine (launcher/engine.py), one of the agent's
+Transport (launcher/agent/transport.py), and builders of settings, plans and job specs from flat keyword arguments.
+The integration tests use the real things (Docker engines, sshd, mpirun) instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+
+from app import gpu
+from launcher.agent import stacks
+from launcher.core.job import JobSpec
+from launcher.core.options import JobOptions
+from launcher.core.protocol import HOSTKEYS_DIR, KNOWN_HOSTS
+from launcher.engine import Container, HostView, Loss, NodeEngine, NodeError, pull_failure
+from launcher.jobstate import ContainerState
+from launcher.plan import ClusterPlan, Found, Node, WorkerContainer
+from launcher.settings import LaunchSettings
+
+JOB_OPTIONS = {field.name for field in dataclasses.fields(JobOptions)}
+
+
+# --- builders -------------------------------------------------------------------------------------------------
+def launch_settings(**fields) -> LaunchSettings:
+    """LaunchSettings from flat keywords: JobOptions' fields go to its job, the rest to the settings; an elastic
+    minimum makes the job elastic."""
+    job = {key: fields.pop(key) for key in list(fields) if key in JOB_OPTIONS}
+    if job.get("elastic_min_workers") is not None:
+        job.setdefault("elastic", True)
+    if "workdir" in job and job["workdir"] is not None:
+        job["workdir"] = str(job["workdir"])
+    return LaunchSettings(**{"nodes": ("gpu-a", "gpu-b"), **fields, "job": JobOptions(**job)})
+
+
+def plan_of(cluster_id: str = "c0ffee00", found: Found | None = None, **fields) -> ClusterPlan:
+    return ClusterPlan.of(launch_settings(**fields), cluster_id=cluster_id, found=found)
+
+
+def job_spec(**fields) -> JobSpec:
+    """A JobSpec from flat keywords, JobOptions' fields to its options (an elastic minimum makes it elastic)."""
+    options = {key: fields.pop(key) for key in list(fields) if key in JOB_OPTIONS}
+    if options.get("elastic_min_workers") is not None:
+        options.setdefault("elastic", True)
+    return JobSpec(**{"job_id": "j1", "expected_workers": 2, **fields, "options": JobOptions(**options)})
+
+
+# --- the host side's engine -------------------------------------------------------------------------------------
+class StandInEngine:
+    """One node's engine without Docker: what host_view, the GPU query, the link probe and the image's export give is
+    given; starting a worker fails the test (every test of the host side that uses it expects the checks to refuse
+    first)."""
+
+    def __init__(
+        self,
+        name: str,
+        nics: tuple[str, ...] = ("lo",),
+        port_taken: bool = False,
+        gpu_query: str = "",
+        addresses: tuple[tuple[str, str], ...] = (),
+        resolves: dict[str, str] | None = None,
+        probe_output: str = "",
+        interrupt: bool = False,
+        chunks: list[bytes] | tuple[bytes, ...] = (),
+        fail_after: int | None = None,
+    ) -> None:
+        self.node = Node(name, f"ssh://{name}")
+        self.chunks, self.fail_after = list(chunks), fail_after
+        """The image as this engine's export streams it; a load fails after `fail_after` chunks."""
+        self.loaded: list[bytes] = []
+        self.pulled: list[str] = []
+        self.saves = 0
+        self.view = HostView(port_taken=port_taken, nics=nics, addresses=addresses)
+        self.resolves = resolves or {}
+        self.gpu_query, self.probe_output, self.interrupt = gpu_query, probe_output, interrupt
+        self.started: list[WorkerContainer] = []
+        self.gpu_requests: list = []
+        self.probes: list[tuple[list[str], dict[str, str]]] = []
+        self.removed: list[str | None] = []
+
+    def version(self) -> str:
+        return "26.1.5"
+
+    def image_id(self, image: str) -> str | None:
+        return "sha256:0123456789abcdef"
+
+    def cluster_containers(self, cluster_id: str | None = None) -> list[Container]:
+        return []
+
+    def clock_skew_seconds(self) -> float:
+        return 0.0
+
+    def host_view(self, image: str, port: int, resolve: tuple[str, ...] = ()) -> HostView:
+        # As /etc/hosts on every node would: the names given resolve, other names do not.
+        resolved = tuple((name, self.resolves[name]) for name in resolve if name in self.resolves)
+        return dataclasses.replace(self.view, resolved=resolved)
+
+    def gpu_problem(self, image: str, request) -> str | None:
+        self.gpu_requests.append(request)
+        return gpu.gpu_problem(self.gpu_query, len(request.device_ids) or request.count)
+
+    def missing_bind(self, image: str, binds) -> str | None:
+        return None
+
+    def start_worker(self, spec: WorkerContainer) -> Container:
+        self.started.append(spec)
+        raise AssertionError("a worker started")
+
+    def start_probe(self, image: str, argv: list[str], name: str, labels: dict[str, str]) -> str:
+        self.probes.append((argv, labels))
+        return name
+
+    def wait_for_output(self, container_id: str, text: str, timeout: float) -> str | None:
+        return '{"listening": "x"}\n'
+
+    def finish(self, container_id: str, timeout: float) -> str:
+        if self.interrupt:
+            raise KeyboardInterrupt
+        return self.probe_output
+
+    def remove_cluster(self, cluster_id: str | None = None) -> int:
+        self.removed.append(cluster_id)
+        return 1
+
+    def lost_reason(self, container_id: str) -> Loss | None:
+        return None
+
+    def image_size(self, image: str) -> int:
+        return sum(map(len, self.chunks))
+
+    def save_image(self, image: str) -> Iterator[bytes]:
+        self.saves += 1
+        yield from self.chunks
+
+    def load_image(self, chunks: Iterator[bytes], image: str) -> None:
+        for index, chunk in enumerate(chunks):
+            if self.fail_after is not None and index >= self.fail_after:
+                raise NodeError(f"{self.node.name}: copying {image} failed (no space left on device)")
+            self.loaded.append(chunk)
+
+    def pull_image(self, image: str, progress) -> None:
+        if "missing" in image:
+            raise NodeError(pull_failure(self.node.name, image, "manifest unknown"))
+        progress(5, 10)
+        progress(10, 10)
+        self.pulled.append(image)
+
+    def __getattr__(self, name: str):  # what no unit test needs: refuse loudly rather than pass silently
+        raise AttributeError(f"StandInEngine has no {name}")
+
+
+def connect_to(*engines: StandInEngine):
+    """A `connect` for session and doctor that hands out the stand-ins by node name."""
+    by_name = {engine.node.name: engine for engine in engines}
+
+    def connect(node: Node) -> NodeEngine:
+        return by_name[node.name]  # type: ignore[return-value]
+
+    return connect
+
+
+def container(name: str, cluster: str, role: str = "rank0", running: bool = True) -> Container:
+    return Container(
+        f"id-{name}",
+        name,
+        {"horovod-stack.cluster": cluster, "horovod-stack.role": role},
+        "running" if running else "exited",
+        ContainerState(name, running),
+    )
+
+
+# --- the agent's transport ---------------------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Line:
+    def __init__(self, address: str, heard: list[str]) -> None:
+        self.address, self.heard = address, heard
+        self.open, self.last_word = True, None
+
+    def alive(self) -> bool:
+        return self.open
+
+    def send(self, message: str) -> None:
+        self.last_word, self.open = message, False
+        self.heard.append(self.address)
+
+    def wait(self) -> None:
+        pass
+
+
+class StandInTransport:
+    """The agent's side effects without ssh or processes. Workers are addresses: each publishes its host key and
+    answers ssh from a time in `up_from` on (all, always, without one), until lost; with `keys`, a worker answers
+    only while its key in `keys` is the one pinned (nothing is published: the MPIJob door learns keys). The job's
+    process exits with `status`; with `stacks_of`, it never prints again and each worker's ranks wait where given."""
+
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        up_from: dict[str, float] | None = None,
+        resolves: list[str] | None = None,
+        cannot_start: frozenset[str] | set[str] = frozenset(),
+        status: int = 0,
+        lost_in_job: frozenset[str] | set[str] = frozenset(),
+        keys: dict[str, str] | None = None,
+        stacks_of: dict[str, list[stacks.RankStack]] | None = None,
+    ) -> None:
+        self.clock, self.up_from, self.resolves = clock or Clock(), up_from, resolves or []
+        self.cannot_start, self.status, self.lost_in_job = cannot_start, status, lost_in_job
+        self.keys, self.stacks_of = keys, stacks_of
+        self.files: dict[str, str] = {}
+        self.modes: dict[str, int] = {}
+        self.lines: dict[str, Line] = {}
+        self.heard: list[str] = []
+        """Addresses in the order their lifelines got the last word."""
+        self.told: dict[str, str] = {}
+        self.ran: list[list[str]] = []
+        self.run_dirs: list[str] = []
+        self.commands: list[tuple[str, str]] = []
+        self.ended = threading.Event()
+
+    def up(self, address: str) -> bool:
+        return self.up_from is None or self.clock() >= self.up_from.get(address, float("inf"))
+
+    def resolve(self, service: str) -> list[str]:
+        return list(self.resolves)
+
+    def read(self, path: str) -> str | None:
+        address = path.removeprefix(f"{HOSTKEYS_DIR}/").removesuffix(".pub")
+        if path.startswith(HOSTKEYS_DIR) and self.keys is None:
+            return f"ssh-ed25519 KEY-{address} mpiuser@{address}\n" if self.up(address) else None
+        return self.files.get(path)
+
+    def write(self, path: str, text: str, mode: int = 0o644) -> None:
+        self.files[path], self.modes[path] = text, mode
+
+    def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
+        self.commands.append((address, command))
+        if not self.up(address):
+            return 255, f"ssh: connect to host {address} port 12345: Connection refused"
+        if self.keys is not None:
+            pinned = f"[{address}]:12345 {self.keys[address]}"
+            if pinned not in self.files.get(KNOWN_HOSTS, "").splitlines():
+                return 255, "host key changed"
+        if "lifeline" in command:
+            self.told[address] = stdin.strip()
+        if "probe" in command and address in self.cannot_start:
+            return 1, "script t.py is not there\n"
+        if "stacks collect" in command and self.stacks_of is not None:
+            return 0, stacks.to_json(self.stacks_of[address]) + "\n"
+        return 0, ""
+
+    def lifeline(self, address: str, command: str) -> Line:
+        assert "launcher.agent lifeline --driver" in command
+        self.lines[address] = Line(address, self.heard)
+        return self.lines[address]
+
+    def run(self, argv: list[str], cwd: str) -> int:
+        self.ran.append(argv)
+        for address in self.lost_in_job:
+            assert self.up_from is not None
+            self.up_from[address] = float("inf")
+            self.lines[address].open = False
+        return self.status
+
+    def output_age(self) -> float:
+        return 999.0 if self.stacks_of is not None else 0.0
+
+    def file_age(self, path: str) -> float | None:
+        return None
+
+    def horovod_warning(self) -> str | None:
+        return None
+
+    def stop_job(self) -> None:
+        self.ended.set()
+
+    def make_cluster_key(self) -> None:
+        self.files["cluster key"] = "made"
+
+    def make_run_dir(self, folder: str) -> None:
+        self.run_dirs.append(folder)
