@@ -120,9 +120,8 @@ def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | N
             )
     else:
         findings.append(found("image", Severity.OK, f"({facts.image_id[7:19]})"))
-    if facts.view is not None:
-        findings += _host_findings(settings, facts, facts.view)
-    if facts.clock_skew is not None:
+    findings += host_findings(settings, facts)
+    if facts.clock_skew is not None:  # doctor's only: a start goes on regardless
         skew = facts.clock_skew
         if abs(skew) > CLOCK_SKEW_LIMIT_SECONDS:
             findings.append(
@@ -133,10 +132,13 @@ def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | N
     return findings
 
 
-def _host_findings(settings: LaunchSettings, facts: NodeFacts, view: HostView) -> list[Finding]:
+def host_findings(settings: LaunchSettings, facts: NodeFacts) -> list[Finding]:
     """The NIC or subnet, the SSH port, the GPUs, the --mount folders and (on rank 0's node) the names Open MPI
     needs addresses for: each a worker or mpirun would otherwise fail on after other workers started, in Docker's
-    or Open MPI's words that never name the fix."""
+    or Open MPI's words that never name the fix. None before the node's view is known (the image missing)."""
+    view = facts.view
+    if view is None:
+        return []
     node, job = facts.node, settings.job
     nic, port = job.network_interface, job.ssh_port
     findings = []

@@ -131,18 +131,28 @@ def refuse_on(findings: list[Finding], say: Say) -> None:
         raise LaunchError(stop[0].line())
 
 
-def check_nodes(settings: LaunchSettings, engines: list[NodeEngine], say: Say, dry_run: bool = False) -> ClusterPlan:
-    """Every check a start makes before any container starts, then the plan with what the checks found. The image
-    is copied or pulled to the nodes that lack it, except in a dry run, where such a node is named and its host
-    checks wait until it has the image."""
+def check_nodes(
+    settings: LaunchSettings, engines: list[NodeEngine], say: Say, dry_run: bool = False
+) -> tuple[ClusterPlan, list[Finding]]:
+    """Every check a start makes before any container starts, then the plan with what the checks found, and the
+    findings. A start refuses on the first blocking finding, before anything is copied or started; the image is
+    copied or pulled to the nodes that lack it. A dry run copies nothing and refuses nothing: it returns every
+    finding (a node that lacks the image is named, and its host checks wait until it has it)."""
+    findings: list[Finding] = []
+
+    def review(found: list[Finding]) -> None:
+        findings.extend(found)
+        if not dry_run:
+            refuse_on(found, say)
+
     facts = [engine_facts(settings, engine) for engine in engines]
     coming = image_coming(settings)
-    refuse_on([f for fact in facts for f in preflight.check_node(settings, fact, coming)], say)
+    review([finding for fact in facts for finding in preflight.check_node(settings, fact, coming)])
     if dry_run:
         present = [fact for fact in facts if fact.image_id]
         if settings.push_image and len(present) < len(facts):  # what the copy would bring must match the rest
             present.append(NodeFacts("this machine", "local", image_id=this_machine(settings.image)[1]))
-        refuse_on(preflight.check_cluster(settings, present), say)
+        review(preflight.check_cluster(settings, present))
     else:
         ensure_image_everywhere(settings, engines, say)
         facts = [engine_facts(settings, engine) for engine in engines]
@@ -153,7 +163,7 @@ def check_nodes(settings: LaunchSettings, engines: list[NodeEngine], say: Say, d
             checked.append(fact)
             continue
         fact = host_facts(settings, engine, fact)
-        refuse_on(preflight.check_node(settings, fact), say)
+        review(preflight.host_findings(settings, fact))
         checked.append(fact)
     plan = ClusterPlan.of(settings, found=preflight.found(settings, checked))
     job = settings.job
@@ -172,7 +182,7 @@ def check_nodes(settings: LaunchSettings, engines: list[NodeEngine], say: Say, d
             f"({', '.join(subnets) or 'no such subnet here'}); pin one with --network-interface if a node has more "
             "than one real NIC"
         )
-    return plan
+    return plan, findings
 
 
 def image_coming(settings: LaunchSettings) -> str | None:
@@ -415,7 +425,11 @@ def dry_run(
     """Every check a start makes, then the whole plan on `out`; starts nothing (raises LaunchError where a start
     would stop)."""
     engines = connect_all(settings, say, connect)
-    plan = check_nodes(settings, engines, say, dry_run=True)
+    plan, findings = check_nodes(settings, engines, say, dry_run=True)
+    out.write("checks:\n" + "".join(f"  {finding.doctor_line()}\n" for finding in findings))
+    stop = preflight.blocking(findings)
+    if stop:
+        raise LaunchError(stop[0].line())
     image_id = next((found for engine in engines if (found := engine.image_id(settings.image))), None)
     out.write(plan.dry_run_report(image_id))
     say("dry run: nothing was started")
@@ -433,7 +447,7 @@ def launch(
     Attached, the job's output goes to `out` and the agent's lines to `relay`; a Signalled (the CLI's
     handler for STOP_SIGNALS) while attached removes the cluster on every node."""
     engines = connect_all(settings, say, connect)
-    plan = check_nodes(settings, engines, say)
+    plan, _ = check_nodes(settings, engines, say)
     say(plan.describe())
 
     keys = sshtrust.make_key_pair(f"horovod-stack cluster {plan.cluster_id}")

@@ -1,6 +1,8 @@
 """The launch's checks before any worker starts, against the stand-in engine (no Docker): the same findings refuse
 a start and fill doctor's report (launcher/preflight.py)."""
 
+import io
+
 import pytest
 
 from launcher import doctor, preflight, session
@@ -81,7 +83,7 @@ def test_an_unpinned_nic_across_hosts_leaves_every_nodes_virtual_subnets_out(nic
     engines = [node_engine("node_1", ("lo", "eth0", "docker0"), addresses=node_1),
                node_engine("node_2", ("lo", "eth0", "docker0", "br-c33e5cb9fa8c", "veth9a1"), addresses=node_2)]
     settings = launch_settings(nodes=nodes, network_interface=nic)
-    checked = session.check_nodes(settings, engines[: len(nodes)], say=lambda _: None)
+    checked, _ = session.check_nodes(settings, engines[: len(nodes)], say=lambda _: None)
     assert checked.found.excluded_subnets == expected
     assert checked.job_spec().excluded_subnets == expected
 
@@ -124,3 +126,22 @@ def test_clock_skew_is_a_warning_doctor_fails_on_and_a_start_only_says(skew, sev
     facts = NodeFacts("node_1", "ssh://node_1", version="26.1.5", image_id="sha256:0123456789abcdef", clock_skew=skew)
     [finding] = [f for f in preflight.check_node(launch_settings(), facts) if f.check == "clock skew"]
     assert finding.severity is severity and (finding.ok == (severity is Severity.OK))
+
+
+def test_a_dry_run_prints_every_finding_with_the_plan_and_refuses_with_the_first_problem():
+    node_1, node_2 = node_engine("node_1", ("lo", "eth0")), node_engine("node_2", ("lo", "eth0"))
+    out = io.StringIO()
+    session.dry_run(launch_settings(nodes=("node_1", "node_2"), network_interface="eth0"), say=lambda _: None,
+                    out=out, connect=connect_to(node_1, node_2))
+    checks, plan = out.getvalue().split("plan: ", 1)
+    assert checks.splitlines()[:3] == ["checks:", "  node_1: engine        ok (26.1.5 at ssh://node_1)",
+                                       "  node_1: image         ok (0123456789ab)"]
+    assert "  node_2: ssh port      ok free (12345)" in checks and plan.startswith("2 ranks on 2 node(s)")
+    busy = node_engine("node_2", ("lo", "ens5"), port_taken=True)
+    out = io.StringIO()
+    with pytest.raises(session.LaunchError) as refused:
+        session.dry_run(launch_settings(nodes=("node_1", "node_2"), network_interface="eth0"), say=lambda _: None,
+                        out=out, connect=connect_to(node_1, busy))
+    assert str(refused.value).startswith("node_2: no network interface eth0 there (it has ens5, lo)")
+    assert "node_2: ssh port      FAIL port 12345 is already in use there" in out.getvalue()  # both, at once
+    assert "plan: " not in out.getvalue() and node_1.started == busy.started == []

@@ -8,13 +8,12 @@ rules its own; every bad value is refused in one line that names the .env key.
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import shlex
-import time
 from collections.abc import Mapping
+from typing import Any
 
 from app.gpu import GPUS_ASKED
-from launcher.core.job import DoorWords, JobSpec
+from launcher.core.job import DoorWords, JobSpec, new_run_id
 from launcher.core.options import JobOptions, SettingsError, Spelling, job_command
 from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
 
@@ -70,10 +69,6 @@ def _worker_service(environ: Mapping[str, str]) -> str:
     return environ.get("WORKER_SERVICE", "").strip() or "worker"
 
 
-def new_run_id(now: float | None = None) -> str:
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(2)
-
-
 def job_options(environ: Mapping[str, str], args: list[str]) -> JobOptions:
     """The job's options from compose's environment: `args` are the service's command words (the bundled trainer's
     flags from compose.yaml), TRAIN_ARGS adds more, TRAIN_COMMAND replaces the trainer with the user's command."""
@@ -81,7 +76,9 @@ def job_options(environ: Mapping[str, str], args: list[str]) -> JobOptions:
     command = (
         shlex.split(user_command) if user_command else job_command([*args, *environ.get("TRAIN_ARGS", "").split()])
     )
-    numbers = {name: value for name, key in OPTION_KEYS.items() if (value := _whole(environ, key)) is not None}
+    numbers: dict[str, Any] = {
+        name: value for name, key in OPTION_KEYS.items() if (value := _whole(environ, key)) is not None
+    }
     return JobOptions(
         command=tuple(command),
         # Passed to every rank when compose sets them: GPUs given (compose.gpu.yaml) and NCCL's verbosity.

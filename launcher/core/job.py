@@ -9,6 +9,8 @@ valid JobSpec, so building one never fails.
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath as Path
 
@@ -34,6 +36,11 @@ peers often get no TCP reset, so this bounds how soon an elastic job notices the
 HOROVOD_GLOO_TIMEOUT_SECONDS=N overrides it for steps where ranks legitimately wait longer."""
 BLACKLIST_COOLDOWN_SECONDS = (2, 30)
 """A host whose worker failed may rejoin after 4-6 s, doubling on each further failure (horovodrun's range)."""
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A run's name where no cluster ID gives one (compose, an MPIJob): its UTC start time and a random part."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + secrets.token_hex(2)
 
 
 def trainer_with(command: list[str] | tuple[str, ...], flag: str, *value: str) -> list[str]:

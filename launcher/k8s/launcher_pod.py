@@ -31,10 +31,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from launcher.agent.compose import new_run_id
 from launcher.agent.job import Agent, JobError
 from launcher.agent.transport import SshTransport, Transport, stop_on_signals
-from launcher.core.job import DoorWords, JobSpec, Worker
+from launcher.core.job import DoorWords, JobSpec, Worker, new_run_id
 from launcher.core.nics import nic_in_subnet, subnet_of, virtual_subnets
 from launcher.core.options import JobOptions, SettingsError, Spelling, job_command
 from launcher.core.protocol import (
