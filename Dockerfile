@@ -52,7 +52,7 @@ FROM runtime AS image
 RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
     pip install --no-deps /dist/horovod-*.whl \
  && horovodrun --check-build
-# py-spy reads another process's memory: the workers get the SYS_PTRACE capability (launcher/plan.py
+# py-spy reads another process's memory: the workers get the SYS_PTRACE capability (launcher/core/protocol.py
 # WORKER_CAPABILITIES, compose.yaml), and the binary may use it as mpiuser, which hosts with Yama's ptrace_scope 1
 # (Ubuntu's default) require for processes that are not its children.
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
@@ -68,7 +68,7 @@ RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
  && mkdir -p /cluster/ssh /cluster/hostkeys /shared /workdir \
  && chown -R mpiuser:mpiuser /cluster /shared /workdir
 COPY app /opt/horovod-stack/app
-# The job agent (launcher/agent.py) runs every job from the rank-0 container, whichever door started it.
+# The job agent (launcher/agent/) runs every job from the rank-0 container, whichever door started it.
 COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
 # GPUs only when a container asks for them: Docker's device request (--gpus, compose's devices:, the launcher's

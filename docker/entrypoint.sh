@@ -9,16 +9,16 @@
 #                       the MPI Operator's authorized_keys from DIR (the MPIJob's sshAuthMountPath), copied where
 #                       it checks them with the modes StrictModes wants (the operator's files are root-owned, mode
 #                       0644, in a folder others may write); its host key is not published (pods share no such
-#                       folder): the launcher pod's agent learns it at first contact (launcher/mpijob_job.py)
-#   mpijob-launcher ARGS  an MPIJob's launcher pod: the job agent (python -m launcher.k8s.launcher_pod ARGS) runs the
-#                       job against the operator's /etc/mpi/hostfile and exits with its status
+#                       folder): the launcher pod's agent learns it at first contact (launcher/k8s/launcher_pod.py)
+#   mpijob-launcher ARGS  an MPIJob's launcher pod: the job agent (python -m launcher.k8s.launcher_pod ARGS)
+#                       runs the job against the operator's /etc/mpi/hostfile and exits with its status
 #   ANY OTHER COMMAND   run it (e.g. `horovodrun --check-build`)
 #
 # Every decision about the job (readiness, host-key pinning, the hostfile, the command line, causes of failure,
-# when workers stop) is the job agent's, in launcher/agent.py; the defaults and paths this script uses come from
-# launcher/protocol.py. Worker settings (environment): SSH_PORT; WORKER_ADDRESS (the name this worker's host key is
-# published under; default: its address); EXIT_WITH_JOB=1 (the multi-host launcher's rank 0: the container exits
-# with the job's status).
+# when workers stop) is the job agent's, in launcher/agent/; the defaults and paths this script uses come from
+# launcher/core/protocol.py. Worker settings (environment): SSH_PORT; WORKER_ADDRESS (the name this worker's host
+# key is published under; default: its address); EXIT_WITH_JOB=1 (the multi-host launcher's rank 0: the container
+# exits with the job's status).
 #
 # How a worker ends: the agent holds an ssh "lifeline" to it (python -m launcher.agent lifeline). When the job ends
 # the agent sends the job-end message down it; when the agent dies instead (its container killed, a reboot), the
