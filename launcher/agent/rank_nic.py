@@ -1,7 +1,7 @@
 """Each rank's own NIC when a job's NIC is given as a subnet (--network-interface 10.0.0.0/24).
 
 Open MPI takes the subnet itself; NCCL and Gloo take a NIC name, and the names may differ between hosts (ens5 on
-one, eno1 on another). So every rank starts behind this: `python -m launcher.rank_nic SUBNET [--keep NAMES] --
+one, eno1 on another). So every rank starts behind this: `python -m launcher.agent.rank_nic SUBNET [--keep NAMES] --
 COMMAND...` finds the NIC its host has an address in SUBNET, sets NCCL's and Gloo's variables to it (over what
 mpirun or horovodrun set, except the names in --keep, which the user set), and becomes COMMAND.
 """
@@ -23,7 +23,7 @@ def host_addresses() -> list[tuple[str, str]]:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1:
-        print("usage: python -m launcher.rank_nic SUBNET [--keep NAME,...] -- COMMAND...", file=sys.stderr)
+        print("usage: python -m launcher.agent.rank_nic SUBNET [--keep NAME,...] -- COMMAND...", file=sys.stderr)
         return 2
     options, command = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     subnet, keep = options[0], set(options[2].split(",")) if options[1:2] == ["--keep"] else set()

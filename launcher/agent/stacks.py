@@ -1,6 +1,6 @@
 """Every rank's Python stack, on demand (`launcher stacks`) and when a job stalls (the job agent's stall watch).
 
-In each worker container, `python -m launcher.stacks collect --node NAME [--native]` finds the rank processes (by
+In each worker container, `python -m launcher.agent.stacks collect --node NAME [--native]` finds the rank processes (by
 the rank Open MPI or horovodrun gave them) and dumps each one's stack with py-spy, as JSON. The caller (the job
 agent, over ssh to every worker) groups the ranks so that identical stacks print once, naming where each group
 is: "rank 1 (node_2 pid 88) in wait_for_data at stall.py:14". The grouping and the wording are pure functions.
@@ -199,7 +199,7 @@ def from_json(text: str) -> list[RankStack]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.stacks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m launcher.agent.stacks", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     collecting = commands.add_parser("collect", help="this container's ranks' stacks, as JSON")
     collecting.add_argument("--node", default=os.uname().nodename, help="the node's name, for the labels")
