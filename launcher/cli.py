@@ -164,6 +164,11 @@ def start(
     stall_action: str | None = typer.Option(
         None, help="On a stall: warn (the job goes on) or fail (it ends with the stall as its error); default warn."
     ),
+    time_limit: int | None = typer.Option(
+        None,
+        help="Seconds the job may run: past them every rank's stack goes into its log and the job ends with exit "
+        "status 124 (default: TIME_LIMIT in .env, else 0: no limit).",
+    ),
     dry_run: bool = typer.Option(
         False,
         help="Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
@@ -199,6 +204,7 @@ def start(
             "ssh_port": ssh_port,
             "stall_timeout": stall_timeout,
             "stall_action": stall_action,
+            "time_limit": time_limit,
             "elastic": elastic,
             "elastic_min_workers": min_nodes,
             "elastic_max_workers": max_nodes,

@@ -213,6 +213,7 @@ JOB_ENV_KEYS = {
     "elastic_timeout": "ELASTIC_TIMEOUT",
     "stall_timeout": "STALL_TIMEOUT",
     "stall_action": "STALL_ACTION",
+    "time_limit": "TIME_LIMIT",
     "mounts": "MOUNTS",
 }
 """The job options a .env file may set, by their keys. Compose's keys (NETWORK_INTERFACE, WORKERS, ...) are not

@@ -202,7 +202,8 @@ class StandInTransport:
     """The agent's side effects without ssh or processes. Workers are addresses: each publishes its host key and
     answers ssh from a time in `up_from` on (all, always, without one), until lost; with `keys`, a worker answers
     only while its key in `keys` is the one pinned (nothing is published: the MPIJob door learns keys). The job's
-    process exits with `status`; with `stacks_of`, it never prints again and each worker's ranks wait where given."""
+    process exits with `status`, at once or (`until_stopped`) once the agent stops it; with `stacks_of`, it never
+    prints again and each worker's ranks wait where given."""
 
     def __init__(
         self,
@@ -214,10 +215,11 @@ class StandInTransport:
         lost_in_job: frozenset[str] | set[str] = frozenset(),
         keys: dict[str, str] | None = None,
         stacks_of: dict[str, list[stacks.RankStack]] | None = None,
+        until_stopped: bool = False,
     ) -> None:
         self.clock, self.up_from, self.resolves = clock or Clock(), up_from, resolves or []
         self.cannot_start, self.status, self.lost_in_job = cannot_start, status, lost_in_job
-        self.keys, self.stacks_of = keys, stacks_of
+        self.keys, self.stacks_of, self.until_stopped = keys, stacks_of, until_stopped
         self.files: dict[str, str] = {}
         self.modes: dict[str, int] = {}
         self.lines: dict[str, Line] = {}
@@ -267,6 +269,9 @@ class StandInTransport:
 
     def run(self, argv: list[str], cwd: str) -> int:
         self.ran.append(argv)
+        if self.until_stopped:
+            assert self.ended.wait(10), "the agent never stopped the job"
+            return 143  # mpirun, told SIGTERM
         for address in self.lost_in_job:
             assert self.up_from is not None
             self.up_from[address] = float("inf")

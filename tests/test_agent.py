@@ -228,3 +228,26 @@ def test_discovery_and_the_hostfile_give_each_worker_its_own_rank_count(tmp_path
     end, said = run(spec(workers=workers), clock, transport)
     assert transport.files[HOSTFILE_PATH] == "10.0.0.1 slots=4\n10.0.0.2 slots=2\n"
     assert "hostfile: 10.0.0.1:4 10.0.0.2:2" in said
+
+
+def test_a_job_past_its_time_limit_is_ended_with_every_ranks_stack_and_exit_status_124():
+    from launcher.agent.stacks import Frame, RankStack
+
+    waiting = {W1.address: [RankStack(0, "node_1", 7, (Frame("allreduce", "mpi_ops.py", 240),))],
+               W2.address: [RankStack(1, "node_2", 8, (Frame("wait_for_data", "/workdir/t.py", 14),))]}
+    transport = Transport(up_from={W1.address: 0, W2.address: 0}, stacks_of=waiting, until_stopped=True)
+    said: list[str] = []
+    started = time.monotonic()
+    end = Agent(spec(time_limit=1, stall_timeout=0), transport, say=said.append).run()
+    assert 1 <= time.monotonic() - started < 5
+    assert end.status == 124 and end.cause is not None
+    assert end.cause == ("the job ran past its time limit of 1 s; rank 0 (node_1 pid 7) in allreduce at "
+                         "mpi_ops.py:240; rank 1 (node_2 pid 8) in wait_for_data at t.py:14")
+    assert "the job ran past its time limit of 1 s; every rank's stack:" in said
+    assert {line.last_word for line in transport.lines.values()} == {end.message()}  # every worker told
+
+
+def test_a_job_within_its_time_limit_is_not_touched():
+    transport = Transport(up_from={W1.address: 0, W2.address: 0})
+    end, said = run(spec(time_limit=60), Clock(), transport)
+    assert end == JobEnd(0) and not transport.ended.is_set()

@@ -295,7 +295,8 @@ def test_elastic_minimum_above_the_worker_count_is_refused_in_one_line(engine, c
     run = compose_run(ELASTIC_MIN_WORKERS="3")
     result = run.compose("up")
     output = result.stdout + result.stderr
-    assert "error: ELASTIC_MIN_WORKERS=3 is not a whole number from 1 to WORKERS (2)" in output, output[-3000:]
+    assert "error: ELASTIC_MIN_WORKERS=3 is not from 1 to the 2 workers in WORKERS; fix it in .env" in output, (
+        output[-3000:])
     assert "job FAILED (exit status 2)" in output
     assert project_containers(engine, run.project, status="running") == []
 

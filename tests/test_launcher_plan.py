@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -663,3 +664,21 @@ def test_mounts_come_from_the_flag_or_the_env_file_and_reach_every_worker():
     assert flag.job.binds[0].source == "/y"
     with pytest.raises(SettingsError, match="--mount 'x:/x' is not"):
         resolve_settings({"NODES": "a", "MOUNTS": "x:/x"}, nodes=None)
+
+
+@pytest.mark.parametrize("env, flags, expected", [
+    ({}, {}, 0),
+    ({"TIME_LIMIT": "600"}, {}, 600),
+    ({"TIME_LIMIT": "600"}, {"time_limit": 30}, 30),  # the flag wins
+    ({"TIME_LIMIT": "600"}, {"time_limit": 0}, 0),  # 0 given is 0, not "not given"
+    ({}, {"time_limit": -1}, "--time-limit -1 is neither 0 (no limit) nor positive seconds; pass --time-limit"),
+    ({"TIME_LIMIT": "soon"}, {}, "TIME_LIMIT='soon' in the .env file is not a whole number: fix it or pass "
+                                 "--time-limit"),
+])
+def test_the_time_limit_comes_from_the_flag_or_the_env_file(env, flags, expected):
+    if isinstance(expected, str):
+        with pytest.raises(SettingsError, match=re.escape(expected)):
+            resolve_settings({"NODES": "a", **env}, job=flags)
+        return
+    assert resolve_settings({"NODES": "a", **env}, job=flags).job.time_limit == expected
+    assert compose_spec(**{key: value for key, value in env.items()}).options.time_limit == (600 if env else 0)

@@ -32,6 +32,7 @@ SPELLING = Spelling(
         "ready_timeout": "READY_TIMEOUT",
         "stall_timeout": "STALL_TIMEOUT",
         "stall_action": "STALL_ACTION",
+        "time_limit": "TIME_LIMIT",
         "elastic": "ELASTIC_MIN_WORKERS",
         "elastic_min_workers": "ELASTIC_MIN_WORKERS",
         "elastic_timeout": "ELASTIC_TIMEOUT",
@@ -45,6 +46,7 @@ OPTION_KEYS = {
     "stall_timeout": "STALL_TIMEOUT",
     "elastic_timeout": "ELASTIC_TIMEOUT",
     "elastic_min_workers": "ELASTIC_MIN_WORKERS",
+    "time_limit": "TIME_LIMIT",
 }
 """The job options compose sets from whole numbers in its environment."""
 

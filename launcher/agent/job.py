@@ -166,19 +166,31 @@ class Agent:
         self.say(f"running: {' '.join(argv)}")
         watch = ElasticClaims(self) if spec.elastic else None
         stall = StallWatch(self, ready) if spec.options.stall_timeout > 0 else None
-        for thread in (watch, stall):
+        limit = TimeLimit(self, ready) if spec.options.time_limit > 0 else None
+        for thread in (watch, stall, limit):
             if thread:
                 thread.start()
         try:
             status = self.transport.run(argv, cwd=HOME)
         finally:
-            for thread in (watch, stall):
+            for thread in (watch, stall, limit):
                 if thread:
                     thread.stop()
         self.say(f"{spec.program} exited with status {status}")
+        if limit and limit.cause:
+            return JobEnd(TimeLimit.STATUS, limit.cause)
         if stall and stall.cause:
             return JobEnd(status or 1, stall.cause)
         return JobEnd(status, None if status == 0 else self.failure_cause(ready))
+
+    def report_stacks(self, workers: list[Worker], heading: str) -> str:
+        """`heading`, then every rank's stack into the job's log; returns their summary (where the odd ranks out
+        are), or "" when no rank's stack could be taken."""
+        self.say(f"{heading}; every rank's stack:")
+        found = self.gather_stacks(workers)
+        for line in stacks.report(found).splitlines():
+            self.say(line)
+        return stacks.summary(found) if found else ""
 
     def gather_stacks(self, workers: list[Worker], native: bool = False) -> list[stacks.RankStack]:
         """Every rank's stack on every worker (py-spy in each worker container, over ssh); a worker that cannot
@@ -362,19 +374,42 @@ class StallWatch(threading.Thread):
 
     def stalled(self, idle: float) -> str:
         spec = self.agent.spec
-        self.agent.say(
+        where = self.agent.report_stacks(
+            self.workers,
             f"the job looks stalled: no output and no new metrics for {idle:.0f} s (stall timeout "
-            f"{spec.options.stall_timeout} s); every rank's stack:"
+            f"{spec.options.stall_timeout} s)",
         )
-        found = self.agent.gather_stacks(self.workers)
-        for line in stacks.report(found).splitlines():
-            self.agent.say(line)
-        where = stacks.summary(found) if found else ""
         if spec.options.stall_action == "fail":
             self.cause = f"the job stalled: no output and no new metrics for {idle:.0f} s; {where or 'no stacks'}"
             self.agent.say(f"error: {self.cause}; ending the job (stall action fail)")
             self.agent.transport.stop_job()
         return where
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+
+class TimeLimit(threading.Thread):
+    """The job's time limit: once the job has run that long, every rank's stack goes into the job's log and the job
+    is ended (as timeout(1) ends a command: exit status 124), with the limit and where the ranks were as its cause."""
+
+    STATUS = 124
+
+    def __init__(self, agent: Agent, workers: list[Worker]) -> None:
+        super().__init__(name="time-limit", daemon=True)
+        self.agent, self.workers = agent, workers
+        self.done = threading.Event()
+        self.cause: str | None = None
+
+    def run(self) -> None:
+        limit = self.agent.spec.options.time_limit
+        if self.done.wait(limit):
+            return
+        where = self.agent.report_stacks(self.workers, f"the job ran past its time limit of {limit} s")
+        self.cause = f"the job ran past its time limit of {limit} s; {where or 'no stacks'}"
+        self.agent.say(f"error: {self.cause}; ending the job")
+        self.agent.transport.stop_job()
 
     def stop(self) -> None:
         self.done.set()

@@ -69,6 +69,7 @@ LAUNCHER_SPELLING = Spelling(
         "ready_timeout": "READY_TIMEOUT",
         "stall_timeout": "--stall-timeout",
         "stall_action": "--stall-action",
+        "time_limit": "--time-limit",
         "elastic": "--elastic",
         "elastic_min_workers": "--min-nodes",
         "elastic_max_workers": "--max-nodes",
@@ -154,6 +155,9 @@ class JobOptions:
     """Seconds without output or new metrics after which the job counts as stalled (0: never)."""
     stall_action: str = STALL_ACTIONS[0]
     """On a stall: gather the stacks and record it (warn), or also end the job (fail)."""
+    time_limit: int = 0
+    """Seconds the job may run; past them every rank's stack is gathered and the job ended (exit status 124). 0:
+    no limit."""
     elastic: bool = False
     """Elastic training (horovodrun, Gloo): a lost worker is dropped and the job goes on."""
     elastic_min_workers: int | None = None
@@ -214,6 +218,11 @@ class JobOptions:
             found.append(
                 f"{say.of('stall_action', repr(self.stall_action))} is not one of {', '.join(STALL_ACTIONS)}; "
                 + say.fix_for("stall_action")
+            )
+        if self.time_limit < 0:
+            found.append(
+                f"{say.of('time_limit', self.time_limit)} is neither 0 (no limit) nor positive seconds; "
+                + say.fix_for("time_limit")
             )
         found += self._elastic_problems()
         for text in self.mounts:
