@@ -14,5 +14,5 @@ The sides, by folder:
 - launcher/agent/, what runs in the containers: the agent and its transport, compose's door, stacks, rank_nic,
   linkprobe;
 - launcher/k8s/, the Kubernetes door: the MPIJob document and its launcher pod.
-Imports run one way: core <- agent <- k8s, and core <- the host side.
+Imports run one way: core <- agent <- k8s <- the host side (cli's export), and core <- the host side.
 """

@@ -19,7 +19,7 @@ from launcher import clusters, doctor, session
 from launcher.core.nics import NIC_SETTING
 from launcher.core.options import SettingsError, job_command
 from launcher.core.protocol import LINK_SECONDS, STOP_SIGNALS, Signalled
-from launcher.engine import NodeError
+from launcher.engine import NodeEngine, NodeError
 from launcher.settings import LaunchSettings, load_env_file, resolve_settings
 
 app = typer.Typer(
@@ -92,7 +92,7 @@ def settings_from(nodes: str | None, env_file: Path | None, hostfile: Path | Non
         fail(str(error), 2)
 
 
-def engines_of(settings: LaunchSettings) -> list:
+def engines_of(settings: LaunchSettings) -> list[NodeEngine]:
     try:
         return session.connect_all(settings, lambda _: None)
     except session.LaunchError as error:
@@ -166,8 +166,8 @@ def start(
     ),
     time_limit: int | None = typer.Option(
         None,
-        help="Seconds the job may run: past them every rank's stack goes into its log and the job ends with exit "
-        "status 124 (default: TIME_LIMIT in .env, else 0: no limit).",
+        help="Seconds the job may run: past them every rank's stack goes into its log and the job is ended, exit "
+        "status 124, with the limit as its error (default: TIME_LIMIT in .env, else 0: no limit).",
     ),
     dry_run: bool = typer.Option(
         False,
@@ -322,12 +322,11 @@ def logs(
     Example: launcher logs --nodes node_1,node_2 --follow
     """
     settings = settings_from(nodes, env_file, hostfile)
-    name = node or settings.nodes[0]
-    if name not in settings.nodes:
-        fail(f"--node {name} is not one of --nodes {','.join(settings.nodes)}", 2)
-    engine = next(e for e in engines_of(settings) if e.node.name == name)
+    problem = clusters.node_problem(settings, node)
+    if problem:
+        fail(problem, 2)
     try:
-        write_out(clusters.logs(engine, follow))
+        write_out(clusters.logs(engines_of(settings), node, follow))
     except clusters.ClusterError as error:
         fail(str(error))
 
@@ -359,10 +358,9 @@ def doctor_command(
 
     Example: launcher doctor --nodes node_1,node_2 --network-interface ens5 --links
     """
-    if (gradient_mb is not None or link_seconds is not None) and not links:
-        fail("--gradient-mb and --link-seconds are for the link test: add --links", 2)
-    if (gradient_mb is not None and gradient_mb <= 0) or (link_seconds is not None and link_seconds <= 0):
-        fail("--gradient-mb and --link-seconds take a positive number", 2)
+    problem = doctor.link_options_problem(links, gradient_mb, link_seconds)
+    if problem:
+        fail(problem, 2)
     settings = settings_from(
         nodes,
         env_file,

@@ -13,6 +13,7 @@ from launcher import jobstate, results
 from launcher.core.protocol import AGENT, JOB_LOG, JOB_STALL, JOB_STATUS
 from launcher.engine import Container, NodeEngine
 from launcher.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, run_dir
+from launcher.settings import LaunchSettings
 
 
 class ClusterError(RuntimeError):
@@ -91,9 +92,17 @@ def stacks(engines: list[NodeEngine], cluster: str | None, native: bool) -> tupl
     return stream, engine, exec_id
 
 
-def logs(engine: NodeEngine, follow: bool) -> Iterator[bytes]:
-    """A worker's own output; on rank 0's node the job's output too, also after the job ended, and with `follow`,
-    streamed until the job ends."""
+def node_problem(settings: LaunchSettings, node: str | None) -> str | None:
+    """Why `node` (logs --node) is not one to show; None if it is, or if none is named (rank 0's)."""
+    if node is None or node in settings.nodes:
+        return None
+    return f"--node {node} is not one of --nodes {','.join(settings.nodes)}"
+
+
+def logs(engines: list[NodeEngine], node: str | None, follow: bool) -> Iterator[bytes]:
+    """A worker's own output (`node`'s, default rank 0's); on rank 0's node the job's output too, also after the job
+    ended, and with `follow`, streamed until the job ends."""
+    engine = next(engine for engine in engines if engine.node.name == node) if node else engines[0]
     containers = engine.cluster_containers()
     if not containers:
         raise ClusterError(f"{engine.node.name}: no container of the stack there; start one with `launcher start`")

@@ -10,13 +10,22 @@ from dataclasses import replace
 
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
 from launcher import linkcheck, links, preflight
-from launcher.engine import Connect, HostView, NodeDriver, NodeEngine, NodeError
+from launcher.engine import Connect, NodeDriver, NodeEngine, NodeError
 from launcher.plan import ClusterPlan
-from launcher.preflight import NodeFacts
-from launcher.session import engine_facts, host_facts, nodes_of
+from launcher.preflight import HostView, NodeFacts
+from launcher.session import engine_facts, host_facts
 from launcher.settings import LaunchSettings
 
 Echo = Callable[[str], None]
+
+
+def link_options_problem(links: bool, gradient_mb: float | None, link_seconds: float | None) -> str | None:
+    """Why the link test's options do not go together; None if they do."""
+    if (gradient_mb is not None or link_seconds is not None) and not links:
+        return "--gradient-mb and --link-seconds are for the link test: add --links"
+    if (gradient_mb is not None and gradient_mb <= 0) or (link_seconds is not None and link_seconds <= 0):
+        return "--gradient-mb and --link-seconds take a positive number"
+    return None
 
 
 def check(
@@ -28,16 +37,17 @@ def check(
     engines: list[NodeEngine] = []
     views: dict[str, HostView] = {}
     facts_of: list[NodeFacts] = []
-    for node in nodes_of(settings):
+    unchecked = ClusterPlan.of(settings, cluster_id="-")
+    for node in unchecked.nodes:
         try:
             engine = connect(node)
-        except NodeError as error:
-            facts = NodeFacts(node.name, node.engine_url, unreachable=str(error).removeprefix(f"{node.name}: "))
+        except NodeError as error:  # connect's only failure: the engine does not answer
+            facts = NodeFacts(node.name, node.engine_url, unreachable=error.detail)
         else:
             engines.append(engine)
             facts = engine_facts(settings, engine)
             if facts.image_id is not None:  # the host checks run in containers of the image
-                facts = host_facts(settings, engine, facts)
+                facts = host_facts(unchecked, engine, facts)
             facts = replace(facts, clock_skew=engine.clock_skew_seconds())
             if facts.view is not None:
                 views[node.name] = facts.view

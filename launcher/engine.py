@@ -1,14 +1,15 @@
-"""One node's Docker engine, as the host side sees it: the NodeEngine protocol (what session, preflight, doctor,
-status, logs, stacks and results ask of a node) and NodeDriver, its Docker SDK implementation.
-
-Nothing outside this module touches a docker-py object: containers are Container records, found again by ID, and
-the SDK's exceptions become NodeError, which carries what happened (Failure: unreachable, refused, not found,
-failed) in one line naming the node and the fix. Tests use a stand-in of NodeEngine (tests/conftest.py). The order
-of a launch lives in session.py.
+"""One node's Docker engine, as the host side sees it: the NodeEngine protocol (what session, preflight, doctor, status,
+logs, stacks and results ask of a node) and NodeDriver, its Docker SDK implementation. Nothing outside this module
+touches a docker-py object: containers are Container records, found again by ID, and every exception of the SDK's
+becomes a NodeError (what happened: Failure, unreachable, refused, not found or failed; the node; one line with the
+fix), the ones a method does not word itself through _translated. Tests use a stand-in of NodeEngine
+(tests/conftest.py). The order of a launch lives in session.py.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import io
 import shlex
 import tarfile
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
@@ -29,6 +30,7 @@ from launcher.core.options import Bind
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
 from launcher.jobstate import ContainerState
 from launcher.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, WorkerContainer
+from launcher.preflight import HostView
 from launcher.settings import engine_override_key
 
 PUSH_TIMEOUT_S = 3600
@@ -57,18 +59,6 @@ def _tolerate_closed_ssh_pipe() -> None:
 _tolerate_closed_ssh_pipe()
 
 
-@dataclass(frozen=True)
-class HostView:
-    """The node as its host-network workers will see it."""
-
-    port_taken: bool
-    nics: tuple[str, ...]
-    addresses: tuple[tuple[str, str], ...] = ()
-    """(NIC, IPv4 address/prefix) for each address the node has."""
-    resolved: tuple[tuple[str, str], ...] = ()
-    """(name, IPv4 address) for each name asked about that resolves there."""
-
-
 def device_request(gpu: GpuRequest) -> DeviceRequest:
     if gpu.device_ids:
         return DeviceRequest(device_ids=list(gpu.device_ids), capabilities=[["gpu"]])
@@ -89,11 +79,12 @@ class Failure(Enum):
 
 
 class NodeError(RuntimeError):
-    """Something on one node stops the launch; the message names the node and the fix, `failure` what happened."""
+    """Something on one node stops the launch: `node`, what happened there with the fix (`detail`), and the kind of
+    it (`failure`). Its message is "NODE: DETAIL"."""
 
-    def __init__(self, message: str, failure: Failure = Failure.FAILED) -> None:
-        super().__init__(message)
-        self.failure = failure
+    def __init__(self, node: str, detail: str, failure: Failure = Failure.FAILED) -> None:
+        super().__init__(f"{node}: {detail}")
+        self.node, self.detail, self.failure = node, detail, failure
 
 
 @dataclass(frozen=True)
@@ -121,6 +112,9 @@ class Loss:
 
     def __str__(self) -> str:
         return self.why
+
+
+REMOVED = Loss("its worker container is gone (removed)", removed=True)
 
 
 class NodeEngine(Protocol):
@@ -193,7 +187,7 @@ def bind_mount(bind: Bind) -> Mount:
 
 
 def pull_failure(node: str, image: str, why: str) -> str:
-    """One line for a pull that failed, with the fix its cause calls for."""
+    """What a pull that failed on `node` says (NodeError's detail), with the fix its cause calls for."""
     registry = image.split("/", 1)[0]
     lowered = why.lower()
     if "no such host" in lowered or "connection refused" in lowered or "timeout" in lowered or "dial tcp" in lowered:
@@ -204,7 +198,7 @@ def pull_failure(node: str, image: str, why: str) -> str:
         fix = f"check the name and tag, or push the image there first (docker push {image})"
     else:
         fix = "pull it there by hand to see more, or pass --push-image to copy it from this machine"
-    return f"{node}: pulling {image} failed ({why.splitlines()[0][:200]}); {fix}"
+    return f"pulling {image} failed ({why.splitlines()[0][:200]}); {fix}"
 
 
 def _first_line(error: Exception) -> str:
@@ -227,9 +221,23 @@ class NodeDriver:
             client.ping()
         except (DockerException, OSError) as error:
             raise NodeError(
-                f"{node.name}: cannot reach its Docker engine at {node.engine_url} ({_first_line(error)}); check the "
-                f"host is up and runs Docker, or point {engine_override_key(node.name)} in .env at its engine",
+                node.name,
+                f"cannot reach its Docker engine at {node.engine_url} ({_first_line(error)}); check the host is up "
+                f"and runs Docker, or point {engine_override_key(node.name)} in .env at its engine",
                 Failure.UNREACHABLE,
+            ) from None
+        return cls(node, client)
+
+    @classmethod
+    def local(cls) -> NodeDriver:
+        """This machine's own engine (DOCKER_HOST or the local socket), where --push-image copies from."""
+        node = Node("this machine", "local")
+        try:
+            client = docker.from_env()
+            client.ping()
+        except (DockerException, OSError) as error:
+            raise NodeError(
+                node.name, f"its Docker engine is not reachable ({_first_line(error)})", Failure.UNREACHABLE
             ) from None
         return cls(node, client)
 
@@ -241,7 +249,7 @@ class NodeDriver:
         try:
             return self.client.containers.get(container_id)
         except NotFound:
-            raise NodeError(f"{self.node.name}: container {container_id[:12]} is gone", Failure.NOT_FOUND) from None
+            raise NodeError(self.node.name, f"container {container_id[:12]} is gone", Failure.NOT_FOUND) from None
 
     def _record(self, container) -> Container:
         state = container.attrs["State"]
@@ -364,21 +372,24 @@ class NodeDriver:
             ).id
         except APIError as error:
             raise NodeError(
-                f"{self.node.name}: a link-test container did not start ({_first_line(error)})", Failure.REFUSED
+                self.node.name, f"a link-test container did not start ({_first_line(error)})", Failure.REFUSED
             ) from None
 
     def wait_for_output(self, container_id: str, text: str, timeout: float) -> str | None:
         """The container's output once it holds `text`, or once the container has ended; None on timeout."""
         container = self._get(container_id)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            output = container.logs().decode(errors="replace")
-            if text in output:
-                return output
-            container.reload()
-            if container.status not in ("created", "running"):
-                return container.logs().decode(errors="replace")
-            time.sleep(0.2)
+        try:
+            while time.monotonic() < deadline:
+                output = container.logs().decode(errors="replace")
+                if text in output:
+                    return output
+                container.reload()
+                if container.status not in ("created", "running"):
+                    return container.logs().decode(errors="replace")
+                time.sleep(0.2)
+        except NotFound:  # removed meanwhile (an interruption's clean-up): what it said is gone with it
+            return ""
         return None
 
     def finish(self, container_id: str, timeout: float) -> str:
@@ -386,9 +397,14 @@ class NodeDriver:
         container = self._get(container_id)
         try:
             container.wait(timeout=timeout)
+        except NotFound:
+            return ""
         except (RequestException, APIError):  # still running: what it printed so far
             pass
-        return container.logs().decode(errors="replace")
+        try:
+            return container.logs().decode(errors="replace")
+        except NotFound:
+            return ""
 
     # --- the image --------------------------------------------------------------------------------------------
     def image_size(self, image: str) -> int:
@@ -411,9 +427,9 @@ class NodeDriver:
             self.client.images.load(chunks)
         except Exception as error:  # the SDK, requests or the socket: all mean the copy failed
             raise NodeError(
-                f"{self.node.name}: copying {image} failed ({_first_line(error)}); free disk space "
-                "on the node or load the image there by hand",
-                Failure.FAILED,
+                self.node.name,
+                f"copying {image} failed ({_first_line(error)}); free disk space on the node or load the image there "
+                "by hand",
             ) from None
         finally:
             self.client.api.timeout = saved
@@ -428,13 +444,13 @@ class NodeDriver:
         try:
             for event in self.client.api.pull(repository, tag=tag, stream=True, decode=True):
                 if "error" in event:
-                    raise NodeError(pull_failure(self.node.name, image, str(event["error"])))
+                    raise NodeError(self.node.name, pull_failure(self.node.name, image, str(event["error"])))
                 detail = event.get("progressDetail") or {}
                 if event.get("id") and detail.get("total"):
                     layers[event["id"]] = (int(detail.get("current", 0)), int(detail["total"]))
                     progress(sum(done for done, _ in layers.values()), sum(total for _, total in layers.values()))
         except DockerException as error:
-            raise NodeError(pull_failure(self.node.name, image, _first_line(error))) from None
+            raise NodeError(self.node.name, pull_failure(self.node.name, image, _first_line(error))) from None
         finally:
             self.client.api.timeout = saved
 
@@ -459,7 +475,7 @@ class NodeDriver:
             )
         except APIError as error:
             raise NodeError(
-                f"{self.node.name}: the worker container did not start ({_first_line(error)})", Failure.REFUSED
+                self.node.name, f"the worker container did not start ({_first_line(error)})", Failure.REFUSED
             ) from None
         return self._record(container)
 
@@ -468,14 +484,15 @@ class NodeDriver:
         self._get(container_id).start()
 
     def put_files(self, container_id: str, path: str, archive: bytes) -> None:
-        container = self._get(container_id)
-        if not container.put_archive(path, archive):
-            raise NodeError(f"{self.node.name}: could not write files into {container.name}:{path}", Failure.REFUSED)
+        if not self.client.api.put_archive(container_id, path, archive):
+            raise NodeError(
+                self.node.name, f"could not write files into container {container_id[:12]}:{path}", Failure.REFUSED
+            )
 
     def read_file(self, container_id: str, path: str) -> str | None:
         """A file's text from a container, running or stopped (the archive API needs no exec); None if absent."""
         try:
-            stream, _ = self.client.containers.get(container_id).get_archive(path)
+            stream, _ = self.client.api.get_archive(container_id, path)
             with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
                 content = archive.extractfile(archive.getmembers()[0])
                 return content.read().decode(errors="replace") if content else None
@@ -488,12 +505,13 @@ class NodeDriver:
 
     def worker_problem(self, container_id: str) -> str | None:
         """Why the worker container is not running, or None while it runs."""
-        lost = self.lost_reason(container_id)
-        if lost:
-            return str(lost)
-        container = self._get(container_id)
-        if container.status == "running":
-            return None
+        try:
+            container = self.client.containers.get(container_id)
+        except NotFound:
+            return str(REMOVED)
+        lost = self._loss(container)
+        if lost or container.status == "running":
+            return str(lost) if lost else None
         exit_code = container.attrs["State"].get("ExitCode")
         last_line = container.logs(tail=1).decode().strip() or "no output"
         return f"its worker container stopped (exit status {exit_code}; last output: {last_line})"
@@ -502,9 +520,12 @@ class NodeDriver:
         """Why the worker is lost, if it was: removed, or killed (docker kill, out of memory, a crash by signal). A
         container that ended by itself (its job over, its status its own) is not lost."""
         try:
-            container = self.client.containers.get(container_id)
+            return self._loss(self.client.containers.get(container_id))
         except NotFound:
-            return Loss("its worker container is gone (removed)", removed=True)
+            return REMOVED
+
+    @staticmethod
+    def _loss(container) -> Loss | None:
         state = container.attrs["State"]
         if container.status == "running":
             return None
@@ -534,3 +555,39 @@ class NodeDriver:
             except NotFound:
                 pass
         return removed
+
+
+def _translated(method: Callable) -> Callable:
+    """`method` with the SDK's own exceptions (and the HTTP client's under it) turned into one NodeError naming the
+    node; a generator's too, while it is read."""
+
+    def failure(engine: NodeDriver, error: Exception) -> NodeError:
+        return NodeError(
+            engine.node.name,
+            f"its Docker engine failed a request ({_first_line(error)}); see `docker info` and the engine's log there",
+        )
+
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def reading(self: NodeDriver, *args: Any, **kwargs: Any) -> Iterator:
+            try:
+                yield from method(self, *args, **kwargs)
+            except (DockerException, RequestException) as error:
+                raise failure(self, error) from None
+
+        return reading
+
+    @functools.wraps(method)
+    def calling(self: NodeDriver, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (DockerException, RequestException) as error:
+            raise failure(self, error) from None
+
+    return calling
+
+
+for _name, _member in list(vars(NodeDriver).items()):
+    if inspect.isfunction(_member) and not _name.startswith("_"):
+        setattr(NodeDriver, _name, _translated(_member))

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from launcher.engine import Failure, NodeEngine, NodeError
+from launcher.engine import NodeEngine, NodeError
 
 Say = Callable[[str], None]
 CHUNKS_AHEAD = 4
@@ -119,6 +119,4 @@ def push_everywhere(source: NodeEngine, targets: list[NodeEngine], image: str, s
         gave_up.update(feeds)
         exporter.join()
     if export_error:
-        raise NodeError(
-            f"this machine: exporting {image} failed ({export_error[0]}); check its Docker engine", Failure.FAILED
-        )
+        raise NodeError(source.node.name, f"exporting {image} failed ({export_error[0]}); check its Docker engine")

@@ -13,9 +13,10 @@ import secrets
 from collections.abc import Callable
 
 from launcher.core.protocol import LINK_PROBE
-from launcher.engine import HostView, NodeEngine
+from launcher.engine import NodeEngine
 from launcher.links import Link, Unreachable, job_address, pairs, read_probe
 from launcher.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE
+from launcher.preflight import HostView
 from launcher.settings import LaunchSettings
 
 SERVER_START_S = 60.0

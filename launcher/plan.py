@@ -12,7 +12,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from launcher.core.job import DoorWords, JobSpec, Worker
+from launcher.core.job import JobSpec, Worker
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.core.options import Bind
 from launcher.core.protocol import (
@@ -211,7 +211,6 @@ class ClusterPlan:
             agent_host=workers[0].address,
             keep_running=settings.keep_running,
             results_hint=f"the shared folder {settings.shared_dir} on {self.rank0.name}",
-            words=DoorWords(elastic_minimum=job.spelling.of("elastic_min_workers", job.min_workers)),
         )
 
     def job_argv(self) -> list[str]:

@@ -1,8 +1,9 @@
 """The checks before any worker starts, one set for `start`, `start --dry-run` and `doctor`: pure functions from
 what each node's engine reported (NodeFacts) to typed Findings, and from the facts to what the plan needs (Found).
 
-`start` refuses on the first blocking finding, `doctor` prints every finding and fails on any that is not ok,
-`--dry-run` prints them with the plan. Gathering the facts (the engine's side effects) is session.py's.
+`start` refuses on the first blocking finding (a warning it only says), `doctor` prints every finding and fails on
+any blocking one or warning (so a cluster still running there fails it too), `--dry-run` prints them all with the
+plan and refuses as a start would. Gathering the facts (the engine's side effects) is session.py's.
 """
 
 from __future__ import annotations
@@ -11,9 +12,21 @@ from dataclasses import dataclass
 from enum import Enum
 
 from launcher.core.nics import nic_in_subnet, nic_problem, subnet_of, subnet_problem, virtual_subnets
-from launcher.engine import HostView
 from launcher.plan import Found, GpuRequest
 from launcher.settings import LaunchSettings
+
+
+@dataclass(frozen=True)
+class HostView:
+    """The node as its host-network workers will see it."""
+
+    port_taken: bool
+    nics: tuple[str, ...]
+    addresses: tuple[tuple[str, str], ...] = ()
+    """(NIC, IPv4 address/prefix) for each address the node has."""
+    resolved: tuple[tuple[str, str], ...] = ()
+    """(name, IPv4 address) for each name asked about that resolves there."""
+
 
 CLOCK_SKEW_LIMIT_SECONDS = 5.0
 """More than this between a node's clock and this machine's makes logs and metrics hard to line up."""
@@ -215,11 +228,26 @@ def check_cluster(settings: LaunchSettings, facts: list[NodeFacts]) -> list[Find
     ]
 
 
+def push_source_findings(settings: LaunchSettings, source: NodeFacts) -> list[Finding]:
+    """--push-image copies the image from this machine's engine (`source`), which must have it."""
+    if source.image_id:
+        return []
+    return [
+        Finding(
+            source.node,
+            "image",
+            Severity.BLOCKING,
+            f"no image {settings.image} either, and --push-image copies it from here",
+            "build it with scripts/build-images.sh",
+        )
+    ]
+
+
 def blocking(findings: list[Finding]) -> list[Finding]:
     return [finding for finding in findings if finding.severity is Severity.BLOCKING]
 
 
-def found(settings: LaunchSettings, facts: list[NodeFacts]) -> Found:
+def found_in(settings: LaunchSettings, facts: list[NodeFacts]) -> Found:
     """What the plan takes from the facts: each node's NIC in the subnet, the addresses rank 0 resolved, and, with
     no NIC pinned across nodes, the virtual NICs' subnets the job leaves out."""
     nic = settings.job.network_interface

@@ -1,8 +1,9 @@
 """One launch from the user's machine: connect to every node, check them, start the workers with the cluster's SSH
 trust, start the job agent in the rank-0 container, follow it (attached) or not (detached), and clean up.
 
-    settings -> connect_all -> preflight (facts, findings, the image everywhere) -> ClusterPlan -> start_workers
-    -> hand_over_trust -> start_agent -> follow_job -> the exit status, or one root cause -> cleanup
+    settings -> connect_all -> check_nodes (facts, preflight's findings, the image everywhere) -> ClusterPlan
+    -> a worker per node (start_worker) -> hand_over_trust -> start_agent -> follow_job -> the exit status, or one
+    root cause -> cleanup
 
 The job itself is the agent's (launcher/agent/job.py): readiness, mpirun, the job's end and every worker's stop
 happen in the cluster, so a job ends the same way whether this process stays, is stopped (SIGINT/SIGTERM/SIGHUP:
@@ -23,8 +24,6 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-import docker
-
 from launcher import images, preflight, workdir
 from launcher.core import sshtrust
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
@@ -42,7 +41,7 @@ from launcher.core.protocol import (
     Signalled,
     parse_job_end,
 )
-from launcher.engine import Connect, Container, NodeDriver, NodeEngine
+from launcher.engine import Connect, Container, NodeDriver, NodeEngine, NodeError
 from launcher.plan import LABEL_CLUSTER, ClusterPlan, Node
 from launcher.preflight import Finding, NodeFacts, Severity
 from launcher.settings import LaunchSettings
@@ -66,10 +65,6 @@ def signals_ignored() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def nodes_of(settings: LaunchSettings) -> list[Node]:
-    return [Node(name, settings.engine_url(name), settings.node_slots.get(name)) for name in settings.nodes]
-
-
 def connect_all(settings: LaunchSettings, say: Say, connect: Connect = NodeDriver.connect) -> list[NodeEngine]:
     """Every node's engine, at once; one LaunchError (the first node's that failed) where one does not answer."""
 
@@ -78,7 +73,7 @@ def connect_all(settings: LaunchSettings, say: Say, connect: Connect = NodeDrive
         say(f"{node.name}: engine reachable at {node.engine_url}")
         return engine
 
-    nodes = nodes_of(settings)
+    nodes = ClusterPlan.of(settings, cluster_id="-").nodes
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         futures = [pool.submit(reach, node) for node in nodes]
     errors = [future.exception() for future in futures if future.exception()]
@@ -103,10 +98,11 @@ def engine_facts(settings: LaunchSettings, engine: NodeEngine) -> NodeFacts:
     )
 
 
-def host_facts(settings: LaunchSettings, engine: NodeEngine, facts: NodeFacts) -> NodeFacts:
+def host_facts(plan: ClusterPlan, engine: NodeEngine, facts: NodeFacts) -> NodeFacts:
     """The node as its workers will see it, from short-lived containers of the image (which must be there): its
-    NICs, addresses and port, the names rank 0 must resolve, the GPUs and the --mount folders."""
-    plan = ClusterPlan.of(settings, cluster_id="-")
+    NICs, addresses and port, the names rank 0 must resolve, the GPUs and the --mount folders. (The plan is the
+    settings' alone: what the checks find is not known yet.)"""
+    settings = plan.settings
     node = engine.node
     names = tuple(other.name for other in plan.needs_addresses()) if facts.rank0 else ()
     gpu_request = plan.gpu_request(node)
@@ -147,25 +143,31 @@ def check_nodes(
 
     facts = [engine_facts(settings, engine) for engine in engines]
     coming = image_coming(settings)
-    review([finding for fact in facts for finding in preflight.check_node(settings, fact, coming)])
+    # A cluster still running anywhere is named before any node's image: it is the first thing to fix.
+    first = [finding for fact in facts for finding in preflight.check_node(settings, fact, coming)]
+    review(sorted(first, key=lambda finding: finding.check != "cluster"))
     if dry_run:
         present = [fact for fact in facts if fact.image_id]
-        if settings.push_image and len(present) < len(facts):  # what the copy would bring must match the rest
-            present.append(NodeFacts("this machine", "local", image_id=this_machine(settings.image)[1]))
+        if settings.push_image and len(present) < len(facts):  # the copy's source must have it, and the same one
+            engine, image_id = this_machine(settings.image)
+            source = NodeFacts(engine.node.name, engine.node.engine_url, image_id=image_id)
+            review(preflight.push_source_findings(settings, source))
+            present += [source] if source.image_id else []
         review(preflight.check_cluster(settings, present))
     else:
         ensure_image_everywhere(settings, engines, say)
         facts = [engine_facts(settings, engine) for engine in engines]
     checked = []
+    unchecked = ClusterPlan.of(settings, cluster_id="-")
     for engine, fact in zip(engines, facts, strict=True):
         if fact.image_id is None:
             say(f"{fact.node}: port, NIC and GPU checks run once the image is there")
             checked.append(fact)
             continue
-        fact = host_facts(settings, engine, fact)
+        fact = host_facts(unchecked, engine, fact)
         review(preflight.host_findings(settings, fact))
         checked.append(fact)
-    plan = ClusterPlan.of(settings, found=preflight.found(settings, checked))
+    plan = ClusterPlan.of(settings, found=preflight.found_in(settings, checked))
     job = settings.job
     for fact in checked:
         if fact.view is None:
@@ -196,10 +198,10 @@ def image_coming(settings: LaunchSettings) -> str | None:
 def this_machine(image: str) -> tuple[NodeEngine, str | None]:
     """This machine's own engine (where --push-image copies from) and its ID of `image`, or one LaunchError."""
     try:
-        engine = NodeDriver(Node("this machine", "local"), docker.from_env())
+        engine = NodeDriver.local()
         return engine, engine.image_id(image)
-    except docker.errors.DockerException as error:
-        raise LaunchError(f"--push-image: this machine's Docker engine is not reachable ({error})") from None
+    except NodeError as error:
+        raise LaunchError(f"--push-image: {error}") from None
 
 
 def ensure_image_everywhere(settings: LaunchSettings, engines: list[NodeEngine], say: Say) -> None:
@@ -209,11 +211,8 @@ def ensure_image_everywhere(settings: LaunchSettings, engines: list[NodeEngine],
     missing = [engine for engine in engines if engine.image_id(image) is None]
     if missing and settings.push_image:
         source, source_image = this_machine(image)
-        if source_image is None:
-            raise LaunchError(
-                f"--push-image: this machine's engine has no image {image} either; build it with "
-                "scripts/build-images.sh"
-            )
+        here = NodeFacts(source.node.name, source.node.engine_url, image_id=source_image)
+        refuse_on(preflight.push_source_findings(settings, here), say)
         images.push_everywhere(source, missing, image, say)
     elif missing:
         images.pull_everywhere(missing, image, say)

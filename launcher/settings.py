@@ -14,8 +14,7 @@ from typing import Any
 
 from dotenv import dotenv_values
 
-from launcher.core.nics import NIC_SETTING
-from launcher.core.options import LAUNCHER_SPELLING, JobOptions, SettingsError
+from launcher.core.options import JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
 from launcher.workdir import payload_bytes
 
@@ -180,14 +179,14 @@ class LaunchSettings:
         return self.engines.get(node) or f"ssh://{node}"
 
 
-def _as_int(values: Mapping[str, str], key: str, flag: str) -> int | None:
+def _as_int(values: Mapping[str, str], key: str, fix: str) -> int | None:
     raw = values.get(key)
     if raw in (None, ""):
         return None
     try:
         return int(raw)
     except ValueError:
-        raise SettingsError(f"{key}={raw!r} in the .env file is not a whole number: fix it or pass {flag}") from None
+        raise SettingsError(f"{key}={raw!r} in the .env file is not a whole number: {fix}") from None
 
 
 def split_list(text: str) -> tuple[str, ...]:
@@ -206,35 +205,22 @@ def load_env_file(path: Path | None) -> dict[str, str]:
     return {key: value for key, value in dotenv_values(path).items() if value is not None}
 
 
-JOB_ENV_KEYS = {
-    "ssh_port": "SSH_PORT",
-    "network_interface": NIC_SETTING,
-    "ready_timeout": "READY_TIMEOUT",
-    "elastic_timeout": "ELASTIC_TIMEOUT",
-    "stall_timeout": "STALL_TIMEOUT",
-    "stall_action": "STALL_ACTION",
-    "time_limit": "TIME_LIMIT",
-    "mounts": "MOUNTS",
-}
-"""The job options a .env file may set, by their keys. Compose's keys (NETWORK_INTERFACE, WORKERS, ...) are not
-read: they describe compose's containers, not the nodes."""
-
-
 def job_options(env: Mapping[str, str], flags: Mapping[str, Any]) -> JobOptions:
-    """The job's options: each flag given (not None, not empty) wins over its .env key, which wins over the default."""
-    kinds = {item.name: item.type for item in fields(JobOptions)}
-    chosen: dict[str, Any] = {}
-    for name, key in JOB_ENV_KEYS.items():
-        raw = env.get(key, "").strip()
-        if not raw:
+    """The job's options: each flag given (not None, not empty) wins over its .env key (option's `key`), which wins
+    over the default. A key whose option a flag sets is not read. Compose's keys (NETWORK_INTERFACE, WORKERS, ...)
+    are not read either: they describe compose's containers, not the nodes."""
+    chosen: dict[str, Any] = {name: value for name, value in flags.items() if value not in (None, (), "")}
+    for item in fields(JobOptions):
+        key = item.metadata.get("key")
+        raw = env.get(key, "").strip() if key else ""
+        if not key or not raw or item.name in chosen:
             continue
-        if kinds[name] in ("int", "float"):
-            chosen[name] = _as_int(env, key, LAUNCHER_SPELLING.of(name))
-        elif kinds[name].startswith("tuple"):
-            chosen[name] = split_list(raw)
+        kind = option_kind(item.name)
+        if kind in (int, float):
+            flag = item.metadata.get("flag")
+            chosen[item.name] = _as_int(env, key, f"fix it or pass {flag}" if flag else "fix it")
         else:
-            chosen[name] = raw
-    chosen.update({name: value for name, value in flags.items() if value not in (None, (), "")})
+            chosen[item.name] = split_list(raw) if kind is tuple else raw
     return JobOptions(**chosen)
 
 
@@ -264,7 +250,7 @@ def resolve_settings(
         listed = parse_node_list(nodes or env.get("NODES", ""), "--nodes" if nodes else "NODES in .env")
     node_list = tuple(name for name, _ in listed)
     chosen: dict[str, Any] = {
-        "slots": slots if slots is not None else _as_int(env, "SLOTS_PER_WORKER", "--slots"),
+        "slots": slots if slots is not None else _as_int(env, "SLOTS_PER_WORKER", "fix it or pass --slots"),
         "image": image or env.get("IMAGE"),
         "shared_dir": env.get("SHARED_DIR"),
         "shm_size": env.get("SHM_SIZE"),

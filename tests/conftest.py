@@ -14,7 +14,8 @@ from launcher.agent import stacks
 from launcher.core.job import JobSpec
 from launcher.core.options import JobOptions
 from launcher.core.protocol import HOSTKEYS_DIR, KNOWN_HOSTS
-from launcher.engine import Container, HostView, Loss, NodeEngine, NodeError, pull_failure
+from launcher.engine import Container, Loss, NodeEngine, NodeError, pull_failure
+from launcher.preflight import HostView
 from launcher.jobstate import ContainerState
 from launcher.plan import ClusterPlan, Found, Node, WorkerContainer
 from launcher.settings import LaunchSettings
@@ -136,12 +137,12 @@ class StandInEngine:
     def load_image(self, chunks: Iterator[bytes], image: str) -> None:
         for index, chunk in enumerate(chunks):
             if self.fail_after is not None and index >= self.fail_after:
-                raise NodeError(f"{self.node.name}: copying {image} failed (no space left on device)")
+                raise NodeError(self.node.name, f"copying {image} failed (no space left on device)")
             self.loaded.append(chunk)
 
     def pull_image(self, image: str, progress) -> None:
         if "missing" in image:
-            raise NodeError(pull_failure(self.node.name, image, "manifest unknown"))
+            raise NodeError(self.node.name, pull_failure(self.node.name, image, "manifest unknown"))
         progress(5, 10)
         progress(10, 10)
         self.pulled.append(image)
@@ -287,8 +288,9 @@ class StandInTransport:
     def horovod_warning(self) -> str | None:
         return None
 
-    def stop_job(self) -> None:
+    def stop_job(self) -> bool:
         self.ended.set()
+        return True
 
     def make_cluster_key(self) -> None:
         self.files["cluster key"] = "made"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.agent import __main__ as agent
-from launcher.agent import compose as compose_job
+from launcher.agent import compose
 from launcher.agent.job import Agent, say
 from launcher.core.job import JobSpec, Worker
 from launcher.core.options import SettingsError
@@ -105,7 +105,7 @@ def test_a_worker_lost_during_the_run_is_the_jobs_root_cause():
 
 def test_an_elastic_job_below_its_minimum_names_the_lost_workers():
     clock = Clock()
-    job = compose_job.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "2", "NETWORK_INTERFACE": "eth0",
+    job = compose.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "2", "NETWORK_INTERFACE": "eth0",
                                 "ELASTIC_TIMEOUT": "10"}, [])
     transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 0}, resolves=["172.18.0.2", "172.18.0.3"],
                           status=1, lost_in_job={"172.18.0.3"})
@@ -131,9 +131,9 @@ def test_a_refused_compose_job_still_tells_the_workers_that_are_up():
     environ = {"ELASTIC_MIN_WORKERS": "3"}
     transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 4}, resolves=["172.18.0.2", "172.18.0.3"])
     with pytest.raises(SettingsError) as refused:
-        compose_job.job_spec(environ, [])
+        compose.job_spec(environ, [])
     said: list[str] = []
-    end = Agent(compose_job.fallback_spec(environ), transport, say=said.append, clock=clock,
+    end = Agent(compose.fallback_spec(environ), transport, say=said.append, clock=clock,
                 sleep=clock.sleep).refuse(str(refused.value))
     assert end.status == 2 and said[0] == f"error: {refused.value}"
     assert "job FAILED (exit status 2); the workers stop now" in said

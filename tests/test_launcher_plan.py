@@ -11,7 +11,7 @@ import subprocess
 
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher import workdir
-from launcher.agent import compose as compose_job
+from launcher.agent import compose
 from launcher.core.job import (JobSpec, Worker, command_probe, hostfile, horovodrun_argv, mpirun_argv, pin_known_host,
                                ssh_config, trainer_option, with_run_dir)
 from launcher.core.nics import nic_problem, nic_selection, virtual_subnets
@@ -101,7 +101,7 @@ def test_horovod_defaults_reach_every_rank_unless_the_user_sets_them(env, expect
 
 
 def compose_spec(args=(), **environ) -> JobSpec:
-    return compose_job.job_spec({"NETWORK_INTERFACE": "eth0", **environ}, list(args))
+    return compose.job_spec({"NETWORK_INTERFACE": "eth0", **environ}, list(args))
 
 
 def test_compose_builds_the_same_command_line_as_the_launcher():

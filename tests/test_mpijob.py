@@ -19,7 +19,7 @@ from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.core.job import JobSpec, Worker
 from launcher.core.options import JobOptions, SettingsError, job_command
 from launcher.core.protocol import CLUSTER_KEY, HOSTKEYS_DIR, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR, SSH_PORT
-from launcher.k8s import launcher_pod as mpijob_job
+from launcher.k8s import launcher_pod
 from launcher.k8s import mpijob
 from launcher.k8s.launcher_pod import OperatorAgent, PodArgs
 from tests.conftest import JOB_OPTIONS, StandInTransport, job_spec
@@ -92,13 +92,13 @@ def pods(document: dict) -> tuple[dict, dict]:
 
 
 def launcher_options(document: dict) -> JobOptions:
-    return launcher_pod(document).options
+    return pod_args(document).options
 
 
-def launcher_pod(document: dict) -> PodArgs:
+def pod_args(document: dict) -> PodArgs:
     args = pods(document)[0]["containers"][0]["args"]
     assert args[0] == mpijob.LAUNCHER_ROLE
-    return mpijob_job.parse(args[1:])
+    return launcher_pod.parse(args[1:])
 
 
 CASES = {
@@ -143,7 +143,7 @@ def test_every_export_validates_against_the_crd_schema_and_the_operators_rules(s
 
 def test_the_launcher_pod_runs_the_same_command_with_the_stacks_defaults_and_the_users_env():
     options = launcher_options(export(env=("NCCL_DEBUG=INFO", "A=1")))
-    assert launcher_pod(export()).job == "digits"
+    assert pod_args(export()).name == "digits"
     assert options.command == tuple(job_command(TRAIN))
     assert options.env == ("NCCL_DEBUG=INFO", "A=1", "OMPI_MCA_mpi_yield_when_idle=1")  # the user's NCCL_DEBUG wins
     assert set(HOROVOD_DEFAULTS) <= {item.partition("=")[0] for item in options.env}
@@ -217,30 +217,30 @@ HOSTFILE = "digits-worker-0.digits.default.svc slots=2\ndigits-worker-1.digits.d
 
 
 def test_agent_args_and_parse_agree():
-    pod = PodArgs(job="j", options=JobOptions(network_interface="eth0", elastic=True, elastic_min_workers=2,
+    pod = PodArgs(name="j", options=JobOptions(network_interface="eth0", elastic=True, elastic_min_workers=2,
                                               env=("A=1", "B=x y"), command=("python", "-m", "app.train", "--epochs",
                                                                              "1")))
-    assert mpijob_job.parse(mpijob_job.agent_args(pod)) == pod
-    assert mpijob_job.agent_args(PodArgs(job="j", options=JobOptions(command=("true",)))) == ["--job", "j", "--",
+    assert launcher_pod.parse(launcher_pod.agent_args(pod)) == pod
+    assert launcher_pod.agent_args(PodArgs(name="j", options=JobOptions(command=("true",)))) == ["--job", "j", "--",
                                                                                               "true"]
     with pytest.raises(SettingsError, match="written by `launcher export mpijob`"):
-        mpijob_job.parse(["--nope", "--", "true"])
+        launcher_pod.parse(["--nope", "--", "true"])
 
 
 def test_the_operators_hostfile_gives_the_workers_in_order_with_their_slots():
-    assert mpijob_job.hostfile_workers("# by the operator\n" + HOSTFILE) == [
+    assert launcher_pod.hostfile_workers("# by the operator\n" + HOSTFILE) == [
         Worker("digits-worker-0", "digits-worker-0.digits.default.svc", 2),
         Worker("digits-worker-1", "digits-worker-1.digits.default.svc", 2)]
     with pytest.raises(SettingsError, match="lists no workers"):
-        mpijob_job.hostfile_workers("\n")
+        launcher_pod.hostfile_workers("\n")
     with pytest.raises(SettingsError, match="line 1: 'slots=two' is not slots=N"):
-        mpijob_job.hostfile_workers("w slots=two\n")
+        launcher_pod.hostfile_workers("w slots=two\n")
 
 
 def test_the_job_runs_mpirun_over_the_operators_workers_with_a_run_folder_of_its_own():
-    options = mpijob_job.parse(["--job", "digits", "--env", "A=1", "--", "python", "-m", "app.train", *TRAIN])
+    options = launcher_pod.parse(["--job", "digits", "--env", "A=1", "--", "python", "-m", "app.train", *TRAIN])
     addresses = [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24"), ("docker0", "172.17.0.1/16")]
-    spec = mpijob_job.job_spec(options, HOSTFILE, addresses, now=0)
+    spec = launcher_pod.job_spec(options, HOSTFILE, addresses, now=0)
     assert spec.expected_workers == 2 and spec.slots == 2 and spec.agent_host is None
     assert spec.excluded_subnets == ("172.17.0.0/16",)  # a pod with host networking sees its node's docker0
     assert spec.run_dir and spec.run_dir.startswith("/shared/runs/digits-19700101-000000-")
@@ -248,23 +248,23 @@ def test_the_job_runs_mpirun_over_the_operators_workers_with_a_run_folder_of_its
     assert argv[:5] == ["mpirun", "-np", "4", "--hostfile", "/home/mpiuser/hostfile"]
     assert "A=1" in argv and "--run-dir" in argv
     assert JobSpec.from_json(spec.to_json()) == spec
-    user = mpijob_job.job_spec(mpijob_job.parse(["--", "python", "t.py"]), HOSTFILE, [], now=0)
+    user = launcher_pod.job_spec(launcher_pod.parse(["--", "python", "t.py"]), HOSTFILE, [], now=0)
     assert user.command == ("python", "t.py") and user.run_dir is None
 
 
 def test_bad_launcher_arguments_are_refused_before_any_worker_is_claimed():
-    with pytest.raises(SettingsError, match="--min-workers 3 is not from 1 to the 2 workers"):
-        mpijob_job.job_spec(mpijob_job.parse(["--min-workers", "3", "--network-interface", "eth0"]), HOSTFILE, [])
+    with pytest.raises(SettingsError, match=re.escape("--min-workers 3 is not from 1 to the 2 worker pods (--workers)")):
+        launcher_pod.job_spec(launcher_pod.parse(["--min-workers", "3", "--network-interface", "eth0"]), HOSTFILE, [])
     with pytest.raises(SettingsError, match="elastic training needs the NIC"):
-        mpijob_job.job_spec(mpijob_job.parse(["--min-workers", "1"]), HOSTFILE, [])
+        launcher_pod.job_spec(launcher_pod.parse(["--min-workers", "1"]), HOSTFILE, [])
     with pytest.raises(ValueError, match="is not KEY=VALUE"):
-        mpijob_job.parse(["--env", "oops"])
+        launcher_pod.parse(["--env", "oops"])
 
 
 def test_ip_addresses_are_read_from_ip_o_addr():
     text = ("1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n"
             "2: eth0    inet 10.0.3.7/24 brd 10.0.3.255 scope global eth0\\       valid_lft forever\n")
-    assert mpijob_job.parse_ip_addresses(text) == [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24")]
+    assert launcher_pod.parse_ip_addresses(text) == [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24")]
 
 
 def operator_transport(keys: dict[str, str]) -> StandInTransport:
@@ -304,8 +304,8 @@ def test_without_the_operators_key_the_job_is_refused_naming_the_mount():
 
 
 def test_an_elastic_job_discovers_its_workers_with_the_operators_script():
-    options = mpijob_job.parse(["--job", "digits", "--min-workers", "1", "--network-interface", "eth0", "--", "python",
+    options = launcher_pod.parse(["--job", "digits", "--min-workers", "1", "--network-interface", "eth0", "--", "python",
                                 "-m", "app.train"])
-    argv = " ".join(mpijob_job.job_spec(options, HOSTFILE, [], now=0).job_argv())
+    argv = " ".join(launcher_pod.job_spec(options, HOSTFILE, [], now=0).job_argv())
     assert "horovodrun --gloo" in argv and "--host-discovery-script /etc/mpi/discover_hosts.sh " in argv
     assert "--slots-per-host 2 " in argv  # the operator's script names hosts without slots: the hostfile's

@@ -23,6 +23,7 @@ from launcher.agent import compose, stacks
 from launcher.agent.job import DISCOVERY_SSH_TIMEOUT, Agent, say
 from launcher.agent.transport import SshTransport, Transport, read_text, stop_on_signals, write_atomically
 from launcher.core.job import JobSpec
+from launcher.core.options import one_line
 from launcher.core.protocol import (
     AGENT_PREFIX,
     JOB_END_FILE,
@@ -44,7 +45,7 @@ def run_compose(environ: dict[str, str], args: list[str]) -> int:
         spec = compose.job_spec(environ, args)
         transport.write(JOB_SPEC, spec.to_json())
     except (ValueError, OSError) as error:  # SettingsError, or TRAIN_COMMAND that shlex cannot split
-        return Agent(compose.fallback_spec(environ), transport).refuse(str(error)).status
+        return Agent(compose.fallback_spec(environ), transport).refuse(one_line(error)).status
     return Agent(spec, transport).run().status
 
 

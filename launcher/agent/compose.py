@@ -7,48 +7,26 @@ rules its own; every bad value is refused in one line that names the .env key.
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from app.gpu import GPUS_ASKED
 from launcher.core.job import DoorWords, JobSpec, new_run_id
-from launcher.core.options import JobOptions, SettingsError, Spelling, job_command
+from launcher.core.options import JobOptions, SettingsError, door_names, job_command, option_kind
 from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
 
 DRIVER = "compose's launcher container"
 WORDS = DoorWords(
     command_fix="set WORKDIR to the folder that holds your code, or use an image FROM horovod-stack:latest that has it",
     workers_fix="check that the workers run (docker compose ps) and that WORKERS matches them",
-    elastic_minimum="ELASTIC_MIN_WORKERS",
     lost_hint="`docker compose ps -a` shows how they ended",
 )
-SPELLING = Spelling(
-    {
-        "env": "the environment",
-        "network_interface": "NETWORK_INTERFACE",
-        "ssh_port": "SSH_PORT",
-        "ready_timeout": "READY_TIMEOUT",
-        "stall_timeout": "STALL_TIMEOUT",
-        "stall_action": "STALL_ACTION",
-        "time_limit": "TIME_LIMIT",
-        "elastic": "ELASTIC_MIN_WORKERS",
-        "elastic_min_workers": "ELASTIC_MIN_WORKERS",
-        "elastic_timeout": "ELASTIC_TIMEOUT",
-        "workers": "workers in WORKERS",
-    }
-)
-"""Compose's .env keys for the job's options."""
-OPTION_KEYS = {
-    "ssh_port": "SSH_PORT",
-    "ready_timeout": "READY_TIMEOUT",
-    "stall_timeout": "STALL_TIMEOUT",
-    "elastic_timeout": "ELASTIC_TIMEOUT",
-    "elastic_min_workers": "ELASTIC_MIN_WORKERS",
-    "time_limit": "TIME_LIMIT",
-}
-"""The job options compose sets from whole numbers in its environment."""
+KEYS = door_names("compose")
+"""Compose's .env key for each job option it sets (core/options.py option)."""
+SPECIAL = ("command", "env", "elastic", "workdir")
+"""Options compose makes of other settings (TRAIN_COMMAND and TRAIN_ARGS, GPUs given and NCCL's verbosity, the
+elastic minimum's presence, WORKDIR's)."""
 
 
 def _whole(environ: Mapping[str, str], key: str) -> int | None:
@@ -78,19 +56,19 @@ def job_options(environ: Mapping[str, str], args: list[str]) -> JobOptions:
     command = (
         shlex.split(user_command) if user_command else job_command([*args, *environ.get("TRAIN_ARGS", "").split()])
     )
-    numbers: dict[str, Any] = {
-        name: value for name, key in OPTION_KEYS.items() if (value := _whole(environ, key)) is not None
-    }
+    chosen: dict[str, Any] = {}
+    for name, key in KEYS.items():
+        raw = environ.get(key, "").strip()
+        if name not in SPECIAL and raw:
+            chosen[name] = _whole(environ, key) if option_kind(name) in (int, float) else raw
     return JobOptions(
         command=tuple(command),
         # Passed to every rank when compose sets them: GPUs given (compose.gpu.yaml) and NCCL's verbosity.
         env=tuple(f"{key}={environ[key]}" for key in (GPUS_ASKED, "NCCL_DEBUG") if environ.get(key, "").strip()),
-        network_interface=environ.get("NETWORK_INTERFACE", "").strip() or None,
-        stall_action=environ.get("STALL_ACTION", "").strip() or JobOptions.stall_action,
-        elastic="elastic_min_workers" in numbers,
+        elastic="elastic_min_workers" in chosen,
         workdir=WORKDIR if environ.get("WORKDIR", "").strip() else None,
-        spelling=SPELLING,
-        **numbers,
+        door="compose",
+        **chosen,
     )
 
 
@@ -107,14 +85,14 @@ def job_spec(environ: Mapping[str, str], args: list[str]) -> JobSpec:
         driver=DRIVER,
         make_key=True,
         results_hint=environ.get("RESULTS_HINT", "").strip() or None,
-        words=dataclasses.replace(WORDS, elastic_minimum=SPELLING.of("elastic_min_workers", options.min_workers)),
+        words=WORDS,
     )
 
 
 def fallback_spec(environ: Mapping[str, str]) -> JobSpec:
     """What the agent needs to tell compose's workers that a refused job has ended: where they are."""
     port = environ.get("SSH_PORT", "").strip()
-    options = JobOptions(ssh_port=int(port) if port.isdigit() and 1 <= int(port) <= 65535 else SSH_PORT)
+    options = JobOptions(ssh_port=int(port) if port.isdigit() and 1 <= int(port) <= 65535 else SSH_PORT, door="compose")
     return JobSpec(
         job_id="refused",
         options=options,

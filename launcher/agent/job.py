@@ -220,8 +220,9 @@ class Agent:
         if not lost:
             return None
         if spec.elastic:
+            minimum = spec.options.spelling.of("elastic_min_workers", spec.options.min_workers)
             return (
-                f"the elastic job fell below {spec.words.elastic_minimum} for {spec.options.elastic_timeout} s: lost "
+                f"the elastic job fell below {minimum} for {spec.options.elastic_timeout} s: lost "
                 f"{', '.join(lost)}; {spec.words.lost_hint}"
             )
         return f"{', '.join(lost)}: worker lost during the run; {spec.words.lost_hint}"
@@ -380,9 +381,10 @@ class StallWatch(threading.Thread):
             f"{spec.options.stall_timeout} s)",
         )
         if spec.options.stall_action == "fail":
-            self.cause = f"the job stalled: no output and no new metrics for {idle:.0f} s; {where or 'no stacks'}"
-            self.agent.say(f"error: {self.cause}; ending the job (stall action fail)")
-            self.agent.transport.stop_job()
+            cause = f"the job stalled: no output and no new metrics for {idle:.0f} s; {where or 'no stacks'}"
+            if self.agent.transport.stop_job():  # else it ended by itself meanwhile: its end stands
+                self.cause = cause
+                self.agent.say(f"error: {cause}; ending the job (stall action fail)")
         return where
 
     def stop(self) -> None:
@@ -407,9 +409,10 @@ class TimeLimit(threading.Thread):
         if self.done.wait(limit):
             return
         where = self.agent.report_stacks(self.workers, f"the job ran past its time limit of {limit} s")
-        self.cause = f"the job ran past its time limit of {limit} s; {where or 'no stacks'}"
-        self.agent.say(f"error: {self.cause}; ending the job")
-        self.agent.transport.stop_job()
+        cause = f"the job ran past its time limit of {limit} s; {where or 'no stacks'}"
+        if self.agent.transport.stop_job():  # else it ended by itself while the stacks were taken: its end stands
+            self.cause = cause
+            self.agent.say(f"error: {cause}; ending the job")
 
     def stop(self) -> None:
         self.done.set()

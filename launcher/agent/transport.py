@@ -64,8 +64,9 @@ class Transport(Protocol):
     def horovod_warning(self) -> str | None:
         """Horovod's latest stall warning in the job's output (stall.HorovodWarnings)."""
 
-    def stop_job(self) -> None:
-        """Asks the running job to end (SIGTERM: mpirun and horovodrun pass it to every rank)."""
+    def stop_job(self) -> bool:
+        """Asks the running job to end (SIGTERM: mpirun and horovodrun pass it to every rank); False if it had
+        already ended."""
 
     def make_cluster_key(self) -> None: ...
 
@@ -185,10 +186,12 @@ class SshTransport:
     def horovod_warning(self) -> str | None:
         return self.warnings.current()
 
-    def stop_job(self) -> None:
+    def stop_job(self) -> bool:
         child = self.child
-        if child is not None and child.poll() is None:
-            child.send_signal(signal.SIGTERM)
+        if child is None or child.poll() is not None:
+            return False
+        child.send_signal(signal.SIGTERM)
+        return True
 
     def make_cluster_key(self) -> None:
         from launcher.core.sshtrust import make_key_pair  # ssh-keygen, only where the agent makes the key

@@ -173,8 +173,11 @@ def horovodrun_argv(
     The discovery script reads the job's workers from the job spec (launcher.agent discover). With a subnet for a NIC,
     horovodrun is given its own host's NIC in it (`driver_nic`: it serves the ranks' rendezvous there) and each rank
     finds its own (rank_command)."""
-    own_nic = driver_nic if subnet_of(network_interface) else network_interface
-    assert own_nic, "JobOptions and JobSpec refuse an elastic job without its NIC"
+    # Rank 0's NIC in the subnet is a fact its node's check finds (a start refuses a node without an address in the
+    # subnet); before that fact is known, as in a dry run of a node without the image, the line says what goes there.
+    own_nic = (
+        (driver_nic or f"<rank 0's NIC in {network_interface}>") if subnet_of(network_interface) else network_interface
+    )
     command = trainer_with(command, "--elastic")  # the bundled trainer's loop; a user's script brings its own
     defaults = defaults_unless_set(env, {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS)})
     user_set = names_set(env)
@@ -248,8 +251,6 @@ class DoorWords:
         "pass --workdir with the folder that holds your code, or build an image FROM horovod-stack:latest that has it"
     )
     workers_fix: str = "check that rank 0 reaches those hosts by name and that the port is open between nodes"
-    elastic_minimum: str = "--min-nodes"
-    """The setting that holds the elastic minimum, as the user wrote it."""
     lost_hint: str = "`launcher status` shows how each worker ended"
 
 
@@ -298,11 +299,6 @@ class JobSpec:
         problem = options.workers_problem(self.expected_workers) if self.expected_workers else None
         if problem:
             raise SettingsError(problem)
-        if options.elastic and subnet_of(options.network_interface) and not self.driver_nic:
-            raise SettingsError(
-                f"elastic training over the subnet {options.network_interface} needs an address in it where "
-                f"{self.driver} runs; pass a subnet that holds one, or a NIC name"
-            )
 
     @property
     def elastic(self) -> bool:

@@ -15,8 +15,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import PurePosixPath
+from types import UnionType
+from typing import Any, get_args, get_origin, get_type_hints
 
 from app.entrypoint import TRAINER
+from launcher.core.nics import NIC_SETTING
 from launcher.core.protocol import (
     ELASTIC_TIMEOUT_SECONDS,
     HOME,
@@ -41,45 +44,47 @@ class SettingsError(ValueError):
         self.problems = list(problems)
 
 
+def one_line(error: Exception) -> str:
+    """An error as one line (a job-end message is one line: JOB_STATUS, a lifeline's last word)."""
+    return "; ".join(error.problems) if isinstance(error, SettingsError) else " ".join(str(error).split())
+
+
+DOORS = ("launcher", "compose", "mpijob")
+"""The doors that build JobOptions: the multi-host launcher, compose's launcher service, the MPIJob export and its
+launcher pod. Each names the options its own way (`option`)."""
+
+
+def option(
+    default: object,
+    *,
+    flag: str | None = None,
+    key: str | None = None,
+    compose: str | None = None,
+    mpijob: str | None = None,
+) -> Any:
+    """A JobOptions field and how each door's users set it: the launcher's `flag` and its .env `key`, compose's
+    .env key, `launcher export mpijob`'s flag (which the MPIJob's launcher pod reads back)."""
+    return field(default=default, metadata={"flag": flag, "key": key, "compose": compose, "mpijob": mpijob})
+
+
 @dataclass(frozen=True)
 class Spelling:
-    """How one door's users write each option: a flag (`--ssh-port 70000`, fixed by passing it again) or a
-    settings file's key (`SSH_PORT=70000`, fixed in .env)."""
+    """How one door's users write each option, for its errors: a flag (`--ssh-port 70000`, fixed by passing it
+    again) or a settings file's key (`SSH_PORT=70000`, fixed in .env)."""
 
     names: Mapping[str, str]
-    """JobOptions field -> how it is set (`--ssh-port`, `SSH_PORT`); "workers": what counts the workers."""
+    """JobOptions field -> how it is set (`--ssh-port`, `SSH_PORT`); "workers": what counts the door's workers."""
     flag_fix: str = "pass {name} with one that is"
 
     def of(self, option: str, value: object = None) -> str:
         name = self.names.get(option, option)
         if value is None:
             return name
-        return f"{name}={value}" if name.isupper() else f"{name} {value}"
+        return f"{name} {value}" if name.startswith("-") else f"{name}={value}"
 
     def fix_for(self, option: str) -> str:
         name = self.of(option)
-        return "fix it in .env" if name.isupper() else self.flag_fix.format(name=name)
-
-
-LAUNCHER_SPELLING = Spelling(
-    {
-        "env": "--env",
-        "network_interface": "--network-interface",
-        "ssh_port": "--ssh-port",
-        "ready_timeout": "READY_TIMEOUT",
-        "stall_timeout": "--stall-timeout",
-        "stall_action": "--stall-action",
-        "time_limit": "--time-limit",
-        "elastic": "--elastic",
-        "elastic_min_workers": "--min-nodes",
-        "elastic_max_workers": "--max-nodes",
-        "elastic_timeout": "ELASTIC_TIMEOUT",
-        "restart_workers": "--restart-workers",
-        "mounts": "--mount",
-        "workers": "node(s) in --nodes",
-    }
-)
-"""The multi-host launcher's flags (and the .env keys that have no flag)."""
+        return self.flag_fix.format(name=name) if name.startswith("-") else "fix it in .env"
 
 
 @dataclass(frozen=True)
@@ -94,24 +99,35 @@ class Bind:
         return f"{self.source} -> {self.target}{' (read-only)' if self.read_only else ''}"
 
 
-def parse_bind(text: str) -> Bind:
-    """HOST_PATH:CONTAINER_PATH[:ro|rw], both absolute; raises ValueError naming the fix."""
+def bind_problem(text: str, name: str = "--mount") -> str | None:
+    """Why `text` is not HOST_PATH:CONTAINER_PATH[:ro|rw], both absolute and clear of the stack's own folders; None
+    if it is. `name`: how the door's users set it."""
     parts = text.split(":")
-    mode = parts.pop() if len(parts) == 3 and parts[2] in ("ro", "rw") else "rw"
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        parts.pop()
     if len(parts) != 2 or not all(part.startswith("/") for part in parts):
-        raise ValueError(f"--mount {text!r} is not HOST_PATH:CONTAINER_PATH[:ro], both absolute: e.g. /data:/data:ro")
+        return f"{name} {text!r} is not HOST_PATH:CONTAINER_PATH[:ro], both absolute: e.g. /data:/data:ro"
     target = str(PurePosixPath(parts[1]))
     covered = [path for path in RESERVED_PATHS if path == target or path.startswith(target.rstrip("/") + "/")]
     if covered:
-        raise ValueError(f"--mount {text!r} would hide the stack's own {covered[0]}: mount it elsewhere, e.g. /data")
-    return Bind(str(PurePosixPath(parts[0])), target, mode == "ro")
+        return f"{name} {text!r} would hide the stack's own {covered[0]}: mount it elsewhere, e.g. /data"
+    return None
 
 
-def env_problem(item: str) -> str | None:
-    """Why `item` is not KEY=VALUE for a rank's environment; None if it is."""
+def parse_bind(text: str) -> Bind:
+    """The Bind a valid mount (bind_problem) names; raises ValueError naming the fix for one that is not."""
+    problem = bind_problem(text)
+    if problem:
+        raise ValueError(problem)
+    parts = text.split(":")
+    return Bind(str(PurePosixPath(parts[0])), str(PurePosixPath(parts[1])), parts[2:] == ["ro"])
+
+
+def env_problem(item: str, name: str = "--env") -> str | None:
+    """Why `item` is not KEY=VALUE for a rank's environment; None if it is. `name`: how the door's users set it."""
     key, separator, _ = item.partition("=")
     if not separator or not ENV_NAME.match(key):
-        return f"--env {item!r} is not KEY=VALUE with a variable name as KEY"
+        return f"{name} {item!r} is not KEY=VALUE with a variable name as KEY"
     return None
 
 
@@ -140,59 +156,70 @@ def normal_nic(value: str | None) -> str | None:
 class JobOptions:
     """A job, as its user asked for it (the rules: `problems`)."""
 
-    command: tuple[str, ...] = TRAINER
+    command: tuple[str, ...] = option(TRAINER)
     """What every rank runs (job_command of the words after `--`): the user's command, or the bundled trainer."""
-    env: tuple[str, ...] = ()
+    env: tuple[str, ...] = option((), flag="--env", compose="the environment", mpijob="--env")
     """KEY=VALUE pairs every rank gets."""
-    network_interface: str | None = None
+    network_interface: str | None = option(
+        None, flag="--network-interface", key=NIC_SETTING, compose="NETWORK_INTERFACE", mpijob="--network-interface"
+    )
     """The NIC the workers reach each other on, for Open MPI, NCCL and Gloo: a name every worker has, or a subnet
     (CIDR) in which each finds its own; None: each library chooses (virtual NICs left out across hosts)."""
-    ssh_port: int = SSH_PORT
+    ssh_port: int = option(SSH_PORT, flag="--ssh-port", key="SSH_PORT", compose="SSH_PORT")
     """The workers' sshd port."""
-    ready_timeout: float = READY_TIMEOUT_SECONDS
+    ready_timeout: float = option(READY_TIMEOUT_SECONDS, key="READY_TIMEOUT", compose="READY_TIMEOUT")
     """How long the job agent waits for every worker's sshd to answer."""
-    stall_timeout: int = STALL_TIMEOUT_SECONDS
+    stall_timeout: int = option(
+        STALL_TIMEOUT_SECONDS, flag="--stall-timeout", key="STALL_TIMEOUT", compose="STALL_TIMEOUT"
+    )
     """Seconds without output or new metrics after which the job counts as stalled (0: never)."""
-    stall_action: str = STALL_ACTIONS[0]
+    stall_action: str = option(STALL_ACTIONS[0], flag="--stall-action", key="STALL_ACTION", compose="STALL_ACTION")
     """On a stall: gather the stacks and record it (warn), or also end the job (fail)."""
-    time_limit: int = 0
+    time_limit: int = option(0, flag="--time-limit", key="TIME_LIMIT", compose="TIME_LIMIT")
     """Seconds the job may run; past them every rank's stack is gathered and the job ended (exit status 124). 0:
     no limit."""
-    elastic: bool = False
+    elastic: bool = option(False, flag="--elastic", compose="ELASTIC_MIN_WORKERS", mpijob="--elastic")
     """Elastic training (horovodrun, Gloo): a lost worker is dropped and the job goes on."""
-    elastic_min_workers: int | None = None
+    elastic_min_workers: int | None = option(
+        None, flag="--min-nodes", compose="ELASTIC_MIN_WORKERS", mpijob="--min-workers"
+    )
     """Elastic: the job goes on while at least this many workers remain (None: 1)."""
-    elastic_max_workers: int | None = None
+    elastic_max_workers: int | None = option(None, flag="--max-nodes")
     """Elastic: the most workers that train at once (None: all of them)."""
-    elastic_timeout: int = ELASTIC_TIMEOUT_SECONDS
+    elastic_timeout: int = option(ELASTIC_TIMEOUT_SECONDS, key="ELASTIC_TIMEOUT", compose="ELASTIC_TIMEOUT")
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
-    restart_workers: bool = False
+    restart_workers: bool = option(False, flag="--restart-workers")
     """Elastic: a lost worker's container is started again and rejoins at the next discovery."""
-    workdir: str | None = None
+    workdir: str | None = option(None, flag="--workdir", compose="WORKDIR")
     """The folder with the user's code, copied or mounted at WORKDIR in every container, the job's working
     directory; None: the image's own code (the launcher checks this machine's folder: LaunchSettings)."""
-    mounts: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = option((), flag="--mount", key="MOUNTS")
     """Host folders every worker gets, HOST_PATH:CONTAINER_PATH[:ro] each."""
-    spelling: Spelling = field(default=LAUNCHER_SPELLING, compare=False, repr=False)
-    """How the door that made these options names them, for its errors (not part of the job)."""
+    door: str = field(default=DOORS[0], compare=False)
+    """The door that made these options (DOORS): how its errors name them, here and in the job agent."""
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "network_interface", normal_nic(self.network_interface))
         except ValueError:
             pass  # named in problems()
-        object.__setattr__(self, "command", tuple(self.command))
+        for name in ("command", "env", "mounts"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         found = self.problems()
         if found:
             raise SettingsError(*found)
 
     def problems(self) -> list[str]:
         """Every rule about a job's options: one line per problem, naming the setting and the fix."""
+        if self.door not in DOORS:
+            return [f"JobOptions from an unknown door {self.door!r}: one of {', '.join(DOORS)} builds them"]
         say = self.spelling
         found: list[str] = []
         if not self.command:
             found.append("no command for the ranks to run: name one after `--`, or leave it out for the trainer")
-        found += [f"{problem}; {say.fix_for('env')}" for item in self.env if (problem := env_problem(item))]
+        found += [
+            f"{problem}; {say.fix_for('env')}" for item in self.env if (problem := env_problem(item, say.of("env")))
+        ]
         nic = self.network_interface
         if nic and "/" in nic:
             try:
@@ -225,11 +252,7 @@ class JobOptions:
                 + say.fix_for("time_limit")
             )
         found += self._elastic_problems()
-        for text in self.mounts:
-            try:
-                parse_bind(text)
-            except ValueError as error:
-                found.append(str(error).replace("--mount", say.of("mounts"), 1))
+        found += [problem for text in self.mounts if (problem := bind_problem(text, say.of("mounts")))]
         return found
 
     def _elastic_problems(self) -> list[str]:
@@ -281,6 +304,11 @@ class JobOptions:
         return None
 
     @property
+    def spelling(self) -> Spelling:
+        """How this door's users set each option (SPELLINGS)."""
+        return SPELLINGS[self.door]
+
+    @property
     def min_workers(self) -> int:
         """Elastic: the fewest workers the job goes on with."""
         return 1 if self.elastic_min_workers is None else self.elastic_min_workers
@@ -290,14 +318,41 @@ class JobOptions:
         return tuple(parse_bind(text) for text in self.mounts)
 
     def to_dict(self) -> dict:
-        """The options as JSON takes them (the spelling is the door's, not the job's)."""
-        return {item.name: getattr(self, item.name) for item in fields(self) if item.name != "spelling"}
+        """The options as JSON takes them."""
+        return {item.name: getattr(self, item.name) for item in fields(self)}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> JobOptions:
-        known = {item.name for item in fields(cls)} - {"spelling"}
-        values = {key: value for key, value in data.items() if key in known}  # a newer launcher's extras
-        for key in ("command", "env", "mounts"):
-            if key in values:
-                values[key] = tuple(values[key])
-        return cls(**values)
+        known = {item.name for item in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})  # a newer launcher's extras
+
+
+def option_kind(name: str) -> type:
+    """What a settings file's text becomes for option `name`: str, int, float, bool or tuple (a list)."""
+    hint = get_type_hints(JobOptions)[name]
+    kinds = [kind for kind in get_args(hint) if kind is not type(None)] if get_origin(hint) is UnionType else [hint]
+    return next(
+        wanted for wanted in (bool, int, float, tuple, str) for kind in kinds if (get_origin(kind) or kind) is wanted
+    )
+
+
+def door_names(door: str) -> dict[str, str]:
+    """How `door`'s users set each option (option's metadata); the launcher's flags, else its .env keys."""
+    names = {}
+    for item in fields(JobOptions):
+        meta = item.metadata
+        name = (meta.get("flag") or meta.get("key")) if door == "launcher" else meta.get(door)
+        if name:
+            names[item.name] = name
+    return names
+
+
+SPELLINGS = {
+    "launcher": Spelling({**door_names("launcher"), "workers": "node(s) in --nodes"}),
+    "compose": Spelling({**door_names("compose"), "workers": "workers in WORKERS"}),
+    "mpijob": Spelling(
+        {**door_names("mpijob"), "workers": "worker pods (--workers)"},
+        flag_fix="pass {name} to `launcher export mpijob` with one that is",
+    ),
+}
+"""Each door's spelling, for the errors JobOptions and the job agent word."""

@@ -35,7 +35,7 @@ from launcher.agent.job import Agent, JobError
 from launcher.agent.transport import SshTransport, Transport, stop_on_signals
 from launcher.core.job import DoorWords, JobSpec, Worker, new_run_id
 from launcher.core.nics import nic_in_subnet, subnet_of, virtual_subnets
-from launcher.core.options import JobOptions, SettingsError, Spelling, job_command
+from launcher.core.options import JobOptions, SettingsError, job_command, one_line
 from launcher.core.protocol import (
     CLUSTER_KEY,
     HOSTKEYS_DIR,
@@ -54,21 +54,9 @@ WORDS = DoorWords(
     command_fix="use an image FROM horovod-stack:latest that has your code (launcher export mpijob --image), or put "
     "the code on the shared claim and run it from /shared",
     workers_fix="`kubectl get pods` and `kubectl describe pod` show why a worker pod is not running",
-    elastic_minimum="--min-workers",
     lost_hint="`kubectl describe pod` shows how the worker pod ended",
 )
 RESULTS_HINT = "the MPIJob's shared claim (/shared in every pod)"
-SPELLING = Spelling(
-    {
-        "env": "--env",
-        "network_interface": "--network-interface",
-        "elastic": "--elastic",
-        "elastic_min_workers": "--min-workers",
-        "workers": "workers in the MPI Operator's hostfile",
-    },
-    flag_fix="export the job again with another {name} (launcher export mpijob takes the same option)",
-)
-"""`launcher export mpijob`'s options, which the pod's arguments carry."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +64,8 @@ class PodArgs:
     """The launcher pod's arguments (as agent_args writes them): where the operator put its files, and the job."""
 
     options: JobOptions
-    job: str = "mpijob"
+    name: str = "mpijob"
+    """The MPIJob's name (--job), which its run folders start with."""
     ssh_auth: str = MPIJOB_SSH_AUTH_DIR
     hostfile: str = MPIJOB_HOSTFILE
 
@@ -85,7 +74,7 @@ def agent_args(pod: PodArgs) -> list[str]:
     """The launcher pod's arguments to `python -m launcher.k8s.launcher_pod` for `pod` (parse reads them back); the
     defaults are left out, the job's name never."""
     options = pod.options
-    argv = ["--job", pod.job]
+    argv = ["--job", pod.name]
     for flag, value, usual in (
         ("--ssh-auth", pod.ssh_auth, MPIJOB_SSH_AUTH_DIR),
         ("--hostfile", pod.hostfile, MPIJOB_HOSTFILE),
@@ -108,7 +97,7 @@ def parse(argv: list[str]) -> PodArgs:
     """The launcher pod's arguments: the agent's options, then `--` and the command (job_command of those words)."""
     split = argv.index("--") if "--" in argv else len(argv)
     parser = _Parser(prog="python -m launcher.k8s.launcher_pod", add_help=False)
-    parser.add_argument("--job", default=PodArgs.job)
+    parser.add_argument("--job", dest="name", default=PodArgs.name)
     parser.add_argument("--ssh-auth", default=PodArgs.ssh_auth)
     parser.add_argument("--hostfile", default=PodArgs.hostfile)
     parser.add_argument("--network-interface")
@@ -121,9 +110,9 @@ def parse(argv: list[str]) -> PodArgs:
         network_interface=known.network_interface or None,
         elastic=known.min_workers is not None,
         elastic_min_workers=known.min_workers,
-        spelling=SPELLING,
+        door="mpijob",
     )
-    return PodArgs(options=options, job=known.job, ssh_auth=known.ssh_auth, hostfile=known.hostfile)
+    return PodArgs(options=options, name=known.name, ssh_auth=known.ssh_auth, hostfile=known.hostfile)
 
 
 def hostfile_workers(text: str, path: str = MPIJOB_HOSTFILE) -> list[Worker]:
@@ -163,10 +152,17 @@ def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]],
     first. With no NIC pinned, the virtual NICs of the launcher's own pod (a pod with host networking sees its node's)
     are left out, as the launcher door does with each node's."""
     workers = hostfile_workers(hostfile_text, pod.hostfile)
-    run_id = f"{pod.job}-{new_run_id(now)}"
+    run_id = f"{pod.name}-{new_run_id(now)}"
     options = pod.options
     nic = options.network_interface
     subnet = subnet_of(nic)
+    driver_nic = nic_in_subnet(addresses, subnet) if subnet else None
+    if subnet and options.elastic and not driver_nic:
+        raise SettingsError(
+            f"elastic training over the subnet {nic} needs an address in it in {DRIVER} (it has "
+            f"{', '.join(f'{name} {address}' for name, address in addresses) or 'none'}); pass --network-interface "
+            "to `launcher export mpijob` with a subnet or NIC the pods have"
+        )
     return JobSpec(
         job_id=run_id,
         options=options,
@@ -176,11 +172,11 @@ def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]],
         workers=tuple(workers),
         excluded_subnets=() if nic else tuple(virtual_subnets(addresses)),
         across_hosts=True,
-        driver_nic=nic_in_subnet(addresses, subnet) if subnet else None,
+        driver_nic=driver_nic,
         discovery_script=MPIJOB_DISCOVERY,
         driver=DRIVER,
         results_hint=RESULTS_HINT,
-        words=dataclasses.replace(WORDS, elastic_minimum=SPELLING.of("elastic_min_workers", options.min_workers)),
+        words=WORDS,
     )
 
 
@@ -248,7 +244,12 @@ def fallback_spec(hostfile_text: str | None) -> JobSpec:
     except SettingsError:
         workers = ()
     return JobSpec(
-        job_id="refused", options=JobOptions(), expected_workers=0, workers=workers, driver=DRIVER, words=WORDS
+        job_id="refused",
+        options=JobOptions(door="mpijob"),
+        expected_workers=0,
+        workers=workers,
+        driver=DRIVER,
+        words=WORDS,
     )
 
 
@@ -271,9 +272,9 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as error:
         agent = OperatorAgent(fallback_spec(hostfile_text), transport, ssh_auth)
         try:
-            return agent.refuse(str(error)).status
+            return agent.refuse(one_line(error)).status
         except JobError:  # no key to tell the workers with: they stop when the operator removes the pods
-            transport.write(JOB_STATUS, JobEnd(2, str(error)).message() + "\n")
+            transport.write(JOB_STATUS, JobEnd(2, one_line(error)).message() + "\n")
             return 2
     return OperatorAgent(spec, transport, ssh_auth).run().status
 

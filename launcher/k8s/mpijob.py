@@ -26,7 +26,7 @@ from typing import Any
 
 from app.gpu import GPUS_ASKED
 from launcher.core.job import defaults_unless_set
-from launcher.core.options import JobOptions, SettingsError, Spelling
+from launcher.core.options import JobOptions, SettingsError
 from launcher.core.protocol import (
     DEFAULT_IMAGE,
     MPIJOB_SSH_AUTH_DIR,
@@ -37,7 +37,6 @@ from launcher.core.protocol import (
     SSH_PORT,
     WORKER_CAPABILITIES,
 )
-from launcher.k8s.launcher_pod import SPELLING as POD_SPELLING
 from launcher.k8s.launcher_pod import PodArgs, agent_args
 
 API_VERSION = "kubeflow.org/v2beta1"
@@ -55,8 +54,6 @@ DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DOCKER_SIZE = re.compile(r"^(\d+)([bkmg]?)$", re.IGNORECASE)
 PART_OF = {"app.kubernetes.io/part-of": "horovod-stack"}
-SPELLING = Spelling({**POD_SPELLING.names, "workers": "worker pods (--workers)"})
-"""`launcher export mpijob`'s flags for the job's options."""
 
 
 @dataclass(frozen=True)
@@ -146,10 +143,10 @@ def request(job: Mapping[str, Any], **where: Any) -> MpiJobRequest:
         chosen["network_interface"] = POD_NIC
     found: list[str] = []
     try:
-        options = JobOptions(**chosen, spelling=SPELLING)
+        options = JobOptions(**chosen, door="mpijob")
     except SettingsError as error:
         found += error.problems
-        options = JobOptions(spelling=SPELLING)
+        options = JobOptions(door="mpijob")
     made = MpiJobRequest(job=options, **{key: value for key, value in where.items() if value is not None})
     found += problems(made)
     if found:
@@ -167,7 +164,7 @@ def rank_env(request: MpiJobRequest) -> tuple[str, ...]:
 
 def pod_args(request: MpiJobRequest) -> PodArgs:
     """The launcher pod's arguments (launcher/k8s/launcher_pod.py): the job, with every rank's environment."""
-    return PodArgs(options=replace(request.job, env=rank_env(request)), job=request.name)
+    return PodArgs(options=replace(request.job, env=rank_env(request)), name=request.name)
 
 
 def _pod(request: MpiJobRequest, container: dict[str, Any], role: str) -> dict[str, Any]:
