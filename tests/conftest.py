@@ -65,8 +65,11 @@ class StandInEngine:
         interrupt: bool = False,
         chunks: list[bytes] | tuple[bytes, ...] = (),
         fail_after: int | None = None,
+        image: str | None = "sha256:0123456789abcdef",
     ) -> None:
         self.node = Node(name, f"ssh://{name}")
+        self.image = image
+        """The image's ID on this node; None: it lacks the image."""
         self.chunks, self.fail_after = list(chunks), fail_after
         """The image as this engine's export streams it; a load fails after `fail_after` chunks."""
         self.loaded: list[bytes] = []
@@ -84,7 +87,7 @@ class StandInEngine:
         return "26.1.5"
 
     def image_id(self, image: str) -> str | None:
-        return "sha256:0123456789abcdef"
+        return self.image
 
     def cluster_containers(self, cluster_id: str | None = None) -> list[Container]:
         return []

@@ -682,3 +682,25 @@ def test_the_time_limit_comes_from_the_flag_or_the_env_file(env, flags, expected
         return
     assert resolve_settings({"NODES": "a", **env}, job=flags).job.time_limit == expected
     assert compose_spec(**{key: value for key, value in env.items()}).options.time_limit == (600 if env else 0)
+
+
+def test_a_flag_wins_over_its_env_key_without_reading_it():
+    settings = resolve_settings({"NODES": "a", "STALL_TIMEOUT": "abc"}, job={"stall_timeout": 30})
+    assert settings.job.stall_timeout == 30  # the .env value is not the job's, so it is not refused
+    with pytest.raises(SettingsError, match=re.escape("READY_TIMEOUT='soon' in the .env file is not a whole number: "
+                                                      "fix it")):
+        resolve_settings({"NODES": "a", "READY_TIMEOUT": "soon"})  # no flag sets it: nothing else to pass
+
+
+def test_each_doors_words_survive_the_job_specs_json():
+    spec = compose_spec(WORKERS="3", ELASTIC_MIN_WORKERS="2")
+    again = JobSpec.from_json(spec.to_json())
+    assert again == spec and again.options.door == "compose"
+    assert again.options.spelling.of("elastic_min_workers", 2) == "ELASTIC_MIN_WORKERS=2"
+    assert make_plan().job_spec().options.spelling.of("elastic_min_workers", 2) == "--min-nodes 2"
+
+
+def test_an_elastic_subnet_job_before_rank_0s_nic_is_known_says_where_it_goes():
+    """A dry run of nodes that lack the image has no facts yet; the line is still made, never raised."""
+    argv = " ".join(make_plan(nodes=("a", "b"), network_interface="10.0.0.0/24", elastic_min_workers=1).job_argv())
+    assert "--network-interface <rank 0's NIC in 10.0.0.0/24> " in argv

@@ -145,3 +145,21 @@ def test_a_dry_run_prints_every_finding_with_the_plan_and_refuses_with_the_first
     assert str(refused.value).startswith("node_2: no network interface eth0 there (it has ens5, lo)")
     assert "node_2: ssh port      FAIL port 12345 is already in use there" in out.getvalue()  # both, at once
     assert "plan: " not in out.getvalue() and node_1.started == busy.started == []
+
+
+def test_push_image_from_a_machine_without_the_image_is_a_finding():
+    facts = NodeFacts("this machine", "local")
+    [finding] = preflight.push_source_findings(launch_settings(), facts)
+    assert finding.severity is Severity.BLOCKING
+    assert finding.line() == ("this machine: no image horovod-stack:latest either, and --push-image copies it from "
+                              "here; build it with scripts/build-images.sh")
+    assert preflight.push_source_findings(launch_settings(), NodeFacts("this machine", "local", image_id="sha256:1")) == []
+
+
+def test_a_running_cluster_is_named_before_another_nodes_missing_image():
+    node_1, node_2 = node_engine("node_1", ("lo",)), node_engine("node_2", ("lo",))
+    node_1.image = None
+    node_2.cluster_containers = lambda cluster_id=None: [container("job", "c0ffee00")]  # type: ignore
+    with pytest.raises(session.LaunchError) as refused:
+        session.check_nodes(launch_settings(nodes=("node_1", "node_2")), [node_1, node_2], say=lambda _: None)
+    assert str(refused.value).startswith("node_2: cluster c0ffee00 is still running")
