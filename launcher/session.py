@@ -155,8 +155,7 @@ def check_nodes(
             present += [source] if source.image_id else []
         review(preflight.check_cluster(settings, present))
     else:
-        ensure_image_everywhere(settings, engines, say)
-        facts = [engine_facts(settings, engine) for engine in engines]
+        facts = ensure_image_everywhere(settings, engines, facts, say)
     checked = []
     unchecked = ClusterPlan.of(settings, cluster_id="-")
     for engine, fact in zip(engines, facts, strict=True):
@@ -204,11 +203,13 @@ def this_machine(image: str) -> tuple[NodeEngine, str | None]:
         raise LaunchError(f"--push-image: {error}") from None
 
 
-def ensure_image_everywhere(settings: LaunchSettings, engines: list[NodeEngine], say: Say) -> None:
+def ensure_image_everywhere(
+    settings: LaunchSettings, engines: list[NodeEngine], facts: list[NodeFacts], say: Say
+) -> list[NodeFacts]:
     """The same image on every node: pulled where IMAGE names a registry, copied from this machine's engine where
-    --push-image asks for it."""
+    --push-image asks for it. Returns the facts with each node's image ID as it is now."""
     image = settings.image
-    missing = [engine for engine in engines if engine.image_id(image) is None]
+    missing = [engine for engine, fact in zip(engines, facts, strict=True) if fact.image_id is None]
     if missing and settings.push_image:
         source, source_image = this_machine(image)
         here = NodeFacts(source.node.name, source.node.engine_url, image_id=source_image)
@@ -216,12 +217,14 @@ def ensure_image_everywhere(settings: LaunchSettings, engines: list[NodeEngine],
         images.push_everywhere(source, missing, image, say)
     elif missing:
         images.pull_everywhere(missing, image, say)
-    facts = [NodeFacts(e.node.name, e.node.engine_url, image_id=e.image_id(image)) for e in engines]
+    if missing:
+        facts = [replace(fact, image_id=engine.image_id(image)) for engine, fact in zip(engines, facts, strict=True)]
     still_missing = [fact.node for fact in facts if fact.image_id is None]
     if still_missing:
         raise LaunchError(f"{still_missing[0]}: image {image} is still missing after the copy; load it there by hand")
     refuse_on(preflight.check_cluster(settings, facts), say)
     say(f"image {image} ({(facts[0].image_id or '')[7:19]}) is the same on all {len(engines)} nodes")
+    return facts
 
 
 # --- the cluster --------------------------------------------------------------------------------------------------

@@ -24,15 +24,20 @@ JOB_OPTIONS = {field.name for field in dataclasses.fields(JobOptions)}
 
 
 # --- builders -------------------------------------------------------------------------------------------------
-def launch_settings(**fields) -> LaunchSettings:
-    """LaunchSettings from flat keywords: JobOptions' fields go to its job, the rest to the settings; an elastic
-    minimum makes the job elastic."""
+def job_options_of(fields: dict) -> JobOptions:
+    """The JobOptions among flat keywords, taken out of `fields`; an elastic minimum makes the job elastic."""
     job = {key: fields.pop(key) for key in list(fields) if key in JOB_OPTIONS}
     if job.get("elastic_min_workers") is not None:
         job.setdefault("elastic", True)
-    if "workdir" in job and job["workdir"] is not None:
+    if job.get("workdir") is not None:
         job["workdir"] = str(job["workdir"])
-    return LaunchSettings(**{"nodes": ("gpu-a", "gpu-b"), **fields, "job": JobOptions(**job)})
+    return JobOptions(**job)
+
+
+def launch_settings(**fields) -> LaunchSettings:
+    """LaunchSettings from flat keywords: JobOptions' fields go to its job, the rest to the settings."""
+    job = job_options_of(fields)
+    return LaunchSettings(**{"nodes": ("gpu-a", "gpu-b"), **fields, "job": job})
 
 
 def plan_of(cluster_id: str = "c0ffee00", found: Found | None = None, **fields) -> ClusterPlan:
@@ -40,11 +45,9 @@ def plan_of(cluster_id: str = "c0ffee00", found: Found | None = None, **fields) 
 
 
 def job_spec(**fields) -> JobSpec:
-    """A JobSpec from flat keywords, JobOptions' fields to its options (an elastic minimum makes it elastic)."""
-    options = {key: fields.pop(key) for key in list(fields) if key in JOB_OPTIONS}
-    if options.get("elastic_min_workers") is not None:
-        options.setdefault("elastic", True)
-    return JobSpec(**{"job_id": "j1", "expected_workers": 2, **fields, "options": JobOptions(**options)})
+    """A JobSpec from flat keywords, JobOptions' fields to its options."""
+    options = job_options_of(fields)
+    return JobSpec(**{"job_id": "j1", "expected_workers": 2, **fields, "options": options})
 
 
 # --- the host side's engine -------------------------------------------------------------------------------------

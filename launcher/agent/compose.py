@@ -92,7 +92,10 @@ def job_spec(environ: Mapping[str, str], args: list[str]) -> JobSpec:
 def fallback_spec(environ: Mapping[str, str]) -> JobSpec:
     """What the agent needs to tell compose's workers that a refused job has ended: where they are."""
     port = environ.get("SSH_PORT", "").strip()
-    options = JobOptions(ssh_port=int(port) if port.isdigit() and 1 <= int(port) <= 65535 else SSH_PORT, door="compose")
+    try:  # the port rule is JobOptions'; a bad one was the refusal, so the workers are on the default
+        options = JobOptions(ssh_port=int(port) if port.isdigit() else SSH_PORT, door="compose")
+    except SettingsError:
+        options = JobOptions(door="compose")
     return JobSpec(
         job_id="refused",
         options=options,
