@@ -39,6 +39,7 @@ def check(
     facts_of: list[NodeFacts] = []
     unchecked = ClusterPlan.of(settings, cluster_id="-")
     for node in unchecked.nodes:
+        echo(f"connecting to {node.name} ({node.engine_url})")
         try:
             engine = connect(node)
         except NodeError as error:  # connect's only failure: the engine does not answer

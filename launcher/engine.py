@@ -26,6 +26,8 @@ from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, gpu_problem
+from launcher import reach
+from launcher.core.imageref import parse_image
 from launcher.core.options import Bind
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
 from launcher.jobstate import ContainerState
@@ -188,12 +190,14 @@ def bind_mount(bind: Bind) -> Mount:
 
 def pull_failure(node: str, image: str, why: str) -> str:
     """What a pull that failed on `node` says (NodeError's detail), with the fix its cause calls for."""
-    registry = image.split("/", 1)[0]
+    reference = parse_image(image)
+    registry = reference.source
+    login = f"docker login {reference.registry}" if reference.registry else "docker login"  # Docker Hub's: no host
     lowered = why.lower()
     if "no such host" in lowered or "connection refused" in lowered or "timeout" in lowered or "dial tcp" in lowered:
         fix = f"check that {registry} resolves and answers from {node} (plain HTTP: its engine's insecure-registries)"
     elif "unauthorized" in lowered or "denied" in lowered or "authentication" in lowered:
-        fix = f"run `docker login {registry}` on this machine (the launcher sends its credentials)"
+        fix = f"run `{login}` on this machine (the launcher sends its credentials)"
     elif "manifest unknown" in lowered or "not found" in lowered:
         fix = f"check the name and tag, or push the image there first (docker push {image})"
     else:
@@ -213,6 +217,15 @@ class NodeDriver:
 
     @classmethod
     def connect(cls, node: Node, timeout: float = 30) -> NodeDriver:
+        """The node's engine, or one NodeError (unreachable) within about node.connect_timeout seconds."""
+        unreachable = reach.probe(node.engine_url, node.connect_timeout)
+        if unreachable:
+            raise NodeError(
+                node.name,
+                f"cannot reach its Docker engine at {node.engine_url} ({engine_override_key(node.name)} in .env "
+                f"points elsewhere): {unreachable}",
+                Failure.UNREACHABLE,
+            )
         try:
             # The system ssh client honours the user's ssh config (keys, known_hosts, jump hosts).
             client = docker.DockerClient(
@@ -437,12 +450,12 @@ class NodeDriver:
     def pull_image(self, image: str, progress: Callable[[int, int], None]) -> None:
         """Pulls `image` from its registry into this engine; `progress(bytes done, bytes known)` as layers come.
         Credentials are this machine's (`docker login` here): the Docker API takes them from the client."""
-        repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
         layers: dict[str, tuple[int, int]] = {}
         saved = self.client.api.timeout
         self.client.api.timeout = PUSH_TIMEOUT_S
         try:
-            for event in self.client.api.pull(repository, tag=tag, stream=True, decode=True):
+            # The SDK splits NAME:TAG and NAME@DIGEST itself (a digest travels as the tag, as the Engine API takes it).
+            for event in self.client.api.pull(image, stream=True, decode=True):
                 if "error" in event:
                     raise NodeError(self.node.name, pull_failure(self.node.name, image, str(event["error"])))
                 detail = event.get("progressDetail") or {}

@@ -18,15 +18,6 @@ CHUNKS_AHEAD = 4
 """Chunks (8 MB each) the export may run ahead of the slowest node's load."""
 
 
-def registry_of(image: str) -> str | None:
-    """The registry an image reference names (`registry.example:5000/team/img:1` -> `registry.example:5000`), or
-    None for a name Docker would look up in its default registry, or a local name such as horovod-stack:latest."""
-    first, slash, _ = image.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return None
-
-
 def run_on_each(engines: list[NodeEngine], work: Callable[[NodeEngine], None]) -> None:
     """`work` on every node at once; the first node's error (in the nodes' order) is raised."""
     with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:

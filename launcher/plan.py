@@ -24,6 +24,7 @@ from launcher.core.protocol import (
     WORKER_CAPABILITIES,
     WORKER_ULIMITS,
 )
+from launcher.reach import CONNECT_TIMEOUT_S
 from launcher.settings import LaunchSettings
 
 LABEL_CLUSTER = "horovod-stack.cluster"
@@ -56,6 +57,8 @@ class Node:
     """How the launcher reaches the node's Docker engine: ssh://NAME by default, or an override."""
     slots: int | None = None
     """Its ranks, from --nodes HOST:SLOTS or --hostfile (with GPUs: its GPUs, one rank each); None: the default."""
+    connect_timeout: float = CONNECT_TIMEOUT_S
+    """How long reaching its engine may take before the launcher gives up on the node."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,10 @@ class ClusterPlan:
     @property
     def nodes(self) -> tuple[Node, ...]:
         settings = self.settings
-        return tuple(Node(name, settings.engine_url(name), settings.node_slots.get(name)) for name in settings.nodes)
+        return tuple(
+            Node(name, settings.engine_url(name), settings.node_slots.get(name), settings.connect_timeout)
+            for name in settings.nodes
+        )
 
     @property
     def rank0(self) -> Node:

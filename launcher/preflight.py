@@ -128,7 +128,7 @@ def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | N
                     Severity.BLOCKING,
                     f"image {settings.image} is not there",
                     "pass --push-image to copy it from this machine's engine, load it on that node, or name it in a "
-                    "registry (IMAGE=REGISTRY/NAME:TAG)",
+                    "registry (IMAGE=USER/NAME:TAG on Docker Hub, or REGISTRY/NAME:TAG)",
                 )
             )
     else:

@@ -26,6 +26,7 @@ from typing import IO
 
 from launcher import images, preflight, workdir
 from launcher.core import sshtrust
+from launcher.core.imageref import parse_image
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.core.protocol import (
     AGENT,
@@ -69,6 +70,7 @@ def connect_all(settings: LaunchSettings, say: Say, connect: Connect = NodeDrive
     """Every node's engine, at once; one LaunchError (the first node's that failed) where one does not answer."""
 
     def reach(node: Node) -> NodeEngine:
+        say(f"connecting to {node.name} ({node.engine_url})")
         engine = connect(node)
         say(f"{node.name}: engine reachable at {node.engine_url}")
         return engine
@@ -188,10 +190,10 @@ def check_nodes(
 
 def image_coming(settings: LaunchSettings) -> str | None:
     """How a start brings the image to a node that lacks it; None: it does not (a missing image blocks)."""
-    registry = images.registry_of(settings.image)
     if settings.push_image:
         return "copies it there from this machine"
-    return f"pulls it from {registry}" if registry else None
+    reference = parse_image(settings.image)
+    return f"pulls it from {reference.source}" if reference.pulled else None
 
 
 def this_machine(image: str) -> tuple[NodeEngine, str | None]:

@@ -14,8 +14,10 @@ from typing import Any
 
 from dotenv import dotenv_values
 
+from launcher.core.imageref import parse_image
 from launcher.core.options import JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
+from launcher.reach import CONNECT_TIMEOUT_S
 from launcher.workdir import payload_bytes
 
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -115,6 +117,8 @@ class LaunchSettings:
     """Return once the job runs; the job ends by itself in the cluster."""
     keep_running: bool = False
     """The workers stay up after the job (with detach) until `launcher stop`."""
+    connect_timeout: float = CONNECT_TIMEOUT_S
+    """Seconds reaching a node's engine may take before the launcher gives up on it (CONNECT_TIMEOUT in .env)."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -135,6 +139,10 @@ class LaunchSettings:
                 f"--gpus names {len(self.gpu_ids)} GPU(s) for every node, but a node's count differs: give per-node "
                 "counts with --gpus N (any N of each node's GPUs), or drop the counts"
             )
+        if not self.connect_timeout > 0:
+            raise SettingsError(
+                f"CONNECT_TIMEOUT in .env must be a positive number of seconds (got {self.connect_timeout})"
+            )
         if self.slots < 1:
             raise SettingsError(f"--slots must be at least 1 (got {self.slots})")
         if self.gpus_per_node < 0:
@@ -147,6 +155,12 @@ class LaunchSettings:
                     f"--device {device!r} is not HOST_PATH[:CONTAINER_PATH] under /dev: pass e.g. "
                     "--device /dev/infiniband"
                 )
+        try:
+            parse_image(self.image)
+        except ValueError as error:
+            raise SettingsError(
+                f"image {self.image!r} (--image, IMAGE in .env) is not an image name: {error}"
+            ) from None
         unknown = sorted(set(self.engines) - set(self.nodes))
         if unknown:
             raise SettingsError(f"an engine override names {unknown[0]!r}, which is not in --nodes")
@@ -187,6 +201,16 @@ def _as_int(values: Mapping[str, str], key: str, fix: str) -> int | None:
         return int(raw)
     except ValueError:
         raise SettingsError(f"{key}={raw!r} in the .env file is not a whole number: {fix}") from None
+
+
+def _as_number(values: Mapping[str, str], key: str, fix: str) -> float | None:
+    raw = values.get(key)
+    if raw in (None, ""):
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r} in the .env file is not a number: {fix}") from None
 
 
 def split_list(text: str) -> tuple[str, ...]:
@@ -254,6 +278,7 @@ def resolve_settings(
         "image": image or env.get("IMAGE"),
         "shared_dir": env.get("SHARED_DIR"),
         "shm_size": env.get("SHM_SIZE"),
+        "connect_timeout": _as_number(env, "CONNECT_TIMEOUT", "give seconds, e.g. CONNECT_TIMEOUT=10"),
     }
     if gpus is not None:
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(gpus)

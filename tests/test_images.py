@@ -3,26 +3,57 @@ engines; the real ones: test_launcher_multihost.py)."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
 
 from launcher import images
+from launcher.core.imageref import parse_image
+from launcher.core.options import SettingsError
+from launcher.settings import resolve_settings
 from launcher.engine import NodeError, pull_failure
 from tests.conftest import StandInEngine as Engine
 
 
-@pytest.mark.parametrize("image, registry", [
-    ("horovod-stack:latest", None),
-    ("horovod-stack", None),
-    ("team/horovod-stack:1", None),                      # Docker Hub's namespace, not a registry host
-    ("registry.example:5000/horovod-stack:1", "registry.example:5000"),
-    ("10.213.7.1:5000/horovod-stack", "10.213.7.1:5000"),
-    ("localhost/horovod-stack:1", "localhost"),
-    ("ghcr.io/team/horovod-stack:1", "ghcr.io"),
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize("image, registry, path, tag, digest, source", [
+    ("horovod-stack:latest", None, "horovod-stack", "latest", None, None),   # this machine's build: never pulled
+    ("horovod-stack", None, "horovod-stack", None, None, None),
+    ("team/horovod-stack:1", None, "team/horovod-stack", "1", None, "Docker Hub"),  # a Docker Hub namespace
+    (f"horovod-stack@{DIGEST}", None, "horovod-stack", None, DIGEST, "Docker Hub"),
+    (f"team/horovod-stack:1@{DIGEST}", None, "team/horovod-stack", "1", DIGEST, "Docker Hub"),
+    ("registry.example:5000/horovod-stack:1", "registry.example:5000", "horovod-stack", "1", None,
+     "registry.example:5000"),
+    ("10.213.7.1:5000/horovod-stack", "10.213.7.1:5000", "horovod-stack", None, None, "10.213.7.1:5000"),
+    ("localhost/horovod-stack:1", "localhost", "horovod-stack", "1", None, "localhost"),
+    (f"ghcr.io/team/sub/horovod-stack@{DIGEST}", "ghcr.io", "team/sub/horovod-stack", None, DIGEST, "ghcr.io"),
 ])
-def test_registry_of(image, registry):
-    assert images.registry_of(image) == registry
+def test_an_image_reference_says_where_a_node_gets_it(image, registry, path, tag, digest, source):
+    reference = parse_image(image)
+    assert (reference.registry, reference.path, reference.tag, reference.digest) == (registry, path, tag, digest)
+    assert (reference.source if reference.pulled else None) == source
+
+
+@pytest.mark.parametrize("image, words", [
+    ("Registry/UPPER:tag", "'UPPER' is not a lowercase name part"),
+    ("Horovod-Stack:latest", "'Horovod-Stack' is not a lowercase name part"),
+    ("horovod-stack:", "its tag '' is not"),
+    ("horovod-stack:a/b", "'horovod-stack:a' is not a registry host[:port]"),
+    ("horovod-stack@sha256:xyz", "its digest 'sha256:xyz' is not ALGORITHM:HEX"),
+    ("team//img", "'' is not a lowercase name part"),
+    ("", "'' is not a lowercase name part"),
+])
+def test_a_reference_docker_refuses_is_named_with_its_fault(image, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        parse_image(image)
+
+
+def test_a_bad_image_setting_stops_before_any_node_is_contacted():
+    with pytest.raises(SettingsError, match=re.escape("image 'Team/Img:1' (--image, IMAGE in .env) is not an image name")):
+        resolve_settings({"IMAGE": "Team/Img:1"}, nodes="node_1")
 
 
 CHUNKS = [bytes([n]) * 1000 for n in range(40)]  # more than CHUNKS_AHEAD: the loads must keep up

@@ -72,7 +72,7 @@ def test_node_without_image_is_refused(cluster):
     assert result.returncode == 1
     assert error_lines(result) == ["error: node_2: image horovod-stack:latest is not there; pass --push-image to "
                                    "copy it from this machine's engine, load it on that node, or name it in a "
-                                   "registry (IMAGE=REGISTRY/NAME:TAG)"]
+                                   "registry (IMAGE=USER/NAME:TAG on Docker Hub, or REGISTRY/NAME:TAG)"]
     assert_nothing_left(cluster)
 
 

@@ -1,0 +1,145 @@
+"""Whether a node's engine can be reached at all, asked in bounded time before the Docker SDK connects: docker-py's
+ssh transport waits on `ssh ... docker system dial-stdio` with no timeout of its own, so a host that drops every
+packet would hang the launcher without a word. An ssh:// engine is asked once with the system ssh client (the
+user's ssh config, keys and agent; ConnectTimeout, no prompts), a tcp:// one with a TCP connection; what failed
+(the name does not resolve, no answer, no route, refused, the key or the docker group) becomes one line with its
+fix. The wording is pure (`ssh_failure`, `tcp_failure`); `probe` is the side effect.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import subprocess
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+CONNECT_TIMEOUT_S = 10.0
+"""How long a connection to a node may take before the launcher gives up on it (CONNECT_TIMEOUT in .env)."""
+ANSWER_GRACE_S = 30.0
+"""How long `docker version` may take over a connection that was made (a busy engine), before it counts as hung."""
+TIMEOUT_FIX = "raise CONNECT_TIMEOUT in .env if the link is merely slow"
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """An ssh:// engine address: ssh://[USER@]HOST[:PORT]."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    @classmethod
+    def of(cls, url: str) -> SshTarget:
+        parts = urlsplit(url)
+        return cls(parts.hostname or "", parts.username, parts.port)
+
+    @property
+    def login(self) -> str:
+        """How the user would type it: `ssh LOGIN`."""
+        return (f"{self.user}@" if self.user else "") + self.host + (f" -p {self.port}" if self.port else "")
+
+    def options(self, connect_timeout: float) -> list[str]:
+        """ssh's own options for a launcher connection: bounded, and never a prompt nobody would see."""
+        options = ["-o", f"ConnectTimeout={max(1, round(connect_timeout))}", "-o", "BatchMode=yes"]
+        options += ["-l", self.user] if self.user else []
+        options += ["-p", str(self.port)] if self.port else []
+        return options
+
+
+def ssh_failure(target: SshTarget, stderr: str, connect_timeout: float) -> str:
+    """What ssh's (or the remote docker's) complaint means, and its fix, in one line."""
+    host, login = target.host, target.login
+    said = stderr.lower()
+    if "could not resolve hostname" in said:
+        return (
+            f"{host} does not resolve on this machine; add it to /etc/hosts (`ADDRESS {host}`) or ~/.ssh/config "
+            f"(`Host {host}` with `HostName ADDRESS`)"
+        )
+    if "timed out" in said:
+        return (
+            f"no answer from {host} within {connect_timeout:g} s (the host is down, or a firewall drops its ssh port); "
+            f"check its address and that `ssh {login} docker version` answers, or {TIMEOUT_FIX}"
+        )
+    if "no route to host" in said or "network is unreachable" in said:
+        return (
+            f"no route to {host} (down, or on a network this machine cannot reach); check its address and that it is up"
+        )
+    if "connection refused" in said:
+        return f"{host} refuses ssh (no sshd on its port); start sshd there, or give the port: ssh://{host}:PORT"
+    if "host key verification failed" in said:
+        return f"{host}'s host key is unknown here or has changed; run `ssh {login}` once to check and accept it"
+    if "docker daemon socket" in said and "permission denied" in said:
+        user = target.user or "USER"
+        return (
+            f"the ssh user may not use Docker on {host}; add it to the docker group there (`sudo usermod -aG docker "
+            f"{user}`, then log in again)"
+        )
+    if "permission denied" in said:
+        return (
+            f"{host} refused this machine's ssh key; `ssh-copy-id {login}` installs it, and a key with a passphrase "
+            "needs ssh-agent (the launcher's ssh asks nothing)"
+        )
+    if "command not found" in said or "no such file or directory" in said:
+        return f"docker is not installed on {host}, or not on the PATH of a non-interactive ssh session there"
+    if "cannot connect to the docker daemon" in said:
+        return f"Docker is not running on {host}; start it there (`sudo systemctl start docker`)"
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "no message")
+    return f"`ssh {login} docker version` failed ({last[:200]}); run it by hand to see why"
+
+
+def tcp_failure(host: str, port: int, error: OSError, connect_timeout: float) -> str:
+    """What a failed TCP connection to a tcp:// engine means, in one line."""
+    if isinstance(error, socket.gaierror):
+        return f"{host} does not resolve on this machine; add it to /etc/hosts or use its address"
+    if isinstance(error, TimeoutError):
+        return (
+            f"no answer from {host}:{port} within {connect_timeout:g} s (down, or a firewall drops it); {TIMEOUT_FIX}"
+        )
+    if isinstance(error, ConnectionRefusedError):
+        return f"nothing listens on {host}:{port} (is the engine's TCP socket enabled there?)"
+    if error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return f"no route to {host} (down, or on a network this machine cannot reach)"
+    return f"{host}:{port}: {error.strerror or error}"
+
+
+def probe(url: str, connect_timeout: float) -> str | None:
+    """Why the engine at `url` cannot be reached (one line with its fix), within about `connect_timeout` seconds
+    (plus ANSWER_GRACE_S for an engine that was reached but does not answer); None if it answers. unix:// and
+    other local engines are left to the SDK."""
+    scheme = urlsplit(url).scheme
+    if scheme == "ssh":
+        target = SshTarget.of(url)
+        argv = [
+            "ssh",
+            *target.options(connect_timeout),
+            "--",
+            target.host,
+            "docker version --format '{{.Server.Version}}'",
+        ]
+        try:
+            result = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=connect_timeout + ANSWER_GRACE_S,
+            )
+        except subprocess.TimeoutExpired:
+            return (
+                f"`ssh {target.login} docker version` did not answer within {connect_timeout + ANSWER_GRACE_S:g} s; "
+                "run it by hand to see where it waits"
+            )
+        except FileNotFoundError:
+            return (
+                "no ssh client on this machine; install OpenSSH's client (the launcher reaches ssh:// engines with it)"
+            )
+        return ssh_failure(target, result.stderr, connect_timeout) if result.returncode else None
+    if scheme in ("tcp", "http", "https"):
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port or (2376 if scheme == "https" else 2375)
+        try:
+            socket.create_connection((host, port), timeout=connect_timeout).close()
+        except OSError as error:
+            return tcp_failure(host, port, error, connect_timeout)
+    return None
