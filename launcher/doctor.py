@@ -57,9 +57,10 @@ def check(
             echo(finding.doctor_line())
             if finding.severity in (preflight.Severity.BLOCKING, preflight.Severity.WARNING):
                 problems.append(finding.line())
-    for finding in preflight.check_cluster(settings, facts_of):
+    for finding in preflight.check_cluster(settings, facts_of) + preflight.naming_findings(settings, facts_of):
         echo(finding.doctor_line())
-        problems.append(finding.line())
+        if finding.severity in (preflight.Severity.BLOCKING, preflight.Severity.WARNING):
+            problems.append(finding.line())
     return problems, engines, views
 
 

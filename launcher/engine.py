@@ -126,6 +126,8 @@ class NodeEngine(Protocol):
 
     def version(self) -> str: ...
 
+    def host_name(self) -> str: ...
+
     def image_id(self, image: str) -> str | None: ...
 
     def cluster_containers(self, cluster_id: str | None = None) -> list[Container]: ...
@@ -256,6 +258,10 @@ class NodeDriver:
 
     def version(self) -> str:
         return str(self.client.version().get("Version", "?"))
+
+    def host_name(self) -> str:
+        """The node's own host name, as its engine reports it (what a host-network container would take)."""
+        return str(self.client.info().get("Name", ""))
 
     def _get(self, container_id: str):
         """The SDK's container object; NodeError (not found) once it is gone."""
@@ -484,6 +490,8 @@ class NodeDriver:
                 ulimits=[Ulimit(name=name, soft=limit, hard=limit) for name, limit in spec.ulimits.items()],
                 cap_add=list(spec.capabilities),
                 devices=list(spec.devices) or None,
+                hostname=spec.hostname or None,
+                extra_hosts=spec.extra_hosts or None,
                 detach=True,
             )
         except APIError as error:

@@ -44,6 +44,26 @@ def mpi_host(name: str, address: str | None) -> str:
     return address
 
 
+HOST_NAME_LIMIT = 63
+NOT_IN_HOST_NAMES = re.compile(r"[^a-z0-9-]+")
+
+
+def worker_host_names(nodes: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """Each node's worker's host name: the node's name made a valid host name, unique in the cluster. Open MPI tells
+    nodes apart by host name, and a host-network container otherwise takes its host's, which servers cloned from one
+    image share (`ubuntu`, `localhost`): two nodes of one name crash Open MPI's start. Dots go too, since Open MPI
+    drops a host name's domain (gpu1.lab-a and gpu1.lab-b would both be gpu1)."""
+    names: dict[str, str] = {}
+    for node in nodes:
+        base = NOT_IN_HOST_NAMES.sub("-", node.lower()).strip("-")[:HOST_NAME_LIMIT].strip("-") or "node"
+        name, count = base, 1
+        while name in names.values():
+            count += 1
+            name = f"{base[: HOST_NAME_LIMIT - len(str(count)) - 1]}-{count}"
+        names[node] = name
+    return names
+
+
 def run_dir(cluster_id: str) -> str:
     """The bundled trainer's --run-dir for a cluster, in the shared mount."""
     return f"{RUNS_DIR}/{cluster_id}"
@@ -90,6 +110,10 @@ class WorkerContainer:
     """HOST_PATH:CONTAINER_PATH, each."""
     binds: tuple[Bind, ...]
     """The user's host folders (--mount), which must exist on the node."""
+    hostname: str = ""
+    """Its own host name (worker_host_names); empty: the host's."""
+    extra_hosts: dict[str, str] = field(default_factory=dict)
+    """Every worker's host name -> its node's address, in the container's /etc/hosts."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +123,8 @@ class Found:
     node_nics: tuple[tuple[str, str], ...] = ()
     """(node name, NIC) in the subnet the job's NIC names."""
     addresses: tuple[tuple[str, str], ...] = ()
-    """(node name, IPv4 address) as rank 0 resolves them; used for names Open MPI refuses."""
+    """(node name, IPv4 address) as rank 0 resolves them: the hostfile's address for a name Open MPI refuses, and
+    each worker's host name's in every worker's /etc/hosts."""
     excluded_subnets: tuple[str, ...] = ()
     """The subnets of the nodes' virtual NICs, left out when no NIC is pinned across nodes."""
 
@@ -166,10 +191,16 @@ class ClusterPlan:
             return None
         return GpuRequest(device_ids=settings.gpu_ids) if settings.gpu_ids else GpuRequest(count=self.slots(node))
 
+    @property
+    def host_names(self) -> dict[str, str]:
+        """Node name -> its worker's host name."""
+        return worker_host_names(self.settings.nodes)
+
     def worker_container(self, node: Node) -> WorkerContainer:
         """Everything the worker container on `node` is started with (the engine passes it to Docker)."""
         settings = self.settings
         gpu = self.gpu_request(node)
+        host_names, addresses = self.host_names, dict(self.found.addresses)
         return WorkerContainer(
             image=settings.image,
             name=self.container_name(node),
@@ -182,13 +213,12 @@ class ClusterPlan:
             ulimits=GPU_WORKER_ULIMITS if gpu else WORKER_ULIMITS,
             capabilities=WORKER_CAPABILITIES,
             devices=tuple(device if ":" in device else f"{device}:{device}" for device in settings.devices),
+            hostname=host_names[node.name],
+            extra_hosts={host_names[name]: address for name, address in addresses.items() if name in host_names},
         )
 
     def mpi_host(self, node: Node) -> str:
         return mpi_host(node.name, dict(self.found.addresses).get(node.name))
-
-    def needs_addresses(self) -> list[Node]:
-        return [node for node in self.nodes if not OPEN_MPI_HOST_NAME.match(node.name)]
 
     def node_nic(self, node: Node) -> str | None:
         return dict(self.found.node_nics).get(node.name)
@@ -239,7 +269,7 @@ class ClusterPlan:
             lines += [
                 f"{node.name} ({'rank 0, runs the job agent' if node == self.rank0 else 'worker'}; engine "
                 f"{node.engine_url})",
-                f"  container {container.name}: image {container.image} "
+                f"  container {container.name} (host name {container.hostname}): image {container.image} "
                 f"({image_id[7:19] if image_id else 'to be copied'}), network host"
                 f"{f' (NIC {nic})' if nic else ''}, shared memory {container.shm_size}",
                 f"  ranks {self.slots(node)}; GPUs {container.gpu or 'none'}; ulimits {limits}; capabilities "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from launcher.core.nics import nic_in_subnet, nic_problem, subnet_of, subnet_problem, virtual_subnets
-from launcher.plan import Found, GpuRequest
+from launcher.plan import Found, GpuRequest, worker_host_names
 from launcher.settings import LaunchSettings
 
 
@@ -81,7 +81,9 @@ class NodeFacts:
     view: HostView | None = None
     """The node as its host-network workers will see it (a container of the image)."""
     resolve: tuple[str, ...] = ()
-    """The names the view was asked to resolve (on rank 0's node: those Open MPI needs addresses for)."""
+    """The names the view was asked to resolve (every node's)."""
+    host_name: str | None = None
+    """The node's own host name, as its engine reports it."""
     gpu_request: GpuRequest | None = None
     gpu_problem: str | None = None
     missing_bind: str | None = None
@@ -197,17 +199,49 @@ def host_findings(settings: LaunchSettings, facts: NodeFacts) -> list[Finding]:
                 "make it, or mount the same share at that path on every node",
             )
         )
-    resolved = {name for name, _ in view.resolved}
-    for name in sorted(set(facts.resolve) - resolved):
-        findings.append(
-            Finding(
-                node,
-                "names",
-                Severity.BLOCKING,
-                f"{name} does not resolve there",
-                "add it to DNS or /etc/hosts on every node",
+    return findings
+
+
+def naming_findings(settings: LaunchSettings, facts: list[NodeFacts]) -> list[Finding]:
+    """What the nodes' views say together. Every node's name must resolve on rank 0's node, where mpirun reaches
+    each by it (blocking), and should on every other (the ranks there may look a peer up: a warning); nodes that
+    share one host name (servers cloned from one image) are told apart by their workers' own (a note)."""
+    findings = []
+    known = {name: address for fact in facts if fact.view for name, address in fact.view.resolved}
+    for fact in facts:
+        if fact.view is None:
+            continue
+        missing = sorted(set(fact.resolve) - {name for name, _ in fact.view.resolved})
+        if missing:
+            example = ", ".join(f"`{known.get(name, 'ADDRESS')} {name}`" for name in missing)
+            why = "mpirun there reaches every node by its name" if fact.rank0 else "ranks there may look a peer up"
+            findings.append(
+                Finding(
+                    fact.node,
+                    "names",
+                    Severity.BLOCKING if fact.rank0 else Severity.WARNING,
+                    f"{', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not resolve there ({why})",
+                    f"add to DNS or to /etc/hosts on {fact.node} (the workers read the host's): {example}",
+                )
             )
-        )
+        elif fact.resolve:
+            findings.append(Finding(fact.node, "names", Severity.OK, f"(all {len(fact.resolve)} node names resolve)"))
+    by_host_name: dict[str, list[str]] = {}
+    for fact in facts:
+        if fact.host_name:
+            by_host_name.setdefault(fact.host_name, []).append(fact.node)
+    own = worker_host_names(settings.nodes)
+    for host_name, nodes in by_host_name.items():
+        if len(nodes) > 1:
+            findings.append(
+                Finding(
+                    ", ".join(nodes),
+                    "host names",
+                    Severity.NOTE,
+                    f"share the host name {host_name}: each worker gets its own "
+                    f"({', '.join(own[node] for node in nodes)}), so Open MPI tells the nodes apart",
+                )
+            )
     return findings
 
 
@@ -248,7 +282,7 @@ def blocking(findings: list[Finding]) -> list[Finding]:
 
 
 def found_in(settings: LaunchSettings, facts: list[NodeFacts]) -> Found:
-    """What the plan takes from the facts: each node's NIC in the subnet, the addresses rank 0 resolved, and, with
+    """What the plan takes from the facts: each node's NIC in the subnet, the node addresses rank 0 resolved, and, with
     no NIC pinned across nodes, the virtual NICs' subnets the job leaves out."""
     nic = settings.job.network_interface
     subnet = subnet_of(nic)
@@ -256,7 +290,7 @@ def found_in(settings: LaunchSettings, facts: list[NodeFacts]) -> Found:
     node_nics = tuple(
         (fact.node, own) for fact, view in views if subnet and (own := nic_in_subnet(view.addresses, subnet))
     )
-    addresses = tuple(pair for _, view in views for pair in view.resolved)
+    addresses = next((view.resolved for fact, view in views if fact.rank0), ())
     excluded: tuple[str, ...] = ()
     if not nic and len(settings.nodes) > 1:
         excluded = tuple(virtual_subnets([pair for _, view in views for pair in view.addresses]))

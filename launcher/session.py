@@ -94,6 +94,7 @@ def engine_facts(settings: LaunchSettings, engine: NodeEngine) -> NodeFacts:
         engine_url=engine.node.engine_url,
         rank0=engine.node.name == settings.nodes[0],
         version=engine.version(),
+        host_name=engine.host_name(),
         running_clusters=tuple(running),
         finished_clusters=tuple(sorted({c.labels.get(LABEL_CLUSTER, "?") for c in containers} - set(running))),
         image_id=engine.image_id(settings.image),
@@ -102,11 +103,11 @@ def engine_facts(settings: LaunchSettings, engine: NodeEngine) -> NodeFacts:
 
 def host_facts(plan: ClusterPlan, engine: NodeEngine, facts: NodeFacts) -> NodeFacts:
     """The node as its workers will see it, from short-lived containers of the image (which must be there): its
-    NICs, addresses and port, the names rank 0 must resolve, the GPUs and the --mount folders. (The plan is the
-    settings' alone: what the checks find is not known yet.)"""
+    NICs, addresses and port, what every node's name resolves to there, the GPUs and the --mount folders. (The plan
+    is the settings' alone: what the checks find is not known yet.)"""
     settings = plan.settings
     node = engine.node
-    names = tuple(other.name for other in plan.needs_addresses()) if facts.rank0 else ()
+    names = tuple(other.name for other in plan.nodes)
     gpu_request = plan.gpu_request(node)
     binds = settings.job.binds
     return replace(
@@ -168,6 +169,7 @@ def check_nodes(
         fact = host_facts(unchecked, engine, fact)
         review(preflight.host_findings(settings, fact))
         checked.append(fact)
+    review(preflight.naming_findings(settings, checked))
     plan = ClusterPlan.of(settings, found=preflight.found_in(settings, checked))
     job = settings.job
     for fact in checked:

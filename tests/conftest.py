@@ -69,8 +69,11 @@ class StandInEngine:
         chunks: list[bytes] | tuple[bytes, ...] = (),
         fail_after: int | None = None,
         image: str | None = "sha256:0123456789abcdef",
+        host_name: str | None = None,
     ) -> None:
         self.node = Node(name, f"ssh://{name}")
+        self.reported_host_name = host_name or name.replace("_", "-")
+        """What the engine reports as the node's host name (servers cloned from one image share one)."""
         self.image = image
         """The image's ID on this node; None: it lacks the image."""
         self.chunks, self.fail_after = list(chunks), fail_after
@@ -88,6 +91,9 @@ class StandInEngine:
 
     def version(self) -> str:
         return "26.1.5"
+
+    def host_name(self) -> str:
+        return self.reported_host_name
 
     def image_id(self, image: str) -> str | None:
         return self.image

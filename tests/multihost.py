@@ -26,6 +26,8 @@ BRIDGE = "hstbr0"
 SUBNET = "10.213.7"
 NIC = "hst0"
 HOSTS_MARK = "# horovod-stack test node"
+SHARED_HOST_NAME = "gpu-server"
+"""The host name every test host's engine reports."""
 PRIVATE_ENGINE = Path("/opt/horovod-stack/engine/root/usr")
 """Where scripts/host-setup.sh unpacks Debian 13's engine when the host has none of its own."""
 
@@ -115,9 +117,9 @@ class Cluster:
     def start_dockerd(self, node: TestNode) -> None:
         log = open(node.root / "dockerd.log", "w")
         self.processes.append(subprocess.Popen(
-            # A host name of its own, as every real node has (its host-network containers take it): Open MPI tells
-            # nodes apart by it, and two "hosts" of one name would share memory they do not have.
-            node.in_namespace("unshare", "--uts", "sh", "-c", f'hostname {node.namespace} && exec "$0" "$@"',
+            # One host name for every node, as servers cloned from one image have: Open MPI tells nodes apart by host
+            # name, so the launcher must give each worker its own (its containers would otherwise take this one).
+            node.in_namespace("unshare", "--uts", "sh", "-c", f'hostname {SHARED_HOST_NAME} && exec "$0" "$@"',
                               "dockerd", "--data-root", str(node.root / "data"), "--exec-root",
                               str(node.root / "exec"), "--pidfile", str(node.root / "dockerd.pid"), "-H",
                               node.engine_url, "--bridge=none", "--iptables=false", "--ip6tables=false",
@@ -211,6 +213,17 @@ class Cluster:
             yield
         finally:
             rename(name, NIC)
+
+    @contextlib.contextmanager
+    def silenced(self, node: TestNode) -> Iterator[None]:
+        """The node drops every packet that reaches it for the block (powered off, or behind a dropping firewall),
+        then answers again. Its engine's unix socket, which the tests use, still works."""
+        rule = ["INPUT", "-j", "DROP"]
+        sh(*node.in_namespace("iptables", "-I", *rule))
+        try:
+            yield
+        finally:
+            sh(*node.in_namespace("iptables", "-D", *rule))
 
     def listen_on(self, node: TestNode, port: int) -> subprocess.Popen:
         process = subprocess.Popen(node.in_namespace("python3", "-m", "http.server", str(port)),

@@ -20,7 +20,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.multihost import Cluster, started_cluster
+from tests.multihost import SHARED_HOST_NAME, Cluster, started_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -77,17 +77,23 @@ def test_node_without_image_is_refused(cluster):
 
 
 def test_push_image_then_train_across_both_hosts(cluster):
+    # Both engines report the host name gpu-server (tests/multihost.py), and node_1 runs two ranks: Open MPI, which
+    # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
     started = time.monotonic()
-    result = launcher(cluster, *start_args(cluster, "--push-image"), *TRAIN)
+    result = launcher(cluster, *start_args(cluster, "--push-image", "--nodes", "node_1:2,node_2:1"), *TRAIN)
     print(f"\nlaunch with push took {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
+    assert "connecting to node_1 (ssh://node_1)" in result.stderr
     assert "node_1: engine reachable at ssh://node_1" in result.stderr
     assert "node_2: image loaded" in result.stderr
-    assert "parameters identical on all 2 ranks" in result.stdout
+    assert (f"node_1, node_2: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, node-2), so "
+            "Open MPI tells the nodes apart") in result.stderr
+    assert "parameters identical on all 3 ranks" in result.stdout
     summary = json.loads(node_file(cluster, "node_1", "/shared/runs/summary.json"))
     assert summary["final"]["val_accuracy"] >= 0.90
+    assert [rank["host"] for rank in summary["ranks"]] == ["node-1", "node-1", "node-2"]
     rank_addresses = [rank["addresses"] for rank in summary["ranks"]]
-    assert cluster.nodes[0].address in rank_addresses[0] and cluster.nodes[1].address in rank_addresses[1]
+    assert cluster.nodes[0].address in rank_addresses[1] and cluster.nodes[1].address in rank_addresses[2]
     assert_nothing_left(cluster)
 
 
@@ -150,9 +156,37 @@ def test_unreachable_node_fails_before_starting_anything(cluster):
     env_file.write_text(env_file.read_text() + "DOCKER_HOST_NODE_3=tcp://10.213.7.99:2375\n")
     result = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_1,node_2,node_3", *TRAIN)
     assert result.returncode == 1
-    [line] = error_lines(result)
-    assert line.startswith("error: node_3: cannot reach its Docker engine at tcp://10.213.7.99:2375") and \
-        "DOCKER_HOST_NODE_3" in line
+    assert error_lines(result) == ["error: node_3: cannot reach its Docker engine at tcp://10.213.7.99:2375 "
+                                   "(DOCKER_HOST_NODE_3 in .env points elsewhere): no route to 10.213.7.99 (down, "
+                                   "or on a network this machine cannot reach)"]
+    unknown = launcher(cluster, *start_args(cluster), "--nodes", "node_1,node_9", *TRAIN)
+    assert unknown.returncode == 1
+    [line] = error_lines(unknown)
+    assert line.startswith("error: node_9: cannot reach its Docker engine at ssh://node_9 (DOCKER_HOST_NODE_9 in .env "
+                           "points elsewhere): node_9 does not resolve on this machine; add it to /etc/hosts"), line
+    assert_nothing_left(cluster)
+
+
+def test_a_node_that_drops_every_packet_is_named_within_the_connect_timeout(cluster):
+    """node_1's namespace drops whatever reaches it (a host powered off, a firewall): doctor and start each give up
+    on it after CONNECT_TIMEOUT with one line, instead of waiting on ssh for minutes."""
+    env_file = cluster.env_file()
+    env_file.write_text(env_file.read_text() + "CONNECT_TIMEOUT=3\n")
+    expected = ("node_1: cannot reach its Docker engine at ssh://node_1 (DOCKER_HOST_NODE_1 in .env points elsewhere): "
+                "no answer from node_1 within 3 s (the host is down, or a firewall drops its ssh port)")
+    with cluster.silenced(cluster.nodes[0]):
+        started = time.monotonic()
+        doctor = launcher(cluster, "doctor", "--env-file", str(env_file), timeout=120)
+        doctor_seconds = time.monotonic() - started
+        start = launcher(cluster, "start", "--env-file", str(env_file), *TRAIN, timeout=120)
+    print(f"\ndoctor against a silent node returned after {doctor_seconds:.1f} s")
+    assert doctor.returncode == 1
+    assert doctor.stdout.startswith("connecting to node_1 (ssh://node_1)\n"), doctor.stdout
+    assert f"node_1: engine        FAIL {expected.removeprefix('node_1: ')}" in doctor.stdout, doctor.stdout
+    assert "node_2: engine        ok" in doctor.stdout  # the other node is still checked
+    assert start.returncode == 1
+    [line] = error_lines(start)
+    assert line.startswith(f"error: {expected}"), line
     assert_nothing_left(cluster)
 
 

@@ -17,7 +17,7 @@ from launcher.core.job import (JobSpec, Worker, command_probe, hostfile, horovod
 from launcher.core.nics import nic_problem, nic_selection, virtual_subnets
 from launcher.core.options import JobOptions, SettingsError, job_command
 from launcher.core.protocol import GPU_WORKER_ULIMITS, WORKER_ULIMITS
-from launcher.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir
+from launcher.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
 from launcher.settings import LaunchSettings, engine_override_key, load_env_file, parse_gpus, resolve_settings
 from tests.conftest import launch_settings
 from tests.conftest import plan_of as make_plan
@@ -45,7 +45,6 @@ def test_mpi_host(name, address, expected):
 
 def test_underscored_nodes_go_to_mpirun_by_address():
     plan = make_plan(nodes=("node_1", "node_2"))
-    assert [node.name for node in plan.needs_addresses()] == ["node_1", "node_2"]
     with pytest.raises(ValueError, match="node_1 needs an address"):
         plan.mpi_host(plan.rank0)
     plan = make_plan(nodes=("node_1", "node_2"), found=Found(addresses=(("node_1", "10.0.0.1"), ("node_2", "10.0.0.2"))))
@@ -599,7 +598,8 @@ def test_the_dry_run_report_shows_each_container_the_hostfile_and_the_command_bu
     plan = ClusterPlan.of(resolve_settings({}, nodes="gpu-a:2,gpu-b", gpus="1"), cluster_id="c0ffee00")
     report = plan.dry_run_report("sha256:7405069ce4ce0000")
     for expected in ("plan: 3 ranks on 2 node(s)", "gpu-a (rank 0, runs the job agent; engine ssh://gpu-a)",
-                     "container horovod-stack-c0ffee00-gpu-a: image horovod-stack:latest (7405069ce4ce), network host",
+                     "container horovod-stack-c0ffee00-gpu-a (host name gpu-a): image horovod-stack:latest (7405069ce4ce), "
+                         "network host",
                      "ranks 2; GPUs 2 GPU(s); ulimits stack=67108864, memlock=-1; capabilities IPC_LOCK",
                      "mounts horovod-stack-shared -> /shared", "environment SSH_PORT, WORKER_ADDRESS, EXIT_WITH_JOB",
                      "hostfile /home/mpiuser/hostfile:\n  gpu-a slots=2\n  gpu-b slots=1\n", "mpirun: mpirun -np 3 "):
@@ -704,3 +704,14 @@ def test_an_elastic_subnet_job_before_rank_0s_nic_is_known_says_where_it_goes():
     """A dry run of nodes that lack the image has no facts yet; the line is still made, never raised."""
     argv = " ".join(make_plan(nodes=("a", "b"), network_interface="10.0.0.0/24", elastic_min_workers=1).job_argv())
     assert "--network-interface <rank 0's NIC in 10.0.0.0/24> " in argv
+
+
+@pytest.mark.parametrize("nodes, host_names", [
+    (["node_1", "node_2"], ["node-1", "node-2"]),
+    (["gpu1.lab-a", "gpu1.lab-b"], ["gpu1-lab-a", "gpu1-lab-b"]),   # Open MPI would cut both to gpu1
+    (["GPU_A", "gpu-a", "gpu.a"], ["gpu-a", "gpu-a-2", "gpu-a-3"]),  # one spelling each, made unique
+    (["10.0.0.5", "_x_"], ["10-0-0-5", "x"]),
+    (["a" * 70, "a" * 64], ["a" * 63, "a" * 61 + "-2"]),             # at most 63 characters
+])
+def test_each_worker_gets_a_host_name_of_its_own(nodes, host_names):
+    assert list(worker_host_names(nodes).values()) == host_names

@@ -163,3 +163,35 @@ def test_a_running_cluster_is_named_before_another_nodes_missing_image():
     with pytest.raises(session.LaunchError) as refused:
         session.check_nodes(launch_settings(nodes=("node_1", "node_2")), [node_1, node_2], say=lambda _: None)
     assert str(refused.value).startswith("node_2: cluster c0ffee00 is still running")
+
+
+def test_a_node_name_rank_0_cannot_resolve_blocks_with_an_etc_hosts_line_and_a_peer_gap_is_a_warning():
+    # node_1 (rank 0) knows node_2 by no name; node_2's workers cannot look node_3 up; node_2 knows node_2's address.
+    node_1 = StandInEngine("node_1", ("lo", "eth0"), resolves={"node_1": "10.0.0.1", "node_3": "10.0.0.3"})
+    node_2 = StandInEngine("node_2", ("lo", "eth0"), resolves={"node_1": "10.0.0.1", "node_2": "10.0.0.2"})
+    node_3 = StandInEngine("node_3", ("lo", "eth0"), resolves={**HOSTS, "node_3": "10.0.0.3"})
+    printed: list[str] = []
+    settings = launch_settings(nodes=("node_1", "node_2", "node_3"))
+    problems, _, _ = doctor.check(settings, printed.append, connect=connect_to(node_1, node_2, node_3))
+    assert problems == [
+        "node_1: node_2 does not resolve there (mpirun there reaches every node by its name); add to DNS or to "
+        "/etc/hosts on node_1 (the workers read the host's): `10.0.0.2 node_2`",
+        "node_2: node_3 does not resolve there (ranks there may look a peer up); add to DNS or to /etc/hosts on node_2 "
+        "(the workers read the host's): `10.0.0.3 node_3`",
+    ]
+    assert "node_3: names         ok (all 3 node names resolve)" in printed
+    with pytest.raises(session.LaunchError, match="^node_1: node_2 does not resolve there"):
+        session.launch(settings, say=printed.append, relay=printed.append, connect=connect_to(node_1, node_2, node_3))
+    assert [engine.started for engine in (node_1, node_2, node_3)] == [[], [], []]
+
+
+def test_nodes_that_share_a_host_name_are_told_apart_by_their_workers_own():
+    engines = [StandInEngine(name, ("lo", "eth0"), resolves=HOSTS, host_name="ubuntu") for name in HOSTS]
+    said: list[str] = []
+    plan, findings = session.check_nodes(launch_settings(nodes=tuple(HOSTS)), engines, say=said.append)
+    assert ("node_1, node_2: share the host name ubuntu: each worker gets its own (node-1, node-2), so Open MPI tells "
+            "the nodes apart") in said
+    containers = [plan.worker_container(node) for node in plan.nodes]
+    assert [container.hostname for container in containers] == ["node-1", "node-2"]
+    # Every worker's /etc/hosts names every worker, at the address rank 0 resolved for its node.
+    assert all(container.extra_hosts == {"node-1": "10.0.0.1", "node-2": "10.0.0.2"} for container in containers)
