@@ -10,8 +10,10 @@ import argparse
 import importlib.util
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 DATASETS = ("mnist", "digits", "synthetic")
 PROGRESS_MODES = ("auto", "bar", "lines")
@@ -120,9 +122,27 @@ def check_writable_file(path: Path, flag: str) -> None:
         raise ConfigError(f"{flag} {path} is not writable: pass a file this user can write to")
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _HelpAsked(Exception):
+    """--help, which the trainer answers with its usage and exit status 0: options it takes."""
+
+
+class _CheckingParser(argparse.ArgumentParser):
+    """The trainer's parser on a machine that only checks its options: argparse's error is a ConfigError with
+    argparse's own message, not usage and an exit; --help is an option like the others, printing nothing."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+    def print_help(self, file: Any = None) -> None:
+        pass
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise _HelpAsked
+
+
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
     defaults = TrainConfig()
-    parser = argparse.ArgumentParser(
+    parser = parser_class(
         prog="python -m app.train",
         description="Data-parallel MNIST-style training with Horovod. Start it under horovodrun or mpirun, "
         "e.g. 'horovodrun -np 2 -H localhost:2 --gloo python -m app.train --dataset digits'.",
@@ -203,15 +223,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _laid_out(values: dict[str, Any]) -> dict[str, Any]:
+    """The parsed values with --run-dir's layout (RUN_DIR_LAYOUT) for each setting not given by its own flag."""
+    if values["run_dir"] is not None:
+        for key, name in RUN_DIR_LAYOUT.items():
+            if values[key] is None:
+                values[key] = values["run_dir"] / name
+    return values
+
+
+def option_names() -> list[str]:
+    """Every option the trainer takes, as its users write them (--epochs, --lr, ...)."""
+    return [name for action in build_parser()._actions for name in action.option_strings]
+
+
+def check_options(argv: Sequence[str]) -> list[str]:
+    """The trainer's options checked as parse_config checks them, less what depends on the machine that runs it (its
+    folders, its packages): for the launcher, which starts the trainer elsewhere and has no torch. Returns the words
+    the trainer has no use for (an option it lacks, a stray word), which parse_config would refuse; raises
+    ConfigError for a malformed value (argparse's message, e.g. `argument --epochs: invalid int value: 'x'`) or one
+    a rule refuses (TrainConfig's)."""
+    try:
+        values, unknown = build_parser(_CheckingParser).parse_known_args(list(argv))
+    except _HelpAsked:
+        return []
+    if unknown:
+        return unknown
+    TrainConfig(**_laid_out(vars(values)))
+    return []
+
+
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Parses and validates; raises ConfigError (argparse's own errors still exit with status 2)."""
     values = vars(build_parser().parse_args(argv))
     if values["run_dir"] is not None:
         check_writable_dir(values["run_dir"], "--run-dir")
-        for key, name in RUN_DIR_LAYOUT.items():
-            if values[key] is None:
-                values[key] = values["run_dir"] / name
-    config = TrainConfig(**values)
+    config = TrainConfig(**_laid_out(values))
     for flag, folder in (("--checkpoint-dir", config.checkpoint_dir), ("--tensorboard-dir", config.tensorboard_dir)):
         if folder is not None:
             check_writable_dir(folder, flag)

@@ -19,6 +19,7 @@ from launcher import clusters, doctor, session
 from launcher.core.nics import NIC_SETTING
 from launcher.core.options import SettingsError, job_command
 from launcher.core.protocol import LINK_SECONDS, STOP_SIGNALS, Signalled
+from launcher.core.trainer import trainer_problem
 from launcher.engine import NodeEngine, NodeError
 from launcher.settings import LaunchSettings, load_env_file, resolve_settings
 
@@ -90,6 +91,18 @@ def settings_from(nodes: str | None, env_file: Path | None, hostfile: Path | Non
         return resolve_settings(load_env_file(env_file), nodes=nodes, hostfile=hostfile, **flags)
     except SettingsError as error:
         fail(str(error), 2)
+
+
+def checked_command(ctx: typer.Context) -> tuple[str, ...]:
+    """The job's command from the words the launcher command did not take (job_command). The bundled trainer's
+    options are checked here, with its own parser: a mistyped launcher option ends here with one line and exit 2,
+    before any node is contacted or any document written. A command of the user's own is left as it is."""
+    command = job_command(ctx.args)
+    ours = [name for param in ctx.command.get_params(ctx) for name in (*param.opts, *param.secondary_opts)]
+    problem = trainer_problem(command, ours)
+    if problem:
+        fail(problem, 2)
+    return command
 
 
 def engines_of(settings: LaunchSettings) -> list[NodeEngine]:
@@ -186,6 +199,7 @@ def start(
     closed terminal remove the cluster on every node (exit 130, 143, 129); if this process dies outright, the job
     goes on, every container stops when it ends, and `launcher status` says how it ended.
     """
+    command = checked_command(ctx)
     settings = settings_from(
         nodes,
         env_file,
@@ -198,7 +212,7 @@ def start(
         detach=detach,
         keep_running=keep_running,
         job={
-            "command": job_command(ctx.args),
+            "command": command,
             "env": (*(env or ()), *(["NCCL_DEBUG=INFO"] if debug else [])),
             "network_interface": network_interface,
             "ssh_port": ssh_port,
@@ -416,10 +430,11 @@ def export(
     """
     from launcher.k8s import mpijob  # PyYAML, only here
 
+    command = checked_command(ctx)
     try:
         request = mpijob.request(
             job={
-                "command": job_command(ctx.args),
+                "command": command,
                 "env": tuple(env or ()),
                 "elastic": elastic,
                 "elastic_min_workers": min_workers,

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from app import gpu
-from app.config import ConfigError, TrainConfig, parse_config
+from app.config import ConfigError, TrainConfig, check_options, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("argv, flag", [
+BAD_VALUES = [
     (["--epochs", "0"], "--epochs"),
     (["--batch-size", "-8"], "--batch-size"),
     (["--batch-size", "0"], "--batch-size"),
@@ -24,10 +24,27 @@ REPO = Path(__file__).resolve().parents[1]
     (["--warmup-epochs", "-1"], "--warmup-epochs"),
     (["--resume"], "--checkpoint-dir"),
     (["--progress", "fancy"], "--progress"),
-])
+]
+
+
+@pytest.mark.parametrize("argv, flag", BAD_VALUES)
 def test_bad_values_are_refused_naming_the_flag(argv, flag):
     with pytest.raises(ConfigError, match=flag):
         parse_config(argv)
+
+
+@pytest.mark.parametrize("argv, flag", BAD_VALUES)
+def test_the_launchers_check_refuses_what_the_trainer_refuses(argv, flag):
+    """check_options (the launcher's, before a job starts) keeps every rule parse_config has that needs no folder."""
+    with pytest.raises(ConfigError, match=flag):
+        check_options(argv)
+
+
+def test_the_launchers_check_returns_what_the_trainer_has_no_option_for():
+    assert check_options(["--gpu", "2", "--epochs", "3"]) == ["--gpu", "2"]
+    assert check_options(["--epochs", "3", "--help"]) == []
+    with pytest.raises(SystemExit):  # the trainer itself: argparse's usage line and exit status 2
+        parse_config(["--gpu", "2"])
 
 
 def test_unwritable_checkpoint_dir_is_refused(tmp_path):
