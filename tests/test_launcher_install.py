@@ -253,7 +253,7 @@ def test_on_debian_13s_python_3_13_the_launcher_installs_alone_and_its_unit_test
         installed = installed_packages(box.run("pip list --format=freeze").stdout)
         assert {"docker", "typer", "python-dotenv", "pyyaml", "paramiko", "horovod-stack"} <= installed, installed
         assert not TRAINER_PACKAGES & installed, sorted(installed)
-        venv_bytes = int(box.run("du -sb /venv").stdout.split()[0])
+        venv_kib = int(box.run("du -sk /venv").stdout.split()[0])  # on disk, as `du -sh` says it
 
         commands = get_command(app)
         usage = box.run("launcher --help")
@@ -305,7 +305,7 @@ def test_on_debian_13s_python_3_13_the_launcher_installs_alone_and_its_unit_test
         assert passed > 0, unit.stdout
         skipped = sorted({element.get("message", "") for element in suite.iter("skipped")})
     measured["the whole test"] = time.monotonic() - started
-    print(f"\nPython {version} in {TRIXIE_IMAGE}: venv after `pip install .` {venv_bytes / 1e6:.0f} MB, "
+    print(f"\nPython {version} in {TRIXIE_IMAGE}: venv after `pip install .` {venv_kib / 1024:.0f} MiB, "
           f"{len(installed)} packages; " + ", ".join(f"{step} {seconds:.1f} s" for step, seconds in measured.items()))
     print(f"unit tests: {passed} passed, {counts['skipped']} skipped ({'; '.join(skipped) or '-'}) in {len(tests)} "
           f"files: {' '.join(tests)}")
