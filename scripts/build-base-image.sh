@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Makes the local base image the Dockerfile builds on where no registry can be reached:
-#   scripts/build-base-image.sh [TAG]      (default tag: horovod-stack-base:bookworm)
-# Debian 12's minimal root file system from the machine's own apt mirror (debootstrap), imported as an
-# image. With a registry, skip this and pass BASE_IMAGE=debian:bookworm-slim (or an nvidia/cuda image).
+#   scripts/build-base-image.sh [TAG [SUITE [PACKAGE...]]]   (default: horovod-stack-base:bookworm bookworm)
+# A Debian release's minimal root file system (SUITE, default bookworm: Debian 12) from the machine's own apt
+# mirror (debootstrap), with PACKAGE... added by debootstrap, imported as an image. With a registry, skip this
+# and pass BASE_IMAGE=debian:bookworm-slim (or an nvidia/cuda image). tests/test_launcher_install.py makes its
+# Debian 13 image with Python 3.13 here: scripts/build-base-image.sh TAG trixie python3 python3-venv
 set -euo pipefail
 tag="${1:-horovod-stack-base:bookworm}"
+suite="${2:-bookworm}"
+packages=("${@:3}")
 if docker image inspect "$tag" >/dev/null 2>&1; then
   echo "[base-image] $tag already present"
   exit 0
@@ -13,8 +17,12 @@ command -v debootstrap >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noni
 mirror=$("$(cd "$(dirname "$0")" && pwd)/host-setup.sh" mirror)
 rootfs=$(mktemp -d)
 trap 'rm -rf "$rootfs"' EXIT
-echo "[base-image] debootstrap bookworm from $mirror (about a minute)"
-debootstrap --variant=minbase bookworm "$rootfs" "$mirror" > "$rootfs.log" 2>&1 ||
+include=()
+if [ "${#packages[@]}" -gt 0 ]; then
+  include=("--include=$(IFS=,; echo "${packages[*]}")")
+fi
+echo "[base-image] debootstrap $suite ${packages[*]} from $mirror (about a minute)"
+debootstrap --variant=minbase "${include[@]}" "$suite" "$rootfs" "$mirror" > "$rootfs.log" 2>&1 ||
   { tail -20 "$rootfs.log" >&2; echo "[base-image] debootstrap failed; full log: $rootfs.log" >&2; exit 1; }
 rm -f "$rootfs.log"
 rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*

@@ -23,12 +23,12 @@ def test_the_newest_run_or_the_one_asked_for():
         choose([], None)
 
 
-def archive(entries: dict[str, bytes], link: str | None = None) -> bytes:
+def archive(entries: dict[str, bytes], link: str | None = None, mode: int = 0o644) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name, data in entries.items():
             info = tarfile.TarInfo(name)
-            info.size = len(data)
+            info.size, info.mode = len(data), mode
             tar.addfile(info, io.BytesIO(data))
         if link:
             info = tarfile.TarInfo(link)
@@ -44,4 +44,17 @@ def test_the_run_folder_lands_whole_or_without_its_checkpoints(tmp_path):
         "run1/checkpoints/epoch-1.pt", "run1/metrics.jsonl", "run1/tb/events"]
     assert (tmp_path / "all/run1/metrics.jsonl").read_bytes() == b"{}\n"
     assert not (tmp_path / "all/run1/passwd").exists()  # a link is never written
+    assert extract([data], tmp_path / "lean", checkpoints=False) == ["run1/metrics.jsonl", "run1/tb/events"]
+
+
+def test_without_tarfiles_extraction_filters_the_same_files_land_as_plain_data(tmp_path, monkeypatch):
+    """Python before 3.11.4 (Debian 12's 3.11.2) has no extract(filter=...): the files land all the same, without
+    set-ID bits or write for others, and still no link."""
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    data = archive({"run1/metrics.jsonl": b"{}\n", "run1/checkpoints/epoch-1.pt": b"x", "run1/tb/events": b"e"},
+                   link="run1/passwd", mode=0o4777)
+    assert extract([data], tmp_path / "all") == ["run1/checkpoints/epoch-1.pt", "run1/metrics.jsonl", "run1/tb/events"]
+    assert (tmp_path / "all/run1/metrics.jsonl").read_bytes() == b"{}\n"
+    assert (tmp_path / "all/run1/metrics.jsonl").stat().st_mode & 0o7777 == 0o755
+    assert not (tmp_path / "all/run1/passwd").exists()
     assert extract([data], tmp_path / "lean", checkpoints=False) == ["run1/metrics.jsonl", "run1/tb/events"]
