@@ -102,18 +102,19 @@ wheel_target() {
   esac
 }
 
-# The wheel folder for the offline path, filled once per set of requirements and target (its .complete
-# holds their key): a later run with the same key touches nothing, and a changed key downloads only what
-# the folder lacks (pip download keeps files already there).
+# The wheel folder for the offline path, filled once per set of requirements and target: their key lies beside
+# the folder (WHEELHOUSE.complete), not in it, since the folder is a build context and any file changing in it
+# would rebuild the image's layers. A later run with the same key touches nothing; a changed key downloads only
+# what the folder lacks (pip download keeps the files already there).
 fill_wheelhouse() {
-  local target wanted
+  local target wanted marker="${WHEELHOUSE%/}.complete"
   mapfile -t target < <(wheel_target | tr ' ' '\n')
   wanted=$({ cat docker/requirements-*.txt; echo "$HOROVOD_SDIST"; echo "${target[*]}"; } | sha256sum | cut -c1-16)
-  if [ "$(cat "$WHEELHOUSE/.complete" 2>/dev/null)" = "$wanted" ]; then
+  if [ "$(cat "$marker" 2>/dev/null)" = "$wanted" ]; then
     log "wheel folder $WHEELHOUSE complete"
     return
   fi
-  mkdir -p "$WHEELHOUSE" 2>/dev/null && [ -w "$WHEELHOUSE" ] ||
+  mkdir -p "$WHEELHOUSE" 2>/dev/null && [ -w "$WHEELHOUSE" ] && [ -w "$(dirname "$marker")" ] ||
     fail "the wheel folder $WHEELHOUSE is not writable here; run as root once, or set WHEELHOUSE to a folder of yours"
   python3 -m pip --version >/dev/null 2>&1 ||
     fail "the offline path fills $WHEELHOUSE with the host's pip: install it (python3-pip; any Python 3 will do)"
@@ -121,7 +122,7 @@ fill_wheelhouse() {
   python3 -m pip download -q -d "$WHEELHOUSE" "${target[@]}" -r docker/requirements-runtime.txt \
     -r docker/requirements-build.txt -r docker/requirements-cuda-toolkit.txt -r docker/requirements-tools.txt
   python3 -m pip download -q -d "$WHEELHOUSE" --no-deps --no-binary :all: "$HOROVOD_SDIST"
-  echo "$wanted" > "$WHEELHOUSE/.complete"
+  echo "$wanted" > "$marker"
 }
 
 if [ "$wheels_only" = 1 ]; then

@@ -122,7 +122,8 @@ def test_the_wheel_folder_is_filled_for_the_images_python_once(tmp_path):
         assert option in wheels, option
     assert "--platform manylinux_2_37" not in wheels  # Debian 12's glibc is 2.36
     assert sdist.endswith("--no-deps --no-binary :all: horovod==0.28.1")
-    assert (wheelhouse / ".complete").read_text().strip()
+    assert (tmp_path / "wheelhouse.complete").read_text().strip()
+    assert list(wheelhouse.iterdir()) == []  # the key lies beside the folder: a build context's content is the image's
 
     calls.unlink()
     again = build_images("wheels", env={**env, "WHEELHOUSE": str(wheelhouse)})
@@ -133,7 +134,7 @@ def test_the_wheel_folder_is_filled_for_the_images_python_once(tmp_path):
 
 def test_the_filled_wheel_folder_holds_only_what_the_images_python_installs():
     """The folder CI filled: every wheel installs on CPython 3.11 on Debian 12 (glibc 2.36) on this architecture."""
-    if not (WHEELHOUSE / ".complete").exists():
+    if not (WHEELHOUSE.parent / f"{WHEELHOUSE.name}.complete").exists():
         pytest.skip(f"{WHEELHOUSE} is not filled here (the offline path fills it)")
     arch = platform.machine()
     platforms = [f"manylinux_2_{minor}_{arch}" for minor in range(36, 4, -1)]
