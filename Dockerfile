@@ -3,15 +3,19 @@
 # the entrypoint roles (worker: sshd; launcher: mpirun). The same image serves GPU hosts (through the NVIDIA
 # Container Toolkit) and CPU hosts (Gloo and MPI ops).
 #
-# Build it with scripts/build-images.sh, which makes the local base image and wheel folder this machine
-# needs (no registry). By hand:
-#   docker buildx build --build-context wheels=DIR --secret id=ca,src=CA_BUNDLE -t horovod-stack:latest .
+# Online (the defaults), on any Docker host with BuildKit (Docker >= 23) that reaches Docker Hub and PyPI:
+#   docker build -t horovod-stack:latest .
+# (behind a TLS-intercepting proxy, add its CA for pip: --secret id=ca,src=CA_BUNDLE; mounted for pip's steps
+# only, never stored in a layer). Offline, where no registry answers (as on this project's CI machines): a local
+# Debian 12 base image and a wheel folder, which scripts/build-images.sh makes and passes by itself:
+#   docker buildx build --build-arg BASE_IMAGE=horovod-stack-base:bookworm --build-arg PIP_OFFLINE=1 \
+#     --build-context wheels=DIR --secret id=ca,src=CA_BUNDLE -t horovod-stack:latest .
 # BASE_IMAGE may be any Debian 12 image (its Python 3.11 matches the wheels); an nvidia/cuda base works too
 # where pip can reach its index for that Python.
-ARG BASE_IMAGE=horovod-stack-base:bookworm
+ARG BASE_IMAGE=debian:bookworm-slim
 
 # Local wheels and the Horovod sdist, for builds without an index: --build-context wheels=DIR.
-# Left empty, pip uses its index (give the proxy's CA, if any, as the build secret "ca").
+# Left empty (the default), pip uses its index (give the proxy's CA, if any, as the build secret "ca").
 FROM scratch AS wheels
 
 FROM ${BASE_IMAGE} AS runtime

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Makes the local base image the Dockerfile builds on where no registry can be reached:
+# Makes the local base image the Dockerfile builds on where no registry can be reached (the offline path of
+# scripts/build-images.sh, which calls this only where the public debian:bookworm-slim cannot be pulled):
 #   scripts/build-base-image.sh [TAG [SUITE [PACKAGE...]]]   (default: horovod-stack-base:bookworm bookworm)
 # A Debian release's minimal root file system (SUITE, default bookworm: Debian 12) from the machine's own apt
-# mirror (debootstrap), with PACKAGE... added by debootstrap, imported as an image. With a registry, skip this
-# and pass BASE_IMAGE=debian:bookworm-slim (or an nvidia/cuda image). tests/test_launcher_install.py makes its
-# Debian 13 image with Python 3.13 here: scripts/build-base-image.sh TAG trixie python3 python3-venv
+# mirror (debootstrap), with PACKAGE... added by debootstrap, imported as an image. Needs root and a Debian host
+# (debootstrap is installed if missing). tests/test_launcher_install.py makes its Debian 13 image with Python 3.13
+# here: scripts/build-base-image.sh TAG trixie python3 python3-venv
 set -euo pipefail
 tag="${1:-horovod-stack-base:bookworm}"
 suite="${2:-bookworm}"
@@ -13,6 +14,9 @@ if docker image inspect "$tag" >/dev/null 2>&1; then
   echo "[base-image] $tag already present"
   exit 0
 fi
+[ "$(id -u)" = 0 ] ||
+  { echo "build-base-image: making $tag needs root (debootstrap); or build online, where debian:bookworm-slim can be pulled" >&2
+    exit 1; }
 command -v debootstrap >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
 mirror=$("$(cd "$(dirname "$0")" && pwd)/host-setup.sh" mirror)
 rootfs=$(mktemp -d)

@@ -1,40 +1,155 @@
 #!/usr/bin/env bash
 # Builds the stack's image on this machine, registry or not:
-#   scripts/build-images.sh                 -> horovod-stack:latest (IMAGE overrides the tag)
-# 1. prepares the host and starts the Docker engine if needed (scripts/host-setup.sh);
-# 2. makes the local Debian base image unless BASE_IMAGE names another one;
-# 3. fills a wheel folder (torch, torchvision, CUDA toolkit wheels, the Horovod sdist, ...) once, from pip's
-#    configured sources, so the image build itself needs no index;
-# 4. builds the Dockerfile with that folder as the `wheels` context and this machine's CA bundle as a
-#    build secret (mounted for pip only, never stored in a layer).
-# Rebuilds are cached by their inputs: Docker's layer cache, plus a BuildKit cache for the Horovod wheel.
+#   scripts/build-images.sh              -> horovod-stack:latest (IMAGE overrides the tag)
+#   scripts/build-images.sh --dry-run    -> the engine check and the path it picks, and why; builds nothing
+#   scripts/build-images.sh wheels       -> only fills the offline path's wheel folder (WHEELHOUSE)
+# It picks one of the Dockerfile's two paths by itself (BUILD_PATH=online or offline forces one):
+#   online   where the public base image (BASE_IMAGE, default debian:bookworm-slim, the Dockerfile's own default)
+#            is here or can be pulled: the Dockerfile's defaults, pip from its index; nothing on the host changes.
+#   offline  where it cannot be pulled (no registry, as on this project's CI machines): a local Debian 12 base
+#            image made from the host's apt mirror (scripts/build-base-image.sh; root, once), and a wheel folder
+#            (WHEELHOUSE) filled once with wheels for the image's Python (CPython 3.11, manylinux, the engine's
+#            architecture) whatever the host's Python is, plus the Horovod sdist; the build then needs no index.
+# A Docker engine that answers, with Compose v2 and buildx, is used as it is; only where none does is one set up
+# (scripts/host-setup.sh engine: Debian 12, root). Either way this machine's CA bundle (CA_BUNDLE), if any,
+# reaches pip as a build secret, mounted for pip's steps only and never stored in a layer. Rebuilds are cached
+# by their inputs: Docker's layer cache, plus a BuildKit cache for the Horovod wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE="${IMAGE:-horovod-stack:latest}"
-BASE_IMAGE="${BASE_IMAGE:-horovod-stack-base:bookworm}"
+BASE_IMAGE="${BASE_IMAGE:-debian:bookworm-slim}"
+LOCAL_BASE_IMAGE="${LOCAL_BASE_IMAGE:-horovod-stack-base:bookworm}"
 WHEELHOUSE="${WHEELHOUSE:-/var/cache/horovod-stack/wheelhouse}"
 CA_BUNDLE="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
+BUILD_PATH="${BUILD_PATH:-auto}"
+# A pull that neither succeeds nor fails in this time (a network that drops packets) counts as failed.
+BASE_PULL_TIMEOUT="${BASE_PULL_TIMEOUT:-120}"
+HOROVOD_SDIST=horovod==0.28.1
+# The image's Python and C library: Debian 12's (CPython 3.11, glibc 2.36), whatever the host runs.
+IMAGE_PYTHON=3.11
+IMAGE_GLIBC_MINOR=36
+log() { echo "[build-images] $*"; }
+fail() { echo "build-images: $*" >&2; exit 1; }
 
-scripts/host-setup.sh
-if [ "$BASE_IMAGE" = horovod-stack-base:bookworm ]; then
-  scripts/build-base-image.sh "$BASE_IMAGE"
+dry_run=0 wheels_only=0
+case "${1:-}" in
+  "") ;;
+  --dry-run) dry_run=1 ;;
+  wheels) wheels_only=1 ;;
+  *) echo "usage: $0 [--dry-run | wheels]" >&2; exit 2 ;;
+esac
+
+# Why the Docker engine cannot build and run the stack, or nothing if it can.
+engine_problem() {
+  local out
+  command -v docker >/dev/null || { echo "no docker command"; return; }
+  out=$(docker info -f '{{.ServerVersion}}' 2>&1) || { echo "docker info: $(tail -1 <<< "$out")"; return; }
+  docker compose version >/dev/null 2>&1 || { echo "the engine answers, but \`docker compose\` (Compose v2) is missing"; return; }
+  docker buildx version >/dev/null 2>&1 || { echo "the engine answers, but \`docker buildx\` is missing"; return; }
+}
+
+ensure_engine() {
+  local problem
+  problem=$(engine_problem)
+  if [ -z "$problem" ]; then
+    log "using the Docker engine $(docker version -f '{{.Server.Version}}') as it is (no host set-up)"
+    return
+  fi
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    fail "$problem. Install Docker Engine with Compose v2 and buildx (a user in the docker group may run it);
+on a Debian 12 host, scripts/host-setup.sh engine (as root) sets one up."
+  fi
+  if [ "$dry_run" = 1 ]; then
+    log "$problem: would set up the engine (scripts/host-setup.sh engine)"
+    exit 0
+  fi
+  log "$problem: setting up the engine (scripts/host-setup.sh engine)"
+  scripts/host-setup.sh engine
+}
+
+# Sets build_path (online|offline) and why.
+choose_path() {
+  case "$BUILD_PATH" in
+    online|offline) build_path=$BUILD_PATH why="BUILD_PATH=$BUILD_PATH"; return ;;
+    auto) ;;
+    *) fail "BUILD_PATH=$BUILD_PATH: use online, offline or auto" ;;
+  esac
+  if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    build_path=online why="the base image $BASE_IMAGE is here"
+    return
+  fi
+  local out status=0
+  log "pulling the base image $BASE_IMAGE (at most ${BASE_PULL_TIMEOUT} s)"
+  out=$(timeout "$BASE_PULL_TIMEOUT" docker pull -q "$BASE_IMAGE" 2>&1) || status=$?
+  if [ "$status" = 0 ]; then
+    build_path=online why="the base image $BASE_IMAGE was pulled"
+  elif [ "$status" = 124 ]; then
+    build_path=offline why="pulling $BASE_IMAGE got no answer in ${BASE_PULL_TIMEOUT} s"
+  else
+    build_path=offline why="$BASE_IMAGE cannot be pulled ($(tail -1 <<< "$out"))"
+  fi
+}
+
+# pip's options that select wheels for the image's Python rather than the host's.
+wheel_target() {
+  local arch glibc
+  arch=$(docker info -f '{{.Architecture}}' 2>/dev/null) || arch=$(uname -m)
+  echo --only-binary=:all: --implementation cp --python-version "$IMAGE_PYTHON" --abi "cp${IMAGE_PYTHON/./}"
+  for glibc in $(seq "$IMAGE_GLIBC_MINOR" -1 5); do echo --platform "manylinux_2_${glibc}_$arch"; done
+  case "$arch" in
+    x86_64) echo --platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64 ;;
+    aarch64) echo --platform manylinux2014_aarch64 ;;
+  esac
+}
+
+# The wheel folder for the offline path, filled once per set of requirements and target: their key lies beside
+# the folder (WHEELHOUSE.complete), not in it, since the folder is a build context and any file changing in it
+# would rebuild the image's layers. A later run with the same key touches nothing; a changed key downloads only
+# what the folder lacks (pip download keeps the files already there).
+fill_wheelhouse() {
+  local target wanted marker="${WHEELHOUSE%/}.complete"
+  mapfile -t target < <(wheel_target | tr ' ' '\n')
+  wanted=$({ cat docker/requirements-*.txt; echo "$HOROVOD_SDIST"; echo "${target[*]}"; } | sha256sum | cut -c1-16)
+  if [ "$(cat "$marker" 2>/dev/null)" = "$wanted" ]; then
+    log "wheel folder $WHEELHOUSE complete"
+    return
+  fi
+  mkdir -p "$WHEELHOUSE" 2>/dev/null && [ -w "$WHEELHOUSE" ] && [ -w "$(dirname "$marker")" ] ||
+    fail "the wheel folder $WHEELHOUSE is not writable here; run as root once, or set WHEELHOUSE to a folder of yours"
+  python3 -m pip --version >/dev/null 2>&1 ||
+    fail "the offline path fills $WHEELHOUSE with the host's pip: install it (python3-pip; any Python 3 will do)"
+  log "filling $WHEELHOUSE for CPython $IMAGE_PYTHON, manylinux (once; several GB of wheels)"
+  python3 -m pip download -q -d "$WHEELHOUSE" "${target[@]}" -r docker/requirements-runtime.txt \
+    -r docker/requirements-build.txt -r docker/requirements-cuda-toolkit.txt -r docker/requirements-tools.txt
+  python3 -m pip download -q -d "$WHEELHOUSE" --no-deps --no-binary :all: "$HOROVOD_SDIST"
+  echo "$wanted" > "$marker"
+}
+
+if [ "$wheels_only" = 1 ]; then
+  fill_wheelhouse
+  exit 0
 fi
-
-requirements=(-r docker/requirements-runtime.txt -r docker/requirements-build.txt -r docker/requirements-cuda-toolkit.txt
-  -r docker/requirements-tools.txt)
-wanted=$({ cat docker/requirements-*.txt; echo horovod==0.28.1; } | sha256sum | cut -c1-16)
-if [ "$(cat "$WHEELHOUSE/.complete" 2>/dev/null)" != "$wanted" ]; then
-  echo "[build-images] filling $WHEELHOUSE (once; several GB of wheels)"
-  mkdir -p "$WHEELHOUSE"
-  python3 -m pip download -q -d "$WHEELHOUSE" "${requirements[@]}"
-  python3 -m pip download -q -d "$WHEELHOUSE" --no-deps --no-binary :all: horovod==0.28.1
-  echo "$wanted" > "$WHEELHOUSE/.complete"
+ensure_engine
+choose_path
+if [ "$build_path" = online ]; then
+  log "online path: $why; pip installs from its index"
+  build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg PIP_OFFLINE=0)
+else
+  log "offline path: $why; the local base image $LOCAL_BASE_IMAGE and the wheel folder $WHEELHOUSE"
+  build_args=(--build-arg "BASE_IMAGE=$LOCAL_BASE_IMAGE" --build-arg PIP_OFFLINE=1 --build-context "wheels=$WHEELHOUSE")
+fi
+if [ "$dry_run" = 1 ]; then
+  log "would build $IMAGE: docker buildx build ${build_args[*]} ."
+  exit 0
+fi
+if [ "$build_path" = offline ]; then
+  scripts/build-base-image.sh "$LOCAL_BASE_IMAGE"
+  fill_wheelhouse
 fi
 
 secret=()
 [ -s "$CA_BUNDLE" ] && secret=(--secret "id=ca,src=$CA_BUNDLE")
-echo "[build-images] building $IMAGE on $BASE_IMAGE"
+log "building $IMAGE"
 started=$SECONDS
-docker buildx build --progress "${BUILD_PROGRESS:-plain}" --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg PIP_OFFLINE=1 \
-  --build-context "wheels=$WHEELHOUSE" "${secret[@]}" -t "$IMAGE" --load .
-echo "[build-images] $IMAGE built in $((SECONDS - started)) s, $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.2f GB", $1/1e9}')"
+docker buildx build --progress "${BUILD_PROGRESS:-plain}" "${build_args[@]}" "${secret[@]}" -t "$IMAGE" --load .
+log "$IMAGE built in $((SECONDS - started)) s, $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.2f GB", $1/1e9}')"

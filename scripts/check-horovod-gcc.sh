@@ -4,7 +4,7 @@
 #   scripts/check-horovod-gcc.sh [13|14]        (default 14)
 # The container starts from the local base image (Debian 12, Python 3.11, so the wheel folder's torch fits) and
 # gets g++-N from Debian 13's archive, inside the container only; the host is untouched. Prints the build time.
-# Needs what scripts/build-images.sh makes: the engine, the base image and the wheel folder.
+# Needs what scripts/build-images.sh makes on its offline path: the base image and the wheel folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gcc_version="${1:-14}"

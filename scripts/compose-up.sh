@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The quick-start job as a containerized cluster on this host:
 #   scripts/compose-up.sh [cpu|gpu]        (default cpu)
-# Prepares the host (scripts/host-setup.sh, through build-images.sh) and the image (scripts/build-images.sh;
-# minutes the first time, seconds after), then runs exactly
+# Needs only a Docker engine with Compose v2 (any distribution; a user in the docker group will do): it builds
+# the image (scripts/build-images.sh; minutes the first time, seconds after), installing nothing on the host;
+# only where no engine answers does build-images.sh set one up (Debian 12, root). Then it runs exactly
 #   docker compose up                                        (gpu: -f compose.yaml -f compose.gpu.yaml)
 # which starts the workers and the launcher, trains, and returns when training ends, every container stopped.
 # Then removes the stopped containers (the shared volume with metrics and checkpoints stays) and exits with the
