@@ -270,7 +270,7 @@ class ClusterPlan:
                 f"{node.name} ({'rank 0, runs the job agent' if node == self.rank0 else 'worker'}; engine "
                 f"{node.engine_url})",
                 f"  container {container.name} (host name {container.hostname}): image {container.image} "
-                f"({image_id[7:19] if image_id else 'to be copied'}), network host"
+                f"({image_id[7:19] if image_id else 'not there yet'}), network host"
                 f"{f' (NIC {nic})' if nic else ''}, shared memory {container.shm_size}",
                 f"  ranks {self.slots(node)}; GPUs {container.gpu or 'none'}; ulimits {limits}; capabilities "
                 f"{','.join(container.capabilities)}; devices {', '.join(container.devices) or 'none'}",

@@ -112,7 +112,7 @@ def push_scaling() -> None:
         from tests.registry import Registry
 
         with Registry() as registry:
-            pushed = registry.push(IMAGE, "horovod-stack:bench")
+            pushed, _ = registry.push(IMAGE, "horovod-stack:bench")
             remote = f"{cluster.bridge_address}:{registry.port}/horovod-stack:bench"
             pulled, lines = cold_start(cluster, nodes, "--image", remote)
         print(f"cold launch from a registry (pushed there in {pushed:.0f} s), 3 fresh nodes pulling at once: first "

@@ -45,16 +45,19 @@ class Registry:
                     raise RuntimeError(f"the test registry did not answer: {self.container.logs()[-2000:]!r}")
                 time.sleep(0.5)
 
-    def push(self, image: str, name: str) -> float:
-        """Pushes `image` as `name` (REPOSITORY:TAG) through 127.0.0.1; returns the seconds it took."""
+    def push(self, image: str, name: str) -> tuple[float, str]:
+        """Pushes `image` as `name` (REPOSITORY:TAG) through 127.0.0.1; returns the seconds it took and the digest the
+        registry gave it (sha256:...)."""
         local = f"127.0.0.1:{self.port}/{name}"
         started = time.monotonic()
         subprocess.run(["docker", "tag", image, local], check=True)
         pushed = subprocess.run(["docker", "push", "-q", local], capture_output=True, text=True)
         if pushed.returncode != 0:
             raise RuntimeError(f"docker push {local} failed: {pushed.stderr[-2000:]}")
+        repository = local.rsplit(":", 1)[0]
+        digests = [d for d in self.client.images.get(local).attrs["RepoDigests"] if d.startswith(f"{repository}@")]
         subprocess.run(["docker", "rmi", local], check=True, capture_output=True)
-        return time.monotonic() - started
+        return time.monotonic() - started, digests[0].split("@", 1)[1]
 
     def __exit__(self, *_: object) -> None:
         if self.container is not None:

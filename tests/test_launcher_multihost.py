@@ -734,8 +734,9 @@ def test_an_image_in_a_registry_is_pulled_on_every_node_that_lacks_it(cluster):
 
     source_id = docker.from_env().images.get(IMAGE).id
     with Registry() as registry:
-        pushed = registry.push(IMAGE, "horovod-stack:pulled")
-        remote = f"{cluster.bridge_address}:{registry.port}/horovod-stack:pulled"
+        pushed, digest = registry.push(IMAGE, "horovod-stack:pulled")
+        # By digest: the very build pushed, whatever the tag says by the time a node pulls.
+        remote = f"{cluster.bridge_address}:{registry.port}/horovod-stack@{digest}"
         result = launcher(cluster, *start_args(cluster, "--image", remote), *TRAIN)
         pulls = re.findall(r"(node_\d): pulled \S+ in (\d+) s", result.stderr)
         print(f"\nregistry: pushed in {pushed:.0f} s; pulled on both nodes at once: {pulls}")
