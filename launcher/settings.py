@@ -193,24 +193,16 @@ class LaunchSettings:
         return self.engines.get(node) or f"ssh://{node}"
 
 
-def _as_int(values: Mapping[str, str], key: str, fix: str) -> int | None:
+def _as_number(values: Mapping[str, str], key: str, fix: str, kind: type[int] | type[float] = int) -> Any:
+    """The .env key's value as a whole number (kind int) or any number (float); None where it is empty."""
     raw = values.get(key)
     if raw in (None, ""):
         return None
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        raise SettingsError(f"{key}={raw!r} in the .env file is not a whole number: {fix}") from None
-
-
-def _as_number(values: Mapping[str, str], key: str, fix: str) -> float | None:
-    raw = values.get(key)
-    if raw in (None, ""):
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise SettingsError(f"{key}={raw!r} in the .env file is not a number: {fix}") from None
+        what = "a whole number" if kind is int else "a number"
+        raise SettingsError(f"{key}={raw!r} in the .env file is not {what}: {fix}") from None
 
 
 def split_list(text: str) -> tuple[str, ...]:
@@ -242,7 +234,7 @@ def job_options(env: Mapping[str, str], flags: Mapping[str, Any]) -> JobOptions:
         kind = option_kind(item.name)
         if kind in (int, float):
             flag = item.metadata.get("flag")
-            chosen[item.name] = _as_int(env, key, f"fix it or pass {flag}" if flag else "fix it")
+            chosen[item.name] = _as_number(env, key, f"fix it or pass {flag}" if flag else "fix it", kind)
         else:
             chosen[item.name] = split_list(raw) if kind is tuple else raw
     return JobOptions(**chosen)
@@ -274,11 +266,11 @@ def resolve_settings(
         listed = parse_node_list(nodes or env.get("NODES", ""), "--nodes" if nodes else "NODES in .env")
     node_list = tuple(name for name, _ in listed)
     chosen: dict[str, Any] = {
-        "slots": slots if slots is not None else _as_int(env, "SLOTS_PER_WORKER", "fix it or pass --slots"),
+        "slots": slots if slots is not None else _as_number(env, "SLOTS_PER_WORKER", "fix it or pass --slots"),
         "image": image or env.get("IMAGE"),
         "shared_dir": env.get("SHARED_DIR"),
         "shm_size": env.get("SHM_SIZE"),
-        "connect_timeout": _as_number(env, "CONNECT_TIMEOUT", "give seconds, e.g. CONNECT_TIMEOUT=10"),
+        "connect_timeout": _as_number(env, "CONNECT_TIMEOUT", "give seconds, e.g. CONNECT_TIMEOUT=10", float),
     }
     if gpus is not None:
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(gpus)

@@ -687,7 +687,7 @@ def test_the_time_limit_comes_from_the_flag_or_the_env_file(env, flags, expected
 def test_a_flag_wins_over_its_env_key_without_reading_it():
     settings = resolve_settings({"NODES": "a", "STALL_TIMEOUT": "abc"}, job={"stall_timeout": 30})
     assert settings.job.stall_timeout == 30  # the .env value is not the job's, so it is not refused
-    with pytest.raises(SettingsError, match=re.escape("READY_TIMEOUT='soon' in the .env file is not a whole number: "
+    with pytest.raises(SettingsError, match=re.escape("READY_TIMEOUT='soon' in the .env file is not a number: "
                                                       "fix it")):
         resolve_settings({"NODES": "a", "READY_TIMEOUT": "soon"})  # no flag sets it: nothing else to pass
 
