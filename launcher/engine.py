@@ -224,8 +224,8 @@ class NodeDriver:
         if unreachable:
             raise NodeError(
                 node.name,
-                f"cannot reach its Docker engine at {node.engine_url} ({engine_override_key(node.name)} in .env "
-                f"points elsewhere): {unreachable}",
+                f"cannot reach its Docker engine at {node.engine_url} (another address: "
+                f"{engine_override_key(node.name)} in .env): {unreachable}",
                 Failure.UNREACHABLE,
             )
         try:

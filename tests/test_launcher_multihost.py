@@ -157,13 +157,13 @@ def test_unreachable_node_fails_before_starting_anything(cluster):
     result = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_1,node_2,node_3", *TRAIN)
     assert result.returncode == 1
     assert error_lines(result) == ["error: node_3: cannot reach its Docker engine at tcp://10.213.7.99:2375 "
-                                   "(DOCKER_HOST_NODE_3 in .env points elsewhere): no route to 10.213.7.99 (down, "
+                                   "(another address: DOCKER_HOST_NODE_3 in .env): no route to 10.213.7.99 (down, "
                                    "or on a network this machine cannot reach)"]
     unknown = launcher(cluster, *start_args(cluster), "--nodes", "node_1,node_9", *TRAIN)
     assert unknown.returncode == 1
     [line] = error_lines(unknown)
-    assert line.startswith("error: node_9: cannot reach its Docker engine at ssh://node_9 (DOCKER_HOST_NODE_9 in .env "
-                           "points elsewhere): node_9 does not resolve on this machine; add it to /etc/hosts"), line
+    assert line.startswith("error: node_9: cannot reach its Docker engine at ssh://node_9 (another address: "
+                           "DOCKER_HOST_NODE_9 in .env): node_9 does not resolve on this machine; add it to /etc/hosts"), line
     assert_nothing_left(cluster)
 
 
@@ -172,7 +172,7 @@ def test_a_node_that_drops_every_packet_is_named_within_the_connect_timeout(clus
     on it after CONNECT_TIMEOUT with one line, instead of waiting on ssh for minutes."""
     env_file = cluster.env_file()
     env_file.write_text(env_file.read_text() + "CONNECT_TIMEOUT=3\n")
-    expected = ("node_1: cannot reach its Docker engine at ssh://node_1 (DOCKER_HOST_NODE_1 in .env points elsewhere): "
+    expected = ("node_1: cannot reach its Docker engine at ssh://node_1 (another address: DOCKER_HOST_NODE_1 in .env): "
                 "no answer from node_1 within 3 s (the host is down, or a firewall drops its ssh port)")
     with cluster.silenced(cluster.nodes[0]):
         started = time.monotonic()
