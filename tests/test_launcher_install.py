@@ -33,9 +33,10 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
-TRIXIE_IMAGE = "horovod-stack-test-trixie:1"
-"""Debian 13 (trixie) with its python3 (3.13) and venv; bump the tag when TRIXIE_PACKAGES changes."""
-TRIXIE_PACKAGES = ("python3", "python3-venv")
+TRIXIE_IMAGE = "horovod-stack-test-trixie:2"
+"""Debian 13 (trixie) with its python3 (3.13), venv and OpenSSH's client (the launcher reaches ssh:// engines and
+makes key pairs with it); bump the tag when TRIXIE_PACKAGES changes."""
+TRIXIE_PACKAGES = ("python3", "python3-venv", "openssh-client")
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 """The host's bundle, with the CA of this machine's HTTPS proxy: mounted read-only beside the image's own bundle."""
 CONTAINER_CA = "/run/horovod-stack-test/ca.crt"
