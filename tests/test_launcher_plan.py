@@ -715,3 +715,13 @@ def test_an_elastic_subnet_job_before_rank_0s_nic_is_known_says_where_it_goes():
 ])
 def test_each_worker_gets_a_host_name_of_its_own(nodes, host_names):
     assert list(worker_host_names(nodes).values()) == host_names
+
+
+def test_connect_timeout_comes_from_env_and_reaches_every_node():
+    plan = ClusterPlan.of(resolve_settings({"CONNECT_TIMEOUT": "2.5"}, nodes="a,b"))
+    assert [node.connect_timeout for node in plan.nodes] == [2.5, 2.5]
+    assert ClusterPlan.of(resolve_settings({}, nodes="a")).rank0.connect_timeout == 10
+    with pytest.raises(SettingsError, match=re.escape("CONNECT_TIMEOUT='soon' in the .env file is not a number")):
+        resolve_settings({"CONNECT_TIMEOUT": "soon"}, nodes="a")
+    with pytest.raises(SettingsError, match="CONNECT_TIMEOUT in .env must be a positive number of seconds"):
+        resolve_settings({"CONNECT_TIMEOUT": "0"}, nodes="a")
