@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
 from launcher import linkcheck, links, preflight
-from launcher.engine import Connect, NodeDriver, NodeEngine, NodeError
+from launcher.engine import Connect, NodeDriver, NodeEngine, NodeError, connecting_line
 from launcher.plan import ClusterPlan
 from launcher.preflight import HostView, NodeFacts
 from launcher.session import engine_facts, host_facts
@@ -39,7 +39,7 @@ def check(
     facts_of: list[NodeFacts] = []
     unchecked = ClusterPlan.of(settings, cluster_id="-")
     for node in unchecked.nodes:
-        echo(f"connecting to {node.name} ({node.engine_url})")
+        echo(connecting_line(node))
         try:
             engine = connect(node)
         except NodeError as error:  # connect's only failure: the engine does not answer

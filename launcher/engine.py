@@ -207,6 +207,12 @@ def pull_failure(node: str, image: str, why: str) -> str:
     return f"pulling {image} failed ({why.splitlines()[0][:200]}); {fix}"
 
 
+def connecting_line(node: Node) -> str:
+    """What the launcher says as it reaches for a node's engine (before the bounded check: a node that hangs is
+    named)."""
+    return f"connecting to {node.name} ({node.engine_url})"
+
+
 def _first_line(error: Exception) -> str:
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0][:300]
@@ -490,7 +496,7 @@ class NodeDriver:
                 ulimits=[Ulimit(name=name, soft=limit, hard=limit) for name, limit in spec.ulimits.items()],
                 cap_add=list(spec.capabilities),
                 devices=list(spec.devices) or None,
-                hostname=spec.hostname or None,
+                hostname=spec.hostname,
                 extra_hosts=spec.extra_hosts or None,
                 detach=True,
             )

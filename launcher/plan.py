@@ -110,9 +110,9 @@ class WorkerContainer:
     """HOST_PATH:CONTAINER_PATH, each."""
     binds: tuple[Bind, ...]
     """The user's host folders (--mount), which must exist on the node."""
-    hostname: str = ""
-    """Its own host name (worker_host_names); empty: the host's."""
-    extra_hosts: dict[str, str] = field(default_factory=dict)
+    hostname: str
+    """Its own host name (worker_host_names), not the host's."""
+    extra_hosts: dict[str, str]
     """Every worker's host name -> its node's address, in the container's /etc/hosts."""
 
 
@@ -191,16 +191,11 @@ class ClusterPlan:
             return None
         return GpuRequest(device_ids=settings.gpu_ids) if settings.gpu_ids else GpuRequest(count=self.slots(node))
 
-    @property
-    def host_names(self) -> dict[str, str]:
-        """Node name -> its worker's host name."""
-        return worker_host_names(self.settings.nodes)
-
     def worker_container(self, node: Node) -> WorkerContainer:
         """Everything the worker container on `node` is started with (the engine passes it to Docker)."""
         settings = self.settings
         gpu = self.gpu_request(node)
-        host_names, addresses = self.host_names, dict(self.found.addresses)
+        host_names, addresses = worker_host_names(settings.nodes), dict(self.found.addresses)
         return WorkerContainer(
             image=settings.image,
             name=self.container_name(node),
@@ -214,7 +209,7 @@ class ClusterPlan:
             capabilities=WORKER_CAPABILITIES,
             devices=tuple(device if ":" in device else f"{device}:{device}" for device in settings.devices),
             hostname=host_names[node.name],
-            extra_hosts={host_names[name]: address for name, address in addresses.items() if name in host_names},
+            extra_hosts={host_names[name]: address for name, address in addresses.items()},
         )
 
     def mpi_host(self, node: Node) -> str:

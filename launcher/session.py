@@ -42,7 +42,7 @@ from launcher.core.protocol import (
     Signalled,
     parse_job_end,
 )
-from launcher.engine import Connect, Container, NodeDriver, NodeEngine, NodeError
+from launcher.engine import Connect, Container, NodeDriver, NodeEngine, NodeError, connecting_line
 from launcher.plan import LABEL_CLUSTER, ClusterPlan, Node
 from launcher.preflight import Finding, NodeFacts, Severity
 from launcher.settings import LaunchSettings
@@ -70,7 +70,7 @@ def connect_all(settings: LaunchSettings, say: Say, connect: Connect = NodeDrive
     """Every node's engine, at once; one LaunchError (the first node's that failed) where one does not answer."""
 
     def reach(node: Node) -> NodeEngine:
-        say(f"connecting to {node.name} ({node.engine_url})")
+        say(connecting_line(node))
         engine = connect(node)
         say(f"{node.name}: engine reachable at {node.engine_url}")
         return engine

@@ -39,18 +39,9 @@ case "${1:-}" in
   *) echo "usage: $0 [--dry-run | wheels]" >&2; exit 2 ;;
 esac
 
-# Why the Docker engine cannot build and run the stack, or nothing if it can.
-engine_problem() {
-  local out
-  command -v docker >/dev/null || { echo "no docker command"; return; }
-  out=$(docker info -f '{{.ServerVersion}}' 2>&1) || { echo "docker info: $(tail -1 <<< "$out")"; return; }
-  docker compose version >/dev/null 2>&1 || { echo "the engine answers, but \`docker compose\` (Compose v2) is missing"; return; }
-  docker buildx version >/dev/null 2>&1 || { echo "the engine answers, but \`docker buildx\` is missing"; return; }
-}
-
 ensure_engine() {
   local problem
-  problem=$(engine_problem)
+  problem=$(scripts/host-setup.sh engine-problem)
   if [ -z "$problem" ]; then
     log "using the Docker engine $(docker version -f '{{.Server.Version}}') as it is (no host set-up)"
     return

@@ -5,6 +5,8 @@
 #   scripts/host-setup.sh [packages|engine|all]      (default all)
 #   scripts/host-setup.sh check-plan PACKAGE...      (only the guard below, on apt's simulated plan)
 #   scripts/host-setup.sh venv-python | mirror       (print the Python 3.11 for .venv / the host's Debian mirror)
+#   scripts/host-setup.sh engine-problem             (why the engine cannot build and run the stack; nothing if it
+#                                                     can; any user: scripts/build-images.sh asks it first)
 #
 # packages: Open MPI, OpenSSH, a C++ compiler, debootstrap, iproute2/iptables/nsenter and a Python 3.11 venv,
 #           from the host's own apt sources only. Before installing, apt's plan is simulated: a plan that
@@ -29,7 +31,7 @@ LOG_DIR=/var/log/horovod-stack
 log() { echo "[host-setup] $*"; }
 fail() { echo "host-setup: $*" >&2; exit 1; }
 
-[ "$(id -u)" = 0 ] || fail "run as root (it installs system packages and starts dockerd)"
+[ "${1:-all}" = engine-problem ] || [ "$(id -u)" = 0 ] || fail "run as root (it installs system packages and starts dockerd)"
 
 apt_updated=0
 apt_update_once() {
@@ -151,6 +153,16 @@ ensure_cli() {
   done
 }
 
+# Why the Docker engine here cannot build and run the stack (one line), or nothing if it can: it answers, with
+# Compose v2 and buildx.
+engine_problem() {
+  local out
+  command -v docker >/dev/null || { echo "no docker command"; return; }
+  out=$(docker info -f '{{.ServerVersion}}' 2>&1) || { echo "docker info: $(tail -1 <<< "$out")"; return; }
+  docker compose version >/dev/null 2>&1 || { echo "the engine answers, but \`docker compose\` (Compose v2) is missing"; return; }
+  docker buildx version >/dev/null 2>&1 || { echo "the engine answers, but \`docker buildx\` is missing"; return; }
+}
+
 ensure_engine() {
   if docker info >/dev/null 2>&1; then
     ensure_cli
@@ -185,7 +197,8 @@ case "${1:-all}" in
   engine) ensure_engine ;;
   all) ensure_packages; ensure_engine ;;
   check-plan) shift; refuse_host_changes "$@"; log "no host package would be removed or re-versioned" ;;
+  engine-problem) engine_problem ;;
   venv-python) venv_python || fail "no Python 3.11 with venv support; run scripts/host-setup.sh packages" ;;
   mirror) debian_mirror ;;
-  *) echo "usage: $0 [packages|engine|all|check-plan PACKAGE...|venv-python|mirror]" >&2; exit 2 ;;
+  *) echo "usage: $0 [packages|engine|all|check-plan PACKAGE...|venv-python|mirror|engine-problem]" >&2; exit 2 ;;
 esac
