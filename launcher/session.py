@@ -339,7 +339,10 @@ class WorkerWatch(threading.Thread):
             engines = {node.name: self.connect(node) for node in self.plan.nodes[1:]}
             while not self.done.wait(1):
                 for name, container_id in self.container_ids.items():
-                    self.check(name, engines[name], container_id)
+                    try:
+                        self.check(name, engines[name], container_id)
+                    except NodeError:  # its engine does not answer now (a silent node): the agent sees the job
+                        continue
         except Exception as error:  # the job goes on; only the watching stops
             self.say(f"worker watch stopped: {type(error).__name__}: {error}")
 
@@ -390,7 +393,10 @@ def dead_worker(engines: list[NodeEngine], containers: list[Container], rank0_en
     """A worker killed or removed during the run (rank 0's own exit code is the job's once the job has ended)."""
     start = 0 if rank0_ended_first else 1
     for engine, container in zip(engines[start:], containers[start:], strict=True):
-        loss = engine.lost_reason(container.id)
+        try:
+            loss = engine.lost_reason(container.id)
+        except NodeError:  # its engine does not answer (a node gone silent): the agent's cause stands
+            continue
         if loss:
             return f"{engine.node.name}: {loss} during the run"
     return None

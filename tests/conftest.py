@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 
 from app import gpu
 from launcher.agent import stacks
 from launcher.core.job import JobSpec
 from launcher.core.options import JobOptions
-from launcher.core.protocol import HOSTKEYS_DIR, KNOWN_HOSTS
+from launcher.core.protocol import HOSTKEYS_DIR, JOB_LOST, KNOWN_HOSTS
 from launcher.engine import Container, Loss, NodeEngine, NodeError, pull_failure
-from launcher.preflight import HostView
 from launcher.jobstate import ContainerState
 from launcher.plan import ClusterPlan, Found, Node, WorkerContainer
+from launcher.preflight import HostView
 from launcher.settings import LaunchSettings
 
 JOB_OPTIONS = {field.name for field in dataclasses.fields(JobOptions)}
@@ -198,10 +199,13 @@ class Clock:
 class Line:
     def __init__(self, address: str, heard: list[str]) -> None:
         self.address, self.heard = address, heard
-        self.open, self.last_word = True, None
+        self.open, self.last_word, self.went_silent = True, None, False
 
     def alive(self) -> bool:
         return self.open
+
+    def silent(self) -> bool:
+        return not self.open and self.went_silent
 
     def send(self, message: str) -> None:
         self.last_word, self.open = message, False
@@ -216,7 +220,9 @@ class StandInTransport:
     answers ssh from a time in `up_from` on (all, always, without one), until lost; with `keys`, a worker answers
     only while its key in `keys` is the one pinned (nothing is published: the MPIJob door learns keys). The job's
     process exits with `status`, at once or (`until_stopped`) once the agent stops it; with `stacks_of`, it never
-    prints again and each worker's ranks wait where given."""
+    prints again and each worker's ranks wait where given. Workers in `silent_in_job` go silent as the job starts
+    (their lifelines close without a word); the job then runs until the agent ends it, or, once the agent has
+    recorded them in JOB_LOST (an elastic job going on without them), exits with `status`."""
 
     def __init__(
         self,
@@ -229,10 +235,14 @@ class StandInTransport:
         keys: dict[str, str] | None = None,
         stacks_of: dict[str, list[stacks.RankStack]] | None = None,
         until_stopped: bool = False,
+        silent_in_job: frozenset[str] | set[str] = frozenset(),
     ) -> None:
         self.clock, self.up_from, self.resolves = clock or Clock(), up_from, resolves or []
         self.cannot_start, self.status, self.lost_in_job = cannot_start, status, lost_in_job
         self.keys, self.stacks_of, self.until_stopped = keys, stacks_of, until_stopped
+        self.silent_in_job = silent_in_job
+        self.fresh: set[str] = set()
+        """Workers whose container started again since the agent claimed them (none claimed it since)."""
         self.files: dict[str, str] = {}
         self.modes: dict[str, int] = {}
         self.lines: dict[str, Line] = {}
@@ -269,6 +279,8 @@ class StandInTransport:
                 return 255, "host key changed"
         if "lifeline" in command:
             self.told[address] = stdin.strip()
+        if command.startswith("test ! -e") and "claimed" in command:
+            return (0, "") if address in self.fresh else (1, "")
         if "probe" in command and address in self.cannot_start:
             return 1, "script t.py is not there\n"
         if "stacks collect" in command and self.stacks_of is not None:
@@ -282,6 +294,8 @@ class StandInTransport:
 
     def run(self, argv: list[str], cwd: str) -> int:
         self.ran.append(argv)
+        if self.silent_in_job:
+            return self.run_until_silence_is_handled()
         if self.until_stopped:
             assert self.ended.wait(10), "the agent never stopped the job"
             return 143  # mpirun, told SIGTERM
@@ -290,6 +304,20 @@ class StandInTransport:
             self.up_from[address] = float("inf")
             self.lines[address].open = False
         return self.status
+
+    def run_until_silence_is_handled(self) -> int:
+        for address in self.silent_in_job:
+            assert self.up_from is not None
+            self.up_from[address] = float("inf")
+            self.lines[address].open, self.lines[address].went_silent = False, True
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.ended.is_set():
+                return 143  # mpirun, told SIGTERM
+            if set(self.silent_in_job) <= set(self.files.get(JOB_LOST, "").split()):
+                return self.status
+            time.sleep(0.05)
+        raise AssertionError("the agent neither ended the job nor dropped the silent workers")
 
     def output_age(self) -> float:
         return 999.0 if self.stacks_of is not None else 0.0

@@ -225,6 +225,16 @@ class Cluster:
         finally:
             sh(*node.in_namespace("iptables", "-D", *rule))
 
+    @contextlib.contextmanager
+    def link_down(self, node: TestNode) -> Iterator[float]:
+        """The node's link down for the block (a pulled cable, a failed switch port, a powered-off host: silence, no
+        TCP reset), then up again; yields when it went down (time.monotonic). Its engine's unix socket still works."""
+        sh("ip", "-n", node.namespace, "link", "set", NIC, "down")
+        try:
+            yield time.monotonic()
+        finally:
+            sh("ip", "-n", node.namespace, "link", "set", NIC, "up")
+
     def listen_on(self, node: TestNode, port: int) -> subprocess.Popen:
         process = subprocess.Popen(node.in_namespace("python3", "-m", "http.server", str(port)),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

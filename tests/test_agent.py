@@ -14,11 +14,20 @@ import pytest
 
 from launcher.agent import __main__ as agent
 from launcher.agent import compose
-from launcher.agent.job import Agent, say
+from launcher.agent.job import Agent, ElasticClaims, LifelineWatch, LostWorker, say
 from launcher.core.job import JobSpec, Worker
 from launcher.core.options import SettingsError
-from launcher.core.protocol import (HOSTFILE_PATH, JOB_SPEC, JOB_STATUS, KEEP_RUNNING, KNOWN_HOSTS, JobEnd,
-                                    lost_driver_message, parse_job_end)
+from launcher.core.protocol import (
+    HOSTFILE_PATH,
+    JOB_LOST,
+    JOB_SPEC,
+    JOB_STATUS,
+    KEEP_RUNNING,
+    KNOWN_HOSTS,
+    JobEnd,
+    lost_driver_message,
+    parse_job_end,
+)
 from tests.conftest import Clock, job_spec
 from tests.conftest import StandInTransport as Transport
 
@@ -101,6 +110,58 @@ def test_a_worker_lost_during_the_run_is_the_jobs_root_cause():
     assert end == JobEnd(1, "node_2: worker lost during the run; `launcher status` shows how each worker ended")
     assert transport.lines[W1.address].last_word == end.message()
     assert transport.told == {} and not any("could not reach" in line for line in said)  # node_2 knows: its line closed
+
+
+def test_a_worker_that_goes_silent_ends_a_fixed_job_at_once_with_the_silence_as_its_cause():
+    """A pulled cable or a powered-off node: no reset, the ranks would wait in their collective forever."""
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, silent_in_job={W2.address})
+    end, said = run(spec(), clock, transport)
+    cause = "node_2 went silent (no answer for 15 s: link down, host down or powered off)"
+    assert end == JobEnd(143, cause) and transport.files[JOB_STATUS] == f"exit status 143: {cause}\n"
+    assert f"error: {cause}; ending the job" in said
+    assert transport.lines[W1.address].last_word == end.message()
+    assert JOB_LOST not in transport.files  # host discovery is an elastic job's
+
+
+def test_an_elastic_job_drops_a_silent_worker_from_host_discovery_and_goes_on(tmp_path):
+    clock = Clock()
+    job = compose.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "1", "NETWORK_INTERFACE": "eth0"}, [])
+    transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 0}, resolves=["172.18.0.2", "172.18.0.3"],
+                          silent_in_job={"172.18.0.3"})
+    end, said = run(job, clock, transport)
+    assert end == JobEnd(0)
+    assert ("172.18.0.3 went silent (no answer for 15 s: link down, host down or powered off); host discovery drops "
+            "it and the elastic job goes on without it") in said
+    assert transport.files[JOB_LOST] == "172.18.0.3\n"
+    transport.up_from["172.18.0.3"] = 0  # the link is back: the old worker answers until it notices and stops
+    transport.files[JOB_SPEC] = job.to_json()
+    (tmp_path / f".elastic-discovery-{job.job_id}").touch()
+    assert agent.discover(transport, marker_dir=str(tmp_path)) == ["172.18.0.2:1"]
+
+
+def test_a_lost_worker_is_claimed_again_only_as_a_new_worker():
+    """The old worker on a node that comes back is not taken back (it stops by itself); a new one there is."""
+    clock = Clock()
+    job = compose.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "1", "NETWORK_INTERFACE": "eth0"}, [])
+    transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 0}, resolves=["172.18.0.2", "172.18.0.3"])
+    said: list[str] = []
+    subject = Agent(job, transport, say=said.append, clock=clock, sleep=clock.sleep)
+    subject.claim(subject.wait_until_ready())
+    transport.lines["172.18.0.3"].open, transport.lines["172.18.0.3"].went_silent = False, True
+    LifelineWatch(subject).check()
+    assert subject.lost == {"172.18.0.3": LostWorker("172.18.0.3", silent=True)}
+    claims = ElasticClaims(subject)
+    claims.start()
+    time.sleep(2.5)  # one round of claims: the old worker answers, but it was claimed before
+    assert not transport.lines["172.18.0.3"].alive() and transport.files[JOB_LOST] == "172.18.0.3\n"
+    transport.fresh.add("172.18.0.3")  # its container started again
+    deadline = time.monotonic() + 10
+    while "172.18.0.3" in subject.lost and time.monotonic() < deadline:
+        time.sleep(0.1)
+    claims.stop()
+    assert transport.lines["172.18.0.3"].alive() and transport.files[JOB_LOST] == ""
+    assert "172.18.0.3: a new worker there is claimed; host discovery lists it again" in said
 
 
 def test_an_elastic_job_below_its_minimum_names_the_lost_workers():

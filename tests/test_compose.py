@@ -291,6 +291,35 @@ def test_killed_launcher_container_stops_every_worker_and_up_returns(engine, com
         output[-3000:]
 
 
+def test_a_paused_worker_ends_the_job_within_a_minute_naming_it(engine, compose_run, tmp_path):
+    """`docker pause` stops a worker answering without a TCP reset, as a silent node does: the job ends, naming it."""
+    run = compose_run(DATASET="synthetic", EPOCHS="200")
+    log = tmp_path / "compose.log"
+    process = run.start("up", log=log)
+    victim = None
+    try:
+        wait_for_line(log, "epoch 1/200:", process, timeout=400)
+        victim = next(c for c in project_containers(engine, run.project)
+                      if c.labels["com.docker.compose.service"] == "worker" and horovod_rank(c) == 1)
+        address = next(iter(victim.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"]
+        victim.pause()
+        paused = time.monotonic()
+        ended = wait_for_line(log, "job FAILED", process, timeout=120) - paused
+        victim.unpause()  # the node comes back: its worker notices its lifeline closed and stops
+        process.wait(timeout=120)
+    finally:
+        if victim is not None and (victim.reload() or victim.status == "paused"):
+            victim.unpause()
+        if process.poll() is None:
+            process.kill()
+    output = ANSI_ESCAPE.sub("", log.read_text())
+    left = [c.name for c in project_containers(engine, run.project, status="running")]
+    print(f"\ncompose worker paused: job FAILED {ended:.1f} s later; running containers left: {left}")
+    cause = f"{address} went silent (no answer for 15 s: link down, host down or powered off)"
+    assert f"error: {cause}; ending the job" in output and "job FAILED (exit status" in output, output[-3000:]
+    assert ended <= 60 and left == []
+
+
 def test_elastic_minimum_above_the_worker_count_is_refused_in_one_line(engine, compose_run):
     run = compose_run(ELASTIC_MIN_WORKERS="3")
     result = run.compose("up")

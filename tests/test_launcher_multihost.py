@@ -499,6 +499,40 @@ def test_elastic_job_below_its_minimum_fails_naming_the_lost_node(cluster):
     assert_nothing_left(cluster)
 
 
+SILENT_NODE_2 = "node_2 went silent (no answer for 15 s: link down, host down or powered off)"
+
+
+def test_a_node_that_goes_silent_ends_a_fixed_job_within_a_minute(cluster):
+    """node_2's link set down mid-run (a pulled cable, a powered-off host: no TCP reset): the job ends, naming it."""
+    run = BackgroundLaunch(cluster, *start_args(cluster, "--push-image"), *LONG_TRAIN)
+    run.wait_for("epoch 1/200:")
+    with cluster.link_down(cluster.nodes[1]) as cut:
+        status, _, stderr = run.finish(timeout=180)
+        took = time.monotonic() - cut
+    print(f"\nnode_2's link down: the launcher exited {took:.1f} s later with status {status}: "
+          f"{error_lines(run_result(stderr))}")
+    assert status == 1 and error_lines(run_result(stderr)) == [f"error: {SILENT_NODE_2}"], stderr[-3000:]
+    assert took <= 60
+    assert f"error: {SILENT_NODE_2}; ending the job" in stderr
+    assert_nothing_left(cluster)
+
+
+def test_elastic_job_goes_on_without_a_node_that_went_silent(cluster):
+    """--elastic --min-nodes 1: node_2's link set down mid-run; training goes on with node_1 and finishes."""
+    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-silent.jsonl"))
+    run.wait_for("epoch 2/30:")
+    with cluster.link_down(cluster.nodes[1]) as cut:
+        went_on = run.wait_for("first step at world size 1", timeout=180) - cut
+    status, output, stderr = run.finish()
+    print(f"\nelastic, node_2's link down: first step at world size 1 {went_on:.1f} s after the cut, exit status "
+          f"{status}")
+    assert status == 0, stderr[-3000:] + output[-3000:]
+    assert f"{SILENT_NODE_2}; host discovery drops it and the elastic job goes on without it" in stderr
+    sizes = world_sizes(cluster, "elastic-silent.jsonl")
+    assert len(sizes) == 30 and sizes[0] == 2 and sizes[-1] == 1 and sizes == sorted(sizes, reverse=True), sizes
+    assert_nothing_left(cluster)
+
+
 def run_result(stderr: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([], 1, "", stderr)
 

@@ -16,7 +16,8 @@ from launcher.core.job import (JobSpec, Worker, command_probe, hostfile, horovod
                                ssh_config, trainer_option, with_run_dir)
 from launcher.core.nics import nic_problem, nic_selection, virtual_subnets
 from launcher.core.options import JobOptions, SettingsError, job_command
-from launcher.core.protocol import GPU_WORKER_ULIMITS, WORKER_ULIMITS
+from launcher.core.protocol import (GPU_WORKER_ULIMITS, KEEPALIVE_COUNT, KEEPALIVE_INTERVAL_SECONDS, SILENCE_SECONDS,
+                                    WORKER_ULIMITS)
 from launcher.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
 from launcher.settings import LaunchSettings, engine_override_key, load_env_file, parse_gpus, resolve_settings
 from tests.conftest import launch_settings
@@ -241,6 +242,15 @@ def test_ssh_client_config_is_strict_on_the_stacks_port():
     config = ssh_config(2222)
     assert "StrictHostKeyChecking yes" in config and "Port 2222" in config and "BatchMode yes" in config
     assert "IdentityFile /cluster/ssh/id_ed25519" in config and "ConnectTimeout 10" in config
+
+
+def test_every_ssh_into_the_cluster_and_every_workers_sshd_give_up_on_a_silent_peer_alike():
+    """A session to a node that went silent (no TCP reset) would otherwise wait forever, and the job with it."""
+    client = ssh_config(2222).splitlines()
+    assert "  ServerAliveInterval 5" in client and "  ServerAliveCountMax 3" in client
+    sshd = (Path(__file__).parent.parent / "docker" / "sshd_config").read_text().splitlines()
+    assert f"ClientAliveInterval {KEEPALIVE_INTERVAL_SECONDS}" in sshd and f"ClientAliveCountMax {KEEPALIVE_COUNT}" in sshd
+    assert KEEPALIVE_INTERVAL_SECONDS * KEEPALIVE_COUNT == SILENCE_SECONDS == 15
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.agent import compose, stacks
-from launcher.agent.job import DISCOVERY_SSH_TIMEOUT, Agent, say
+from launcher.agent.job import DISCOVERY_SSH_TIMEOUT, Agent, lost_addresses, say
 from launcher.agent.transport import SshTransport, Transport, read_text, stop_on_signals, write_atomically
 from launcher.core.job import JobSpec
 from launcher.core.options import one_line
@@ -28,6 +28,7 @@ from launcher.core.protocol import (
     AGENT_PREFIX,
     JOB_END_FILE,
     JOB_LOG,
+    JOB_LOST,
     JOB_SPEC,
     JOB_STATUS,
     KEEP_RUNNING,
@@ -117,13 +118,15 @@ def discover(transport: Transport, marker_dir: str = "/tmp") -> list[str]:
     """Elastic Horovod's host discovery (horovodrun runs it about once a second): ADDRESS:SLOTS for each worker whose
     sshd answers right now, in the candidates' order. Horovod gives the lowest ranks to the hosts it has known
     longest but takes its first discovery as a set, in no order: so a job's first answer names the first candidate
-    alone (rank 0's node, whose shared folder holds the run) and later answers name them all."""
+    alone (rank 0's node, whose shared folder holds the run) and later answers name them all. A worker the agent
+    lost (JOB_LOST) is left out until it claims a new one there."""
     spec = JobSpec.from_json(transport.read(JOB_SPEC) or "")
     agent = Agent(spec, transport, say=lambda _: None)
     first_answered = Path(marker_dir) / f".elastic-discovery-{spec.job_id}"
+    lost = lost_addresses(transport.read(JOB_LOST))
     lines = []
     for worker in agent.candidates():
-        if agent.answers(worker, DISCOVERY_SSH_TIMEOUT):
+        if worker.address not in lost and agent.answers(worker, DISCOVERY_SSH_TIMEOUT):
             lines.append(f"{worker.address}:{spec.slots_of(worker)}")
             if not first_answered.exists():
                 first_answered.touch()

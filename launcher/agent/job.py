@@ -4,11 +4,12 @@ launcher pod), whichever door started it.
 One job, in order (Agent.run): ssh client set-up (for compose also the cluster's key pair) -> readiness: every
 worker's published host key pinned and its sshd answering -> a lifeline to every worker -> a check that every
 worker can start the command -> the hostfile and mpirun (or elastic horovodrun) -> its exit status and root cause
--> every worker told that the job ended. While it runs, a stall watch notices a job that prints nothing and records
-no new metrics for the stall timeout, and gathers every rank's stack once (launcher/core/stall.py,
-launcher/agent/stacks.py). The job's life is the cluster's: it does not depend on the client that started it, and
-when the agent itself dies (its container killed, out of memory, a reboot) its lifelines close and every worker
-stops by itself.
+-> every worker told that the job ended. While it runs, a lifeline watch notices a worker that is lost (its container
+stopped, or silent: link down, host down, powered off) and ends a fixed-size job at once or drops the worker from an
+elastic one; a stall watch notices a job that prints nothing and records no new metrics for the stall timeout, and
+gathers every rank's stack once (launcher/core/stall.py, launcher/agent/stacks.py). The job's life is the cluster's:
+it does not depend on the client that started it, and when the agent itself dies (its container killed, out of
+memory, a reboot) its lifelines close and every worker stops by itself.
 
 Side effects go through a Transport (launcher/agent/transport.py), so every decision here is tested without
 containers.
@@ -20,6 +21,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from launcher.agent import stacks
 from launcher.agent.transport import Lifeline, Transport
@@ -31,14 +33,17 @@ from launcher.core.protocol import (
     HOME,
     HOSTFILE_PATH,
     HOSTKEYS_DIR,
+    JOB_LOST,
     JOB_STALL,
     JOB_STATUS,
     KEEP_RUNNING,
     KNOWN_HOSTS,
+    SILENCE_SECONDS,
     SSH_CONFIG,
     SSH_CONNECT_TIMEOUT_SECONDS,
     STACKS,
     WORKER_CLAIM_TIMEOUT_SECONDS,
+    WORKER_CLAIMED,
     JobEnd,
     Signalled,
 )
@@ -48,6 +53,10 @@ REFUSED_JOB_PATIENCE_SECONDS = 30
 """How long a job refused before it started keeps trying to tell the workers (they may still be starting)."""
 ELASTIC_CLAIM_INTERVAL = 2
 STALL_POLL_SECONDS = 5
+LIFELINE_POLL_SECONDS = 1
+ELASTIC_RECOVERY_GRACE_SECONDS = 30
+"""An elastic job that lost a worker and then shows no progress for its elastic timeout and this long has not
+recovered (Horovod's driver could not go on without the worker, nor fail by itself): the agent ends it."""
 
 Say = Callable[[str], None]
 
@@ -64,6 +73,28 @@ def lifeline_command(driver: str) -> str:
     return shlex.join([*AGENT, "lifeline", "--driver", driver])
 
 
+@dataclass(frozen=True)
+class LostWorker:
+    """A worker lost during the run: its lifeline closed (its container stopped or was killed), or it went silent."""
+
+    name: str
+    silent: bool
+
+    def __str__(self) -> str:
+        if self.silent:
+            return f"{self.name} went silent (no answer for {SILENCE_SECONDS} s: link down, host down or powered off)"
+        return f"{self.name}: worker lost during the run"
+
+    def short(self) -> str:
+        """As one of a list of lost workers."""
+        return f"{self.name} (silent for {SILENCE_SECONDS} s)" if self.silent else self.name
+
+
+def lost_addresses(text: str | None) -> set[str]:
+    """The addresses in JOB_LOST."""
+    return set((text or "").split())
+
+
 class Agent:
     def __init__(
         self,
@@ -76,6 +107,10 @@ class Agent:
         self.spec, self.transport, self.say, self.clock, self.sleep = spec, transport, say, clock, sleep
         self.lifelines: dict[str, Lifeline] = {}
         """Open lifelines, by worker address."""
+        self.claimed: dict[str, Worker] = {}
+        """Every worker a lifeline was opened to, by address."""
+        self.lost: dict[str, LostWorker] = {}
+        """Workers lost during the run and not claimed again, by address."""
 
     # --- finding and trusting workers ----------------------------------------------------------------------------
     def candidates(self) -> list[Worker]:
@@ -143,6 +178,21 @@ class Agent:
                 self.lifelines[worker.address] = self.transport.lifeline(
                     worker.address, lifeline_command(self.spec.driver)
                 )
+                self.claimed[worker.address] = worker
+
+    def unclaimed_since_start(self, worker: Worker) -> bool:
+        """The worker has never been claimed since its container started: a new worker, not a lost one that came
+        back (that one stops by itself once it notices its lifeline closed)."""
+        return self.transport.ssh(worker.address, f"test ! -e {WORKER_CLAIMED}", DISCOVERY_SSH_TIMEOUT)[0] == 0
+
+    def mark_lost(self, address: str, loss: LostWorker | None) -> None:
+        """Records a worker as lost or, with None, claimed again; JOB_LOST tells host discovery."""
+        if loss is None:
+            self.lost.pop(address, None)
+        else:
+            self.lost[address] = loss
+        if self.spec.elastic:
+            self.transport.write(JOB_LOST, "".join(f"{lost}\n" for lost in sorted(self.lost)))
 
     # --- the job -----------------------------------------------------------------------------------------------
     def check_command(self, workers: list[Worker]) -> None:
@@ -165,20 +215,22 @@ class Agent:
         self.say(f"hostfile: {' '.join(f'{worker.address}:{spec.slots_of(worker)}' for worker in ready)}")
         self.say(f"running: {' '.join(argv)}")
         watch = ElasticClaims(self) if spec.elastic else None
+        lifelines = LifelineWatch(self)
         stall = StallWatch(self, ready) if spec.options.stall_timeout > 0 else None
         limit = TimeLimit(self, ready) if spec.options.time_limit > 0 else None
-        for thread in (watch, stall, limit):
-            if thread:
-                thread.start()
+        threads = [thread for thread in (watch, lifelines, stall, limit) if thread]
+        for thread in threads:
+            thread.start()
         try:
             status = self.transport.run(argv, cwd=HOME)
         finally:
-            for thread in (watch, stall, limit):
-                if thread:
-                    thread.stop()
+            for thread in threads:
+                thread.stop()
         self.say(f"{spec.program} exited with status {status}")
         if limit and limit.cause:
             return JobEnd(TimeLimit.STATUS, limit.cause)
+        if lifelines.cause:
+            return JobEnd(status or 1, lifelines.cause)
         if stall and stall.cause:
             return JobEnd(status or 1, stall.cause)
         return JobEnd(status, None if status == 0 else self.failure_cause(ready))
@@ -207,25 +259,33 @@ class Agent:
                 self.say(f"{worker.name}: no stacks ({(output.strip().splitlines() or ['no answer'])[-1]})")
         return found
 
+    def loss(self, worker: Worker) -> LostWorker | None:
+        """How the worker was lost during the run, or None while its lifeline holds and it answers."""
+        if worker.address in self.lost:
+            return self.lost[worker.address]
+        line = self.lifelines.get(worker.address)
+        if line is not None and not line.alive():
+            return LostWorker(worker.name, line.silent())
+        if line is None or not self.answers(worker, DISCOVERY_SSH_TIMEOUT):
+            return LostWorker(worker.name, silent=False)
+        return None
+
     def failure_cause(self, ready: list[Worker]) -> str | None:
         """Why a job that ran failed, when it is a lost worker (a rank's own error is in the job's output)."""
         spec = self.spec
-        lost = [
-            worker.name
-            for worker in ready
-            if not (line := self.lifelines.get(worker.address))
-            or not line.alive()
-            or not self.answers(worker, DISCOVERY_SSH_TIMEOUT)
-        ]
-        if not lost:
+        losses = [loss for worker in ready if (loss := self.loss(worker))]
+        if not losses:
             return None
+        hint = spec.words.lost_hint
         if spec.elastic:
             minimum = spec.options.spelling.of("elastic_min_workers", spec.options.min_workers)
             return (
                 f"the elastic job fell below {minimum} for {spec.options.elastic_timeout} s: lost "
-                f"{', '.join(lost)}; {spec.words.lost_hint}"
+                f"{', '.join(loss.short() for loss in losses)}; {hint}"
             )
-        return f"{', '.join(lost)}: worker lost during the run; {spec.words.lost_hint}"
+        silent = [str(loss) for loss in losses if loss.silent]
+        closed = [loss.name for loss in losses if not loss.silent]
+        return "; ".join([*silent, *([f"{', '.join(closed)}: worker lost during the run; {hint}"] if closed else [])])
 
     def run(self) -> JobEnd:
         """The whole job; however it ends, its status is recorded and every worker is told."""
@@ -327,18 +387,81 @@ class ElasticClaims(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(ELASTIC_CLAIM_INTERVAL):
             try:
+                agent = self.agent
                 unclaimed = [
                     worker
-                    for worker in self.agent.candidates()
-                    if not (line := self.agent.lifelines.get(worker.address)) or not line.alive()
+                    for worker in agent.candidates()
+                    if not (line := agent.lifelines.get(worker.address)) or not line.alive()
                 ]
-                self.agent.claim([worker for worker in unclaimed if self.agent.answers(worker, DISCOVERY_SSH_TIMEOUT)])
+                # A lost worker comes back only as a new one (its container started again); the old one stops.
+                joining = [
+                    worker
+                    for worker in unclaimed
+                    if agent.answers(worker, DISCOVERY_SSH_TIMEOUT)
+                    and (worker.address not in agent.lost or agent.unclaimed_since_start(worker))
+                ]
+                agent.claim(joining)
+                for worker in joining:
+                    if worker.address in agent.lost:
+                        agent.mark_lost(worker.address, None)
+                        agent.say(f"{worker.name}: a new worker there is claimed; host discovery lists it again")
             except Exception as error:  # noqa: BLE001  the job goes on; a later round tries again
                 self.agent.say(f"could not claim a returning worker: {error}")
 
     def stop(self) -> None:
         self.done.set()
         self.join()  # before the wind-down reads the lifelines
+
+
+class LifelineWatch(threading.Thread):
+    """While the job runs: every claimed worker's lifeline. A worker whose line closes is lost: its container stopped
+    or was killed, or it went silent (no answer for SILENCE_SECONDS: link down, host down or powered off). A
+    fixed-size job cannot go on without it, and its ranks would wait in a collective that never completes: the job is
+    ended at once, the loss its cause. An elastic job goes on without it: host discovery stops listing it (JOB_LOST);
+    should the job then show no progress for its elastic timeout and ELASTIC_RECOVERY_GRACE_SECONDS (Horovod neither
+    went on nor failed), it is ended, the loss its cause."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(name="lifeline-watch", daemon=True)
+        self.agent = agent
+        self.done = threading.Event()
+        self.cause: str | None = None
+        """Why the job was ended, when this watch ended it."""
+        self.last_loss: float | None = None
+
+    def run(self) -> None:
+        while self.cause is None and not self.done.wait(LIFELINE_POLL_SECONDS):
+            try:
+                self.check()
+            except Exception as error:  # noqa: BLE001  the job goes on; the next round looks again
+                self.agent.say(f"lifeline watch: {type(error).__name__}: {error}")
+
+    def check(self) -> None:
+        agent = self.agent
+        for address, line in list(agent.lifelines.items()):
+            if line.alive() or address in agent.lost:
+                continue
+            loss = LostWorker(agent.claimed[address].name, line.silent())
+            agent.mark_lost(address, loss)
+            self.last_loss = agent.clock()
+            if not agent.spec.elastic:
+                self.end(str(loss))
+                return
+            agent.say(f"{loss}; host discovery drops it and the elastic job goes on without it")
+        if agent.spec.elastic and agent.lost and self.last_loss is not None:
+            patience = agent.spec.options.elastic_timeout + ELASTIC_RECOVERY_GRACE_SECONDS
+            if agent.clock() - self.last_loss > patience and agent.transport.output_age() > patience:
+                lost = ", ".join(loss.short() for loss in agent.lost.values())
+                self.end(f"the elastic job showed no progress for {patience} s after it lost {lost}")
+
+    def end(self, cause: str) -> None:
+        if self.agent.transport.stop_job():  # else it ended by itself meanwhile: its end stands
+            self.cause = cause
+            self.agent.say(f"error: {cause}; ending the job")
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
 
 
 class StallWatch(threading.Thread):

@@ -12,9 +12,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 from launcher.core import stall
 from launcher.core.protocol import (
@@ -25,12 +26,21 @@ from launcher.core.protocol import (
     Signalled,
 )
 
-LIFELINE_KEEPALIVE = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
-"""The agent's side of a lifeline notices a dead worker within 15 s (sshd_config's ClientAlive* is the other side)."""
+SILENT_MARK = "not responding"
+"""What ssh says (at LogLevel INFO) when it gives up on a server that stopped answering ("Timeout, server X not
+responding."): the ServerAlive* settings of the cluster's ssh config (launcher.core.job.ssh_config)."""
+JOB_STOP_GRACE_SECONDS = 5
+"""How long the job's process has, once asked to end (SIGTERM), before it and its ssh sessions are killed: mpirun
+can wait forever on a node that went silent."""
+OUTPUT_DRAIN_SECONDS = 5
+"""How long the job's output is still read after its process ended (a killed mpirun's leftovers may hold it)."""
 
 
 class Lifeline(Protocol):
     def alive(self) -> bool: ...
+
+    def silent(self) -> bool:
+        """True once the line has closed because the worker stopped answering (no reset: link or host down)."""
 
     def send(self, message: str) -> None:
         """Send the last line (a job-end message, or KEEP_RUNNING) and close."""
@@ -93,17 +103,26 @@ def write_atomically(path: str, text: str, mode: int = 0o644) -> None:
 class SshLifeline:
     def __init__(self, address: str, command: str) -> None:
         # A session of its own: a signal to the agent's process group must not cut the line before the last word.
+        # LogLevel INFO: ssh's word for a silent worker is an INFO line, which tells silence from a closed line.
         self.process = subprocess.Popen(
-            ["ssh", *LIFELINE_KEEPALIVE, address, command],
+            ["ssh", "-o", "LogLevel=INFO", address, command],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
         )
+        self.went_silent: bool | None = None
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def silent(self) -> bool:
+        if self.alive() or self.process.stderr is None:
+            return False
+        if self.went_silent is None:
+            self.went_silent = SILENT_MARK in self.process.stderr.read()
+        return self.went_silent
 
     def send(self, message: str) -> None:
         try:
@@ -159,20 +178,28 @@ class SshTransport:
         return SshLifeline(address, command)
 
     def run(self, argv: list[str], cwd: str) -> int:
-        # The job's output passes through here, so the stall watch knows when it last printed.
         self.last_output = time.monotonic()
-        self.child = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert self.child.stdout is not None
+        # A process group of its own, so that stop_job can kill it with its ssh sessions; signals to the agent reach
+        # it through stop_on_signals.
+        self.child = subprocess.Popen(
+            argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        relay = threading.Thread(target=self.relay, args=(self.child.stdout,), name="job-output", daemon=True)
+        relay.start()
         try:
-            for line in self.child.stdout:
-                sys.stdout.buffer.write(line)
-                sys.stdout.buffer.flush()
-                if not self.warnings.feed(line.decode(errors="replace")):  # a stall warning is no progress
-                    self.last_output = time.monotonic()
             code = self.child.wait()
+            relay.join(OUTPUT_DRAIN_SECONDS)
         finally:
             self.child, self.job_over = None, True
         return 128 - code if code < 0 else code
+
+    def relay(self, output: IO[bytes]) -> None:
+        """The job's output through to the agent's, noting when it last printed (for the stall watch)."""
+        for line in output:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+            if not self.warnings.feed(line.decode(errors="replace")):  # a stall warning is no progress
+                self.last_output = time.monotonic()
 
     def output_age(self) -> float:
         return time.monotonic() - self.last_output
@@ -191,6 +218,9 @@ class SshTransport:
         if child is None or child.poll() is not None:
             return False
         child.send_signal(signal.SIGTERM)
+        killer = threading.Timer(JOB_STOP_GRACE_SECONDS, kill_group, args=(child,))
+        killer.daemon = True
+        killer.start()
         return True
 
     def make_cluster_key(self) -> None:
@@ -209,6 +239,15 @@ class SshTransport:
         temporary.unlink(missing_ok=True)
         temporary.symlink_to(run.name)
         os.replace(temporary, latest)
+
+
+def kill_group(child: subprocess.Popen) -> None:
+    """The job's process and its process group (mpirun's ssh sessions), unless it has ended."""
+    if child.poll() is None:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def stop_on_signals(transport: SshTransport) -> None:

@@ -24,6 +24,8 @@ from launcher.core.protocol import (
     DISCOVERY_SCRIPT,
     HOME,
     HOSTFILE_PATH,
+    KEEPALIVE_COUNT,
+    KEEPALIVE_INTERVAL_SECONDS,
     KNOWN_HOSTS,
     RANK_NIC,
     SSH_CONNECT_TIMEOUT_SECONDS,
@@ -225,11 +227,14 @@ def pin_known_host(known_hosts: str, address: str, port: int, host_key: str) -> 
 
 
 def ssh_config(port: int) -> str:
-    """The rank-0 side's ssh client settings for every connection into the cluster (the agent's and mpirun's)."""
+    """The rank-0 side's ssh client settings for every connection into the cluster (the agent's, mpirun's and
+    horovodrun's): the cluster's key, the pinned host keys, and a peer that answers nothing for SILENCE_SECONDS
+    given up on (without it, a session to a silent node waits forever and the job hangs with it)."""
     return (
         f"Host *\n  Port {port}\n  IdentityFile {CLUSTER_KEY}\n  IdentitiesOnly yes\n"
         f"  UserKnownHostsFile {KNOWN_HOSTS}\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
-        f"  ConnectTimeout {SSH_CONNECT_TIMEOUT_SECONDS}\n  LogLevel ERROR\n"
+        f"  ConnectTimeout {SSH_CONNECT_TIMEOUT_SECONDS}\n  ServerAliveInterval {KEEPALIVE_INTERVAL_SECONDS}\n"
+        f"  ServerAliveCountMax {KEEPALIVE_COUNT}\n  LogLevel ERROR\n"
     )
 
 

@@ -25,6 +25,13 @@ ELASTIC_TIMEOUT_SECONDS = 60
 """How long an elastic job waits below its minimum for workers to come back (ELASTIC_TIMEOUT) before it fails."""
 SSH_CONNECT_TIMEOUT_SECONDS = 10
 """ssh's ConnectTimeout for every connection the agent and mpirun make inside the cluster."""
+KEEPALIVE_INTERVAL_SECONDS = 5
+KEEPALIVE_COUNT = 3
+SILENCE_SECONDS = KEEPALIVE_INTERVAL_SECONDS * KEEPALIVE_COUNT
+"""A peer that answers nothing this long is gone (a pulled cable, a failed switch port, a kernel panic or a power
+loss send no TCP reset): every ssh into the cluster gives up on it then (ServerAlive*, launcher.core.job.ssh_config:
+the agent's lifelines, mpirun's and horovodrun's sessions), and so does each worker's sshd (docker/sshd_config's
+ClientAlive*, which must agree)."""
 WORKER_STOP_GRACE_SECONDS = 2
 """A worker told that the job ended waits this long before it stops, so the job's driver exits first (compose's
 `up --exit-code-from launcher` then reports the job's status, not a worker's)."""
@@ -82,6 +89,9 @@ WORKER_CLAIMED = f"{HOME}/.claimed"
 AGENT = ("python", "-m", "launcher.agent")
 STACKS = ("python", "-m", "launcher.agent.stacks")
 """In a worker container: its ranks' stacks, as JSON (`STACKS collect --node NAME [--native]`)."""
+JOB_LOST = f"{HOME}/job.lost"
+"""In the agent's container while an elastic job runs: the addresses of the workers it lost (lifeline closed, or
+silent), one a line. Host discovery leaves them out until the agent claims a new worker there."""
 JOB_STALL = f"{HOME}/job.stall"
 """In the agent's container while the job runs: the stall watch's record (launcher/core/stall.py), for `status`."""
 STALL_TIMEOUT_SECONDS = 300
