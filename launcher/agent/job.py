@@ -37,6 +37,7 @@ from launcher.core.protocol import (
     JOB_STALL,
     JOB_STATUS,
     KEEP_RUNNING,
+    KEEPALIVE_INTERVAL_SECONDS,
     KNOWN_HOSTS,
     SILENCE_SECONDS,
     SSH_CONFIG,
@@ -267,8 +268,16 @@ class Agent:
         if line is not None and not line.alive():
             return LostWorker(worker.name, line.silent())
         if line is None or not self.answers(worker, DISCOVERY_SSH_TIMEOUT):
-            return LostWorker(worker.name, silent=False)
+            return LostWorker(worker.name, line is not None and self.went_silent(line))
         return None
+
+    def went_silent(self, line: Lifeline) -> bool:
+        """Whether a lifeline whose worker does not answer closes for silence (mpirun may notice a silent node just
+        before the lifeline does): waits for it to close, SILENCE_SECONDS and one keepalive round at most."""
+        deadline = self.clock() + SILENCE_SECONDS + KEEPALIVE_INTERVAL_SECONDS
+        while line.alive() and self.clock() < deadline:
+            self.sleep(0.5)
+        return line.silent()
 
     def failure_cause(self, ready: list[Worker]) -> str | None:
         """Why a job that ran failed, when it is a lost worker (a rank's own error is in the job's output)."""
