@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 import io
-import shlex
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -218,6 +217,23 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0][:300]
 
 
+def host_view_argv(port: int, resolve: tuple[str, ...]) -> list[str]:
+    """The command of host_view's container: whether `port` is taken, the NICs, the IPv4 addresses, then one
+    `resolved NAME ADDRESS` line per name in `resolve` that resolves. The names reach bash only as positional
+    arguments, never inside the script's text, so no name can be read as shell or awk code."""
+    script = (
+        # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
+        f"(exec 3<>/dev/tcp/127.0.0.1/{int(port)}) 2>/dev/null && echo taken || echo free; "
+        "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print \"nic\", $2}'; "
+        "ip -o -4 addr show | awk '{print \"address\", $2, $4}'; "
+        'for name in "$@"; do '
+        "address=$(getent ahostsv4 \"$name\" | awk '{print $1; exit}'); "
+        '[ -n "$address" ] && printf \'resolved %s %s\\n\' "$name" "$address"; '
+        "done; true"
+    )
+    return ["bash", "-c", script, "bash", *resolve]
+
+
 class NodeDriver:
     def __init__(self, node: Node, client: docker.DockerClient) -> None:
         self.node = node
@@ -361,23 +377,8 @@ class NodeDriver:
         """Whether something on the node already listens on `port`, the node's NICs and addresses, and what the
         names in `resolve` resolve to there, from one short-lived host-network container of the image (what the
         workers will see, whatever the launcher's machine has)."""
-        lookups = "".join(
-            f'; getent ahostsv4 {shlex.quote(name)} | awk \'{{print "resolved", "{name}", $1; exit}}\''
-            for name in resolve
-        )
         output = self.client.containers.run(
-            # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
-            image,
-            [
-                "bash",
-                "-c",
-                f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo taken || echo free; "
-                "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print \"nic\", $2}'; "
-                "ip -o -4 addr show | awk '{print \"address\", $2, $4}'" + lookups,
-            ],
-            network_mode="host",
-            remove=True,
-            user="mpiuser",
+            image, host_view_argv(port, resolve), network_mode="host", remove=True, user="mpiuser"
         )
         port_state, *lines = output.decode().splitlines()
         rows = [line.split() for line in lines]

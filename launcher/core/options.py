@@ -31,7 +31,7 @@ from launcher.core.protocol import (
 )
 from launcher.core.stall import STALL_ACTIONS
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_PATHS = (SHARED_MOUNT, WORKDIR, HOME, "/cluster", "/opt/horovod-stack")
 """Where the stack's own files live in a worker: a mount may not cover them."""
 
@@ -126,7 +126,7 @@ def parse_bind(text: str) -> Bind:
 def env_problem(item: str, name: str = "--env") -> str | None:
     """Why `item` is not KEY=VALUE for a rank's environment; None if it is. `name`: how the door's users set it."""
     key, separator, _ = item.partition("=")
-    if not separator or not ENV_NAME.match(key):
+    if not separator or not ENV_NAME.fullmatch(key):
         return f"{name} {item!r} is not KEY=VALUE with a variable name as KEY"
     return None
 
