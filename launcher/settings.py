@@ -18,7 +18,7 @@ from launcher.core.imageref import parse_image
 from launcher.core.options import JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
 from launcher.reach import CONNECT_TIMEOUT_S
-from launcher.workdir import payload_bytes
+from launcher.workdir import IgnoreFileError, payload_bytes
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -181,7 +181,10 @@ class LaunchSettings:
             raise SettingsError(
                 f"--workdir {folder} is not a folder here: pass the folder that holds your training code"
             )
-        size = payload_bytes(folder)
+        try:
+            size = payload_bytes(folder)
+        except IgnoreFileError as error:
+            raise SettingsError(f"--workdir {folder}: {error}") from None
         if size > WORKDIR_LIMIT_BYTES:
             raise SettingsError(
                 f"--workdir {folder} holds {size / 1024**2:.0f} MB, more than the "
