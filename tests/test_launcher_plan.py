@@ -404,6 +404,20 @@ def test_compose_gives_its_containers_the_launchers_limits():
     assert f"cap_add: [{', '.join(WORKER_CAPABILITIES)}]" in compose
 
 
+def test_compose_mounts_an_empty_folder_at_workdir_while_workdir_is_unset():
+    """Not the checkout: its .env would be readable by every rank."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    services = yaml.safe_load((repo / "compose.yaml").read_text())["services"]
+    for service in ("worker", "launcher"):
+        mounts = [volume for volume in services[service]["volumes"] if ":/workdir" in volume]
+        assert mounts == ["${WORKDIR:-./docker/no-workdir}:/workdir:ro"], service
+    tracked = subprocess.run(["git", "ls-files", "docker/no-workdir"], cwd=repo, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert tracked == ["docker/no-workdir/README.md"]
+
+
 def test_devices_come_from_the_flag_or_the_env_file():
     from_env = resolve_settings({"NODES": "a", "DEVICES": "/dev/infiniband, /dev/null:/dev/x"}, nodes=None)
     assert from_env.devices == ("/dev/infiniband", "/dev/null:/dev/x")
