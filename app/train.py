@@ -170,25 +170,34 @@ def restore(config: TrainConfig, model, optimizer) -> int:
     the elastic state's first sync, which also carries rank 0's epoch)."""
     start_epoch, problem = 1, None
     if config.resume and hvd.rank() == 0:
-        assert config.checkpoint_dir is not None  # TrainConfig refuses resume without it
-        state = checkpoint.load_latest_checkpoint(config.checkpoint_dir)
-        if state is None:
-            log.info("no checkpoint in %s yet; starting from epoch 1", config.checkpoint_dir)
-        elif state["dataset"] != config.dataset:
-            problem = (
-                f"the checkpoint in {config.checkpoint_dir} was trained on {state['dataset']!r}, not "
-                f"{config.dataset!r}: pass --dataset {state['dataset']} or another --checkpoint-dir"
-            )
-        else:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start_epoch = state["epoch"] + 1
-            log.info("resuming from %s after epoch %d", config.checkpoint_dir / checkpoint.LATEST, state["epoch"])
+        start_epoch, problem = load_resume_point(config, model, optimizer)
     if not config.elastic:
         start_epoch, problem = hvd.broadcast_object((start_epoch, problem), root_rank=0, name="resume_point")
     if problem:
         raise TrainingError(problem)
     return start_epoch
+
+
+def load_resume_point(config: TrainConfig, model, optimizer) -> tuple[int, str | None]:
+    """Rank 0: the first epoch to run after loading the latest checkpoint into model and optimizer, or the
+    one-line problem that stops every rank (returned, not raised, so no rank waits in a broadcast)."""
+    assert config.checkpoint_dir is not None  # TrainConfig refuses resume without it
+    try:
+        state = checkpoint.load_latest_checkpoint(config.checkpoint_dir)
+    except checkpoint.CheckpointError as error:
+        return 1, str(error)
+    if state is None:
+        log.info("no checkpoint in %s yet; starting from epoch 1", config.checkpoint_dir)
+        return 1, None
+    if state["dataset"] != config.dataset:
+        return 1, (
+            f"the checkpoint in {config.checkpoint_dir} was trained on {state['dataset']!r}, not "
+            f"{config.dataset!r}: pass --dataset {state['dataset']} or another --checkpoint-dir"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    log.info("resuming from %s after epoch %d", config.checkpoint_dir / checkpoint.LATEST, state["epoch"])
+    return state["epoch"] + 1, None
 
 
 def ipv4_addresses() -> list[str]:

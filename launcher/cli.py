@@ -5,6 +5,7 @@ clusters already started launcher/clusters.py's, the MPIJob document launcher/k8
 
 from __future__ import annotations
 
+import codecs
 import signal
 import sys
 import time
@@ -66,9 +67,12 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 def write_out(chunks: Iterable[bytes]) -> None:
+    # Incremental: a character split between two chunks is still one character.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for chunk in chunks:
-        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.write(decoder.decode(chunk))
         sys.stdout.flush()
+    sys.stdout.write(decoder.decode(b"", final=True))
 
 
 def stop_on_signals() -> None:
@@ -329,6 +333,12 @@ def logs(
     hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
     node: str | None = typer.Option(None, help="Whose worker to show (default: rank 0's node)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
+    tail: int | None = typer.Option(
+        None,
+        "--tail",
+        min=0,
+        help="Only the last N lines of the job's output (default: all), unless --follow follows a running job.",
+    ),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
 ) -> None:
     """Show a worker's output; on rank 0's node, the training job's output too (also after the job ended).
@@ -340,7 +350,7 @@ def logs(
     if problem:
         fail(problem, 2)
     try:
-        write_out(clusters.logs(engines_of(settings), node, follow))
+        write_out(clusters.logs(engines_of(settings), node, follow, tail))
     except clusters.ClusterError as error:
         fail(str(error))
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import jobstate, results
+from launcher import jobstate, results, streams
 from launcher.core.protocol import AGENT, JOB_LOG, JOB_STALL, JOB_STATUS
 from launcher.engine import Container, NodeEngine
 from launcher.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, run_dir
@@ -46,7 +46,7 @@ def status(engines: list[NodeEngine]) -> Iterator[str]:
             state = jobstate.describe(
                 container.state,
                 engine.read_file(container.id, JOB_STATUS),
-                engine.read_file(container.id, JOB_LOG) or "",
+                job_log_tail(engine, container),
                 [member.container.state for member in members],
                 metrics=engine.read_file(container.id, f"{run_dir(cluster)}/metrics.jsonl"),
                 stall=engine.read_file(container.id, JOB_STALL),
@@ -63,6 +63,16 @@ def status(engines: list[NodeEngine]) -> Iterator[str]:
         yield "no cluster on " + ", ".join(engine.node.name for engine in engines)
 
 
+STATUS_LOG_BYTES = 256 * 1024
+"""How much of the end of a job's log `status` reads: the last epoch line and the errors a failure left."""
+
+
+def job_log_tail(engine: NodeEngine, container: Container) -> str:
+    """The end of the job's log in rank 0's container (STATUS_LOG_BYTES of it, from a whole line), for jobstate."""
+    chunks = engine.stream_file(container.id, JOB_LOG)
+    return streams.tail_bytes(chunks, STATUS_LOG_BYTES)[0].decode(errors="replace") if chunks is not None else ""
+
+
 def fetch_results(
     engines: list[NodeEngine], image: str, shared_dir: str, cluster: str | None, to: Path, checkpoints: bool
 ) -> tuple[results.Run, list[str]]:
@@ -73,7 +83,7 @@ def fetch_results(
         raise ClusterError(str(error)) from None
     engine = next(e for e in engines if e.node.name == run.node)
     to.mkdir(parents=True, exist_ok=True)
-    return run, results.extract(engine.run_archive(image, shared_dir, run.name), to, checkpoints)
+    return run, results.fetch(engine, image, shared_dir, run.name, to, checkpoints)
 
 
 def stacks(engines: list[NodeEngine], cluster: str | None, native: bool) -> tuple[Iterator[bytes], NodeEngine, str]:
@@ -99,17 +109,17 @@ def node_problem(settings: LaunchSettings, node: str | None) -> str | None:
     return f"--node {node} is not one of --nodes {','.join(settings.nodes)}"
 
 
-def logs(engines: list[NodeEngine], node: str | None, follow: bool) -> Iterator[bytes]:
-    """A worker's own output (`node`'s, default rank 0's); on rank 0's node the job's output too, also after the job
-    ended, and with `follow`, streamed until the job ends."""
+def logs(engines: list[NodeEngine], node: str | None, follow: bool, tail: int | None = None) -> Iterator[bytes]:
+    """A worker's own output (`node`'s, default rank 0's); on rank 0's node the job's output too (its last `tail`
+    lines when given), also after the job ended, and with `follow`, streamed until the job ends."""
     engine = next(engine for engine in engines if engine.node.name == node) if node else engines[0]
     containers = engine.cluster_containers()
     if not containers:
         raise ClusterError(f"{engine.node.name}: no container of the stack there; start one with `launcher start`")
     container = containers[0]
     yield from engine.logs(container.id)
-    job_log = engine.read_file(container.id, JOB_LOG)
-    if not container.running or job_log is None or not follow:  # ended jobs keep their output too
-        yield (job_log or "").encode()
-    else:  # the job agent's follower: it returns once the job has ended
+    job_log = engine.stream_file(container.id, JOB_LOG)
+    if job_log is not None and container.running and follow:  # the job agent's follower: it returns once the job ended
         yield from engine.exec_stream(container.id, [*AGENT, "follow"])[1]
+    elif job_log is not None:  # ended jobs keep their output too
+        yield from job_log if tail is None else [streams.tail_lines(job_log, tail)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 import io
-import shlex
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, gpu_problem
-from launcher import reach
+from launcher import reach, streams
 from launcher.core.imageref import parse_image
 from launcher.core.options import Bind
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
@@ -142,6 +141,8 @@ class NodeEngine(Protocol):
 
     def list_runs(self, image: str, shared_dir: str) -> list[tuple[str, int]]: ...
 
+    def run_entries(self, image: str, shared_dir: str, name: str) -> list[str]: ...
+
     def run_archive(self, image: str, shared_dir: str, name: str) -> Iterator[bytes]: ...
 
     def start_probe(self, image: str, argv: list[str], name: str, labels: dict[str, str]) -> str: ...
@@ -165,6 +166,8 @@ class NodeEngine(Protocol):
     def put_files(self, container_id: str, path: str, archive: bytes) -> None: ...
 
     def read_file(self, container_id: str, path: str) -> str | None: ...
+
+    def stream_file(self, container_id: str, path: str) -> Iterator[bytes] | None: ...
 
     def logs(self, container_id: str) -> Iterator[bytes]: ...
 
@@ -216,6 +219,35 @@ def connecting_line(node: Node) -> str:
 def _first_line(error: Exception) -> str:
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0][:300]
+
+
+def _file_in_archive(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The first file of a tar stream (get_archive's of one file), block by block; nothing for a broken archive."""
+    try:
+        with tarfile.open(fileobj=streams.reader(chunks), mode="r|") as archive:
+            member = archive.next()
+            content = archive.extractfile(member) if member else None
+            while content is not None and (block := content.read(streams.BLOCK)):
+                yield block
+    except tarfile.TarError:
+        return
+
+
+def host_view_argv(port: int, resolve: tuple[str, ...]) -> list[str]:
+    """The command of host_view's container: whether `port` is taken, the NICs, the IPv4 addresses, then one
+    `resolved NAME ADDRESS` line per name in `resolve` that resolves. The names reach bash only as positional
+    arguments, never inside the script's text, so no name can be read as shell or awk code."""
+    script = (
+        # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
+        f"(exec 3<>/dev/tcp/127.0.0.1/{int(port)}) 2>/dev/null && echo taken || echo free; "
+        "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print \"nic\", $2}'; "
+        "ip -o -4 addr show | awk '{print \"address\", $2, $4}'; "
+        'for name in "$@"; do '
+        "address=$(getent ahostsv4 \"$name\" | awk '{print $1; exit}'); "
+        '[ -n "$address" ] && printf \'resolved %s %s\\n\' "$name" "$address"; '
+        "done; true"
+    )
+    return ["bash", "-c", script, "bash", *resolve]
 
 
 class NodeDriver:
@@ -346,8 +378,20 @@ class NodeDriver:
         rows = [line.split() for line in output.decode().splitlines()]
         return [(row[0], int(float(row[1]))) for row in rows if len(row) == 2]
 
+    def run_entries(self, image: str, shared_dir: str, name: str) -> list[str]:
+        """The names directly inside the run folder `name` (RUNS_DIR/name), from a short-lived container of the image
+        with the shared folder mounted read-only; the folder's path reaches bash as an argument."""
+        output = self.client.containers.run(
+            image,
+            ["bash", "-c", 'cd "$1" && find . -mindepth 1 -maxdepth 1 -printf "%f\\n"', "bash", f"{RUNS_DIR}/{name}"],
+            volumes={shared_dir: {"bind": SHARED_MOUNT, "mode": "ro"}},
+            remove=True,
+        )
+        return sorted(line for line in output.decode().splitlines() if line)
+
     def run_archive(self, image: str, shared_dir: str, name: str) -> Iterator[bytes]:
-        """The run folder as a tar stream, from a created (never started) container with the shared folder."""
+        """RUNS_DIR/name (a run folder, or a part of one: `RUN/tb`) as a tar stream, as it arrives, from a created
+        (never started) container with the shared folder."""
         holder = self.client.containers.create(
             image, ["true"], volumes={shared_dir: {"bind": SHARED_MOUNT, "mode": "ro"}}
         )
@@ -361,23 +405,8 @@ class NodeDriver:
         """Whether something on the node already listens on `port`, the node's NICs and addresses, and what the
         names in `resolve` resolve to there, from one short-lived host-network container of the image (what the
         workers will see, whatever the launcher's machine has)."""
-        lookups = "".join(
-            f'; getent ahostsv4 {shlex.quote(name)} | awk \'{{print "resolved", "{name}", $1; exit}}\''
-            for name in resolve
-        )
         output = self.client.containers.run(
-            # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
-            image,
-            [
-                "bash",
-                "-c",
-                f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo taken || echo free; "
-                "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print \"nic\", $2}'; "
-                "ip -o -4 addr show | awk '{print \"address\", $2, $4}'" + lookups,
-            ],
-            network_mode="host",
-            remove=True,
-            user="mpiuser",
+            image, host_view_argv(port, resolve), network_mode="host", remove=True, user="mpiuser"
         )
         port_state, *lines = output.decode().splitlines()
         rows = [line.split() for line in lines]
@@ -525,6 +554,15 @@ class NodeDriver:
                 return content.read().decode(errors="replace") if content else None
         except (NotFound, IndexError, tarfile.TarError):
             return None
+
+    def stream_file(self, container_id: str, path: str) -> Iterator[bytes] | None:
+        """A file's bytes from a container, running or stopped, as they arrive (a long job log is never whole in
+        memory); None if absent."""
+        try:
+            stream, _ = self.client.api.get_archive(container_id, path)
+        except NotFound:
+            return None
+        return _file_in_archive(stream)
 
     def logs(self, container_id: str) -> Iterator[bytes]:
         """The container's own output so far (its entrypoint's: sshd, the worker's lines)."""

@@ -32,12 +32,12 @@ LABEL_NODE = "horovod-stack.node"
 LABEL_ROLE = "horovod-stack.role"
 LABEL_RANKS = "horovod-stack.ranks"
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
-OPEN_MPI_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
+OPEN_MPI_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 
 
 def mpi_host(name: str, address: str | None) -> str:
     """The name mpirun and ssh use for a node: its own name where Open MPI accepts it, else its address."""
-    if OPEN_MPI_HOST_NAME.match(name):
+    if OPEN_MPI_HOST_NAME.fullmatch(name):
         return name
     if not address:
         raise ValueError(f"{name} needs an address: Open MPI does not accept it as a host name")

@@ -1,11 +1,12 @@
 """A run's results on this machine: `launcher results` copies a run folder (metrics.jsonl, summary.json, curves.png,
 TensorBoard events, checkpoints) from the node that holds it, through the Docker API, for a running, ended or
-already removed cluster: the run folder lives in the shared folder (SHARED_DIR), not in the containers.
+already removed cluster: the run folder lives in the shared folder (SHARED_DIR), not in the containers. The archive is
+unpacked as it arrives, never whole in memory; without checkpoints, the run folder's other parts are asked for one by
+one, so checkpoints never cross the connection.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import tarfile
@@ -13,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from launcher import streams
 from launcher.engine import NodeEngine
 
 CHECKPOINTS = "checkpoints"
@@ -43,22 +45,36 @@ def choose(runs: list[Run], wanted: str | None) -> Run:
 
 
 def extract(chunks: Iterable[bytes], into: Path, checkpoints: bool = True) -> list[str]:
-    """Unpacks a run folder's archive (docker's get_archive) under `into`; returns the files written. Only plain
-    files and folders inside the run folder are taken (no links, no paths out of it)."""
-    archive = tarfile.open(fileobj=io.BytesIO(b"".join(chunks)))
+    """Unpacks a run folder's archive (docker's get_archive) under `into` as it arrives; returns the files written.
+    Only plain files and folders inside the run folder are taken (no links, no paths out of it)."""
     written = []
-    for member in archive.getmembers():
-        parts = PurePosixPath(member.name).parts
-        if not (member.isfile() or member.isdir()) or ".." in parts or member.name.startswith("/"):
-            continue
-        if not checkpoints and len(parts) > 1 and parts[1] == CHECKPOINTS:
-            continue
-        if hasattr(tarfile, "data_filter"):
-            archive.extract(member, into, filter="data")
-        else:
-            write_as_data(archive, member, into)
-        if member.isfile():
-            written.append(member.name)
+    with tarfile.open(fileobj=streams.reader(chunks), mode="r|") as archive:
+        for member in archive:
+            parts = PurePosixPath(member.name).parts
+            if not (member.isfile() or member.isdir()) or ".." in parts or member.name.startswith("/"):
+                continue
+            if not checkpoints and len(parts) > 1 and parts[1] == CHECKPOINTS:
+                continue
+            if hasattr(tarfile, "data_filter"):
+                archive.extract(member, into, filter="data")
+            else:
+                write_as_data(archive, member, into)
+            if member.isfile():
+                written.append(member.name)
+    return sorted(written)
+
+
+def fetch(engine: NodeEngine, image: str, shared_dir: str, name: str, into: Path, checkpoints: bool) -> list[str]:
+    """Copies the run folder `name` from `engine`'s shared folder under `into`; returns the files written. Without
+    checkpoints, each other part of the folder is its own archive: the checkpoints stay on the node."""
+    if checkpoints:
+        return extract(engine.run_archive(image, shared_dir, name), into)
+    (into / name).mkdir(parents=True, exist_ok=True)
+    written = []
+    for entry in engine.run_entries(image, shared_dir, name):
+        if entry != CHECKPOINTS:
+            part = engine.run_archive(image, shared_dir, f"{name}/{entry}")
+            written += [f"{name}/{path}" for path in extract(part, into / name)]
     return sorted(written)
 
 

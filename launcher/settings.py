@@ -18,11 +18,11 @@ from launcher.core.imageref import parse_image
 from launcher.core.options import JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
 from launcher.reach import CONNECT_TIMEOUT_S
-from launcher.workdir import payload_bytes
+from launcher.workdir import IgnoreFileError, payload_bytes
 
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
-GPU_ID = re.compile(r"^(\d+|GPU-[0-9A-Fa-f-]+|MIG-[0-9A-Za-z/-]+)$")
+GPU_ID = re.compile(r"(\d+|GPU-[0-9A-Fa-f-]+|MIG-[0-9A-Za-z/-]+)")
 """A GPU as Docker's device request and nvidia-smi name it: an index, or a GPU's or MIG instance's UUID."""
 GPUS_FIX = "pass a count (--gpus 2) or GPU IDs (--gpus 0,1; one GPU by ID: --gpus device=1)"
 
@@ -48,7 +48,7 @@ def parse_node_list(text: str, source: str = "--nodes") -> list[tuple[str, int |
     return nodes
 
 
-HOSTFILE_LINE = re.compile(r"^(?P<host>\S+)(?:\s+slots=(?P<slots>\d+))?(?:\s+max_slots=\d+)?$")
+HOSTFILE_LINE = re.compile(r"(?P<host>\S+)(?:\s+slots=(?P<slots>\d+))?(?:\s+max_slots=\d+)?")
 
 
 def parse_hostfile(text: str, source: str) -> list[tuple[str, int | None]]:
@@ -59,7 +59,7 @@ def parse_hostfile(text: str, source: str) -> list[tuple[str, int | None]]:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        match = HOSTFILE_LINE.match(line)
+        match = HOSTFILE_LINE.fullmatch(line)
         if not match or (match["slots"] is not None and int(match["slots"]) < 1):
             raise SettingsError(
                 f"{source} line {number}: {raw.strip()!r} is not `HOST` or `HOST slots=N` with N >= 1 "
@@ -78,7 +78,7 @@ def parse_gpus(text: str, source: str = "--gpus") -> tuple[int, tuple[str, ...]]
     if value.isdigit():
         return int(value), ()
     ids = tuple(item.strip() for item in value.removeprefix("device=").split(","))
-    if not all(GPU_ID.match(item) for item in ids) or len(set(ids)) != len(ids):
+    if not all(GPU_ID.fullmatch(item) for item in ids) or len(set(ids)) != len(ids):
         raise SettingsError(f"{source} {text!r} is neither a GPU count nor distinct GPU IDs: {GPUS_FIX}")
     return len(ids), ids
 
@@ -124,7 +124,7 @@ class LaunchSettings:
         if not self.nodes:
             raise SettingsError("no nodes given: pass --nodes node_1,node_2")
         for node in self.nodes:
-            if not NODE_NAME.match(node):
+            if not NODE_NAME.fullmatch(node):
                 raise SettingsError(f"node name {node!r} is not a host name: pass --nodes with names like node_1")
         duplicates = sorted({node for node in self.nodes if self.nodes.count(node) > 1})
         if duplicates:
@@ -181,7 +181,10 @@ class LaunchSettings:
             raise SettingsError(
                 f"--workdir {folder} is not a folder here: pass the folder that holds your training code"
             )
-        size = payload_bytes(folder)
+        try:
+            size = payload_bytes(folder)
+        except IgnoreFileError as error:
+            raise SettingsError(f"--workdir {folder}: {error}") from None
         if size > WORKDIR_LIMIT_BYTES:
             raise SettingsError(
                 f"--workdir {folder} holds {size / 1024**2:.0f} MB, more than the "

@@ -1,4 +1,8 @@
-"""A checkpoint write cut short leaves the previous checkpoint readable and no debris."""
+"""Checkpoints: a write cut short leaves the previous one readable and no debris; reading one back runs no code."""
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,3 +36,131 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     assert checkpoint.load_latest_checkpoint(tmp_path)["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == [checkpoint.LATEST]
 
+
+
+def trainer_state(epoch: int = 2) -> tuple[dict, torch.nn.Module, torch.optim.Optimizer]:
+    """What the trainer's record_epoch saves: SimpleNet's weights and SGD's momentum after a step."""
+    from app.model import SimpleNet
+
+    torch.manual_seed(0)
+    model = SimpleNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    model(torch.randn(2, 1, 28, 28)).sum().backward()
+    optimizer.step()
+    state = {"epoch": epoch, "dataset": "digits", "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    return state, model, optimizer
+
+
+def test_a_trainer_checkpoint_loads_weights_only_into_a_fresh_model(tmp_path):
+    from app.model import SimpleNet
+
+    saved, model, optimizer = trainer_state()
+    checkpoint.save_checkpoint(tmp_path, saved)
+    state = checkpoint.load_latest_checkpoint(tmp_path)
+    fresh = SimpleNet()
+    fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.01, momentum=0.5)
+    fresh.load_state_dict(state["model"])
+    fresh_optimizer.load_state_dict(state["optimizer"])
+    assert (state["epoch"], state["dataset"]) == (2, "digits")
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    momentum = [fresh_optimizer.state[p]["momentum_buffer"] for p in fresh.parameters()]
+    assert all(torch.equal(a, optimizer.state[p]["momentum_buffer"]) for a, p in zip(momentum, model.parameters()))
+
+
+class RunsCode:
+    """Unpickling this runs `touch MARKER`: what a planted checkpoint could do on rank 0."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(lambda marker: {"epoch": 1, "model": RunsCode(marker)}, id="code in the state"),
+        pytest.param(lambda marker: RunsCode(marker), id="code as the whole file"),
+        pytest.param(lambda marker: {"epoch": 1, "extra": Path("/etc")}, id="an object that runs nothing"),
+    ],
+)
+def test_a_checkpoint_holding_objects_is_refused_in_one_line_and_nothing_runs(tmp_path, content):
+    marker = tmp_path / "ran"
+    folder = tmp_path / "checkpoints"
+    checkpoint.save_checkpoint(folder, content(marker))
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        checkpoint.load_latest_checkpoint(folder)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert str(folder / checkpoint.LATEST) in message and "nothing in it was run" in message
+    assert "--checkpoint-dir" in message  # the fix
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (b"not a checkpoint", "Unsupported operand"),
+        (b"", "cannot read checkpoint"),
+        (b"PK\x03\x04 a zip cut short", "cannot read checkpoint"),
+    ],
+)
+def test_a_file_that_is_no_checkpoint_is_one_line_naming_it(tmp_path, data, expected):
+    (tmp_path / checkpoint.LATEST).write_bytes(data)
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        checkpoint.load_latest_checkpoint(tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message and expected in message and str(tmp_path / checkpoint.LATEST) in message
+
+
+def test_a_checkpoint_that_is_no_dict_is_refused(tmp_path):
+    checkpoint.save_checkpoint(tmp_path, [1, 2])  # type: ignore[arg-type]
+    with pytest.raises(checkpoint.CheckpointError, match="holds a list, not a dict"):
+        checkpoint.load_latest_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "message, reason",
+    [
+        (
+            "Weights only load failed. In PyTorch 2.6, we changed ...\n\n\nTrying to load unsupported GLOBAL "
+            "posix.system whose module posix is blocked.\n\nCheck the documentation of torch.load to learn more",
+            "Trying to load unsupported GLOBAL posix.system whose module posix is blocked",
+        ),
+        (
+            "Weights only load failed. ...\nPlease file an issue with the following so that we can make it "
+            "compatible: WeightsUnpickler error: \n\nUnsupported operand 103\n\nCheck the documentation",
+            "Unsupported operand 103",
+        ),
+        ("Weights only load failed.", "not a weights-only file"),
+    ],
+)
+def test_the_refusal_names_what_torch_refused_not_its_advice(message, reason):
+    assert checkpoint.unpickling_reason(message) == reason
+
+
+def test_resuming_from_a_refused_checkpoint_is_the_trainers_one_line_problem(tmp_path):
+    train = pytest.importorskip("app.train")  # imports horovod.torch
+    from app.model import SimpleNet
+
+    marker = tmp_path / "ran"
+    checkpoint.save_checkpoint(tmp_path, {"epoch": 1, "dataset": "digits", "model": RunsCode(marker)})
+    config = SimpleNamespace(checkpoint_dir=tmp_path, dataset="digits")
+    model = SimpleNet()
+    start_epoch, problem = train.load_resume_point(config, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert start_epoch == 1 and problem.startswith(f"refusing checkpoint {tmp_path / checkpoint.LATEST}")
+    assert not marker.exists()
+
+
+def test_resuming_from_a_trainer_checkpoint_continues_after_its_epoch(tmp_path):
+    train = pytest.importorskip("app.train")
+    from app.model import SimpleNet
+
+    saved, trained, _ = trainer_state(epoch=4)
+    checkpoint.save_checkpoint(tmp_path, saved)
+    model = SimpleNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    config = SimpleNamespace(checkpoint_dir=tmp_path, dataset="digits")
+    assert train.load_resume_point(config, model, optimizer) == (5, None)
+    assert torch.equal(model.fc1.weight, trained.fc1.weight)

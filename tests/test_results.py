@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from launcher.results import Run, choose, extract
+from launcher.results import Run, choose, extract, fetch
 
 RUNS = [Run("a1b2c3d4", "node_1", 100), Run("e5f6a7b8", "node_1", 300), Run("c9d0e1f2", "node_2", 200)]
 
@@ -58,3 +58,63 @@ def test_without_tarfiles_extraction_filters_the_same_files_land_as_plain_data(t
     assert (tmp_path / "all/run1/metrics.jsonl").stat().st_mode & 0o7777 == 0o755
     assert not (tmp_path / "all/run1/passwd").exists()
     assert extract([data], tmp_path / "lean", checkpoints=False) == ["run1/metrics.jsonl", "run1/tb/events"]
+
+
+def test_the_archive_lands_as_it_arrives_not_once_it_is_whole(tmp_path):
+    data = archive({"run1/metrics.jsonl": b"{}\n", "run1/tb/events": b"e" * 1_000_000})
+    landed = []
+
+    def chunks():
+        for start in range(0, len(data), 4096):
+            if start >= 256 * 1024:  # well past metrics.jsonl, and past any read-ahead
+                landed.append((tmp_path / "run1/metrics.jsonl").exists())
+            yield data[start:start + 4096]
+
+    assert extract(chunks(), tmp_path) == ["run1/metrics.jsonl", "run1/tb/events"]
+    assert landed and all(landed)
+    assert (tmp_path / "run1/tb/events").read_bytes() == b"e" * 1_000_000
+
+
+class RunFolders:
+    """A node's shared folder as the engine hands it out: the names in a run folder, and any part of one as docker's
+    get_archive makes it (members named from the part's own name); what was asked for is kept."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+        self.asked: list[str] = []
+
+    def run_entries(self, image, shared_dir, name):
+        return sorted({path.split("/")[1] for path in self.files if path.startswith(name + "/")})
+
+    def run_archive(self, image, shared_dir, path):
+        self.asked.append(path)
+        parent = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+        inside = {name.removeprefix(parent): data for name, data in self.files.items()
+                  if name == path or name.startswith(path + "/")}
+        data = archive(inside)
+        return iter([data[i:i + 1000] for i in range(0, len(data), 1000)])
+
+
+RUN_FILES = {"run1/metrics.jsonl": b"{}\n", "run1/summary.json": b"{}", "run1/checkpoints/latest.pt": b"x" * 5000,
+             "run1/tb/events": b"e"}
+
+
+def test_without_checkpoints_they_are_never_asked_for(tmp_path):
+    node = RunFolders(RUN_FILES)
+    written = fetch(node, "img", "vol", "run1", tmp_path, checkpoints=False)
+    assert written == ["run1/metrics.jsonl", "run1/summary.json", "run1/tb/events"]
+    assert sorted(node.asked) == ["run1/metrics.jsonl", "run1/summary.json", "run1/tb"]
+    assert (tmp_path / "run1/tb/events").read_bytes() == b"e" and not (tmp_path / "run1/checkpoints").exists()
+
+
+def test_with_checkpoints_the_folder_comes_in_one_archive(tmp_path):
+    node = RunFolders(RUN_FILES)
+    written = fetch(node, "img", "vol", "run1", tmp_path, checkpoints=True)
+    assert written == ["run1/checkpoints/latest.pt", "run1/metrics.jsonl", "run1/summary.json", "run1/tb/events"]
+    assert node.asked == ["run1"]
+    assert (tmp_path / "run1/checkpoints/latest.pt").read_bytes() == b"x" * 5000
+
+
+def test_a_run_of_checkpoints_alone_still_makes_its_folder(tmp_path):
+    written = fetch(RunFolders({"run1/checkpoints/latest.pt": b"x"}), "img", "vol", "run1", tmp_path, False)
+    assert written == [] and (tmp_path / "run1").is_dir()

@@ -119,7 +119,7 @@ def test_resume_after_interrupted_run_continues_from_next_epoch(tmp_path):
         rank.kill()
     assert process.wait(timeout=60) != 0
 
-    saved_epoch = torch.load(checkpoints / "latest.pt", weights_only=False)["epoch"]
+    saved_epoch = torch.load(checkpoints / "latest.pt", weights_only=True)["epoch"]
     assert 1 <= saved_epoch < 40
 
     result = train("mpi", tmp_path, "--dataset", "digits", "--epochs", str(saved_epoch + 3),

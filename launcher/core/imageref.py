@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 DOCKER_HUB = "Docker Hub"
 
-PATH_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+PATH_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-REGISTRY_HOST = re.compile(rf"^{HOST_LABEL}(?:\.{HOST_LABEL})*(?::\d+)?$")
-TAG = re.compile(r"^\w[\w.-]{0,127}$")
-DIGEST = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
+REGISTRY_HOST = re.compile(rf"{HOST_LABEL}(?:\.{HOST_LABEL})*(?::\d+)?")
+TAG = re.compile(r"\w[\w.-]{0,127}")
+DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
 
 REFERENCE_FIX = (
     "write NAME[:TAG] (lowercase, e.g. horovod-stack:latest), USER/NAME:TAG for Docker Hub, or REGISTRY/NAME:TAG"
@@ -53,21 +53,21 @@ def _is_registry(first: str) -> bool:
 def parse_image(text: str) -> ImageRef:
     """The reference's parts; ValueError (a reason naming the fix) for one Docker would refuse."""
     rest, at, digest = text.partition("@")
-    if at and not DIGEST.match(digest):
+    if at and not DIGEST.fullmatch(digest):
         raise ValueError(f"its digest {digest!r} is not ALGORITHM:HEX (sha256:<64 hex digits>)")
     first, slash, remainder = rest.partition("/")
     registry = first if slash and _is_registry(first) else None
-    if registry is not None and not REGISTRY_HOST.match(registry):
+    if registry is not None and not REGISTRY_HOST.fullmatch(registry):
         raise ValueError(f"{registry!r} is not a registry host[:port]; {REFERENCE_FIX}")
     path = remainder if registry is not None else rest
     last = path.rsplit("/", 1)[-1]
     tag = None
     if ":" in last:
         path, tag = path.rsplit(":", 1)
-        if not TAG.match(tag):
+        if not TAG.fullmatch(tag):
             raise ValueError(f"its tag {tag!r} is not up to 128 letters, digits, '_', '.' or '-'; {REFERENCE_FIX}")
     components = path.split("/")
-    bad = next((part for part in components if not PATH_COMPONENT.match(part)), None)
+    bad = next((part for part in components if not PATH_COMPONENT.fullmatch(part)), None)
     if bad is not None:
         raise ValueError(f"{bad!r} is not a lowercase name part; {REFERENCE_FIX}")
     return ImageRef(registry, path, tag, digest or None)

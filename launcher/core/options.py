@@ -11,10 +11,10 @@ Adding an option is one field here, its rule in `problems`, and the flag that se
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import PurePosixPath
 from types import UnionType
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -31,9 +31,15 @@ from launcher.core.protocol import (
 )
 from launcher.core.stall import STALL_ACTIONS
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESERVED_PATHS = (SHARED_MOUNT, WORKDIR, HOME, "/cluster", "/opt/horovod-stack")
-"""Where the stack's own files live in a worker: a mount may not cover them."""
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+STACK_PATHS = (HOME, "/cluster", "/opt/horovod-stack", "/opt/venv")
+"""The stack's own files in a worker (its user's home and job files, the cluster's SSH trust, its code, its Python): a
+mount may go neither at, under nor above them, so no job can replace a key, the agent or the interpreter."""
+JOB_FOLDERS = (SHARED_MOUNT, WORKDIR)
+"""The job's folders: a mount may go inside them (a dataset at /shared/data) but neither replace nor cover them."""
+SYSTEM_PATHS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/sys", "/dev")
+"""The system's folders, which no mount may be at or under (/bin, /sbin and /lib are /usr's under merged /usr)."""
+MOUNT_FIX = "mount it elsewhere, e.g. /data"
 
 
 class SettingsError(ValueError):
@@ -100,33 +106,60 @@ class Bind:
 
 
 def bind_problem(text: str, name: str = "--mount") -> str | None:
-    """Why `text` is not HOST_PATH:CONTAINER_PATH[:ro|rw], both absolute and clear of the stack's own folders; None
-    if it is. `name`: how the door's users set it."""
+    """Why `text` is not HOST_PATH:CONTAINER_PATH[:ro|rw], both absolute, its target (normalised: /data/../cluster is
+    /cluster) clear of the stack's and the system's folders; None if it is. `name`: how the door's users set it."""
     parts = text.split(":")
     if len(parts) == 3 and parts[2] in ("ro", "rw"):
         parts.pop()
     if len(parts) != 2 or not all(part.startswith("/") for part in parts):
         return f"{name} {text!r} is not HOST_PATH:CONTAINER_PATH[:ro], both absolute: e.g. /data:/data:ro"
-    target = str(PurePosixPath(parts[1]))
-    covered = [path for path in RESERVED_PATHS if path == target or path.startswith(target.rstrip("/") + "/")]
+    target = container_path(parts[1])
+    problem = target_problem(target)
+    if problem is None:
+        return None
+    normalised = f" (target {target})" if target != parts[1] else ""
+    return f"{name} {text!r}{normalised} {problem}: {MOUNT_FIX}"
+
+
+def target_problem(target: str) -> str | None:
+    """Why a worker's normalised path `target` may not take a mount; None if it may."""
+    if target == "/":
+        return "would hide the whole container"
+    covered = next((path for path in (*STACK_PATHS, *JOB_FOLDERS) if is_at_or_under(path, target)), None)
     if covered:
-        return f"{name} {text!r} would hide the stack's own {covered[0]}: mount it elsewhere, e.g. /data"
+        return f"would hide the stack's own {covered}"
+    inside = next((path for path in STACK_PATHS if is_at_or_under(target, path)), None)
+    if inside:
+        return f"is inside the stack's own {inside}"
+    system = next((path for path in SYSTEM_PATHS if is_at_or_under(target, path)), None)
+    if system:
+        return f"is in the system's {system}"
     return None
 
 
+def container_path(text: str) -> str:
+    """An absolute path as the container resolves it, without `.`, `..` or repeated slashes."""
+    return "/" + posixpath.normpath(text).lstrip("/")  # normpath keeps a leading "//"
+
+
+def is_at_or_under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def parse_bind(text: str) -> Bind:
-    """The Bind a valid mount (bind_problem) names; raises ValueError naming the fix for one that is not."""
+    """The Bind a valid mount (bind_problem) names, both paths normalised; raises ValueError naming the fix for one
+    that is not."""
     problem = bind_problem(text)
     if problem:
         raise ValueError(problem)
     parts = text.split(":")
-    return Bind(str(PurePosixPath(parts[0])), str(PurePosixPath(parts[1])), parts[2:] == ["ro"])
+    return Bind(container_path(parts[0]), container_path(parts[1]), parts[2:] == ["ro"])
 
 
 def env_problem(item: str, name: str = "--env") -> str | None:
     """Why `item` is not KEY=VALUE for a rank's environment; None if it is. `name`: how the door's users set it."""
     key, separator, _ = item.partition("=")
-    if not separator or not ENV_NAME.match(key):
+    if not separator or not ENV_NAME.fullmatch(key):
         return f"{name} {item!r} is not KEY=VALUE with a variable name as KEY"
     return None
 

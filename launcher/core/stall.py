@@ -17,7 +17,7 @@ STALL_ACTIONS = ("warn", "fail")
 """What the agent does about a stall: record it and gather the stacks (warn), or also end the job (fail)."""
 MISSING_RANKS = "Missing ranks:"
 WARNING_MARKS = ("stall_inspector.cc", "One or more tensors were submitted", "is stalled for longer than")
-MISSING_RANK_LINE = re.compile(r"^\s*(\d+)!?: \[(.*)\]\s*$")
+MISSING_RANK_LINE = re.compile(r"\s*(\d+)!?: \[(.*)\]\s*")
 
 
 def idle_seconds(output_age: float, metrics_age: float | None) -> float:
@@ -42,7 +42,7 @@ class HorovodWarnings:
             self._missing = []
             return True
         if self._missing is not None:
-            match = MISSING_RANK_LINE.match(line)
+            match = MISSING_RANK_LINE.fullmatch(line)
             if match:
                 self._missing.append(f"rank {match[1]} missing from {match[2]}")
                 return True

@@ -49,10 +49,10 @@ POD_NIC = "eth0"
 """A pod's own NIC under the usual network plugins: elastic jobs (Gloo) need theirs named."""
 BACKOFF_LIMIT = 0
 MAX_LABEL = 63
-DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-DOCKER_SIZE = re.compile(r"^(\d+)([bkmg]?)$", re.IGNORECASE)
+DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DOCKER_SIZE = re.compile(r"(\d+)([bkmg]?)", re.IGNORECASE)
 PART_OF = {"app.kubernetes.io/part-of": "horovod-stack"}
 
 
@@ -83,7 +83,7 @@ class MpiJobRequest:
 
 def k8s_quantity(size: str) -> str:
     """A Docker size (1g, 512m, 64k, bytes) as Kubernetes writes it (1Gi, 512Mi, 64Ki); Docker's units are binary."""
-    found = DOCKER_SIZE.match(size.strip())
+    found = DOCKER_SIZE.fullmatch(size.strip())
     if not found:
         raise ValueError(f"shared memory size {size!r} is not a number with an optional b, k, m or g")
     unit = {"": "", "b": "", "k": "Ki", "m": "Mi", "g": "Gi"}[found.group(2).lower()]
@@ -94,7 +94,7 @@ def problems(request: MpiJobRequest) -> list[str]:
     """Why the operator would refuse the job, or the stack could not run it: one line each, naming the fix."""
     found = []
     name = request.name
-    if not DNS_1035_LABEL.match(name):
+    if not DNS_1035_LABEL.fullmatch(name):
         found.append(
             f"--name {name!r} is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter and "
             "ending with a letter or digit); pass such a --name"
@@ -120,9 +120,9 @@ def problems(request: MpiJobRequest) -> list[str]:
     fit = request.job.workers_problem(max(request.workers, 1))
     if fit:
         found.append(fit)
-    if not DNS_1123_LABEL.match(request.namespace) or len(request.namespace) > MAX_LABEL:
+    if not DNS_1123_LABEL.fullmatch(request.namespace) or len(request.namespace) > MAX_LABEL:
         found.append(f"--namespace {request.namespace!r} is not a Kubernetes namespace name; pass an existing one")
-    if not DNS_1123_SUBDOMAIN.match(request.shared_claim) or len(request.shared_claim) > 253:
+    if not DNS_1123_SUBDOMAIN.fullmatch(request.shared_claim) or len(request.shared_claim) > 253:
         found.append(
             f"--shared-claim {request.shared_claim!r} is not a PersistentVolumeClaim name (lowercase letters, digits, "
             "'-' and '.'); pass the name of your claim"

@@ -1,0 +1,65 @@
+"""Byte streams from the engines (a run folder's archive, a job's log) read as they arrive, never whole in memory:
+a file over an iterator of chunks, and the tail of one.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+BLOCK = 64 * 1024
+
+
+class ChunkReader(io.RawIOBase):
+    """A read-only file over an iterator of byte chunks (docker-py's streams), for tarfile's stream mode."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks: Iterator[bytes] = iter(chunks)
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+
+def reader(chunks: Iterable[bytes]) -> io.BufferedReader:
+    return io.BufferedReader(ChunkReader(chunks), BLOCK)
+
+
+def tail_bytes(chunks: Iterable[bytes], limit: int) -> tuple[bytes, bool]:
+    """The last `limit` bytes of the stream, from the first whole line in them; and whether anything was left out."""
+    kept = bytearray()  # one byte more than the limit: whether the tail starts a line
+    cut = False
+    for chunk in chunks:
+        kept += chunk
+        if len(kept) > limit + 1:
+            del kept[: len(kept) - limit - 1]
+            cut = True
+    if cut:
+        newline = kept.find(b"\n")
+        del kept[: newline + 1 if newline >= 0 else len(kept)]
+    return bytes(kept), cut
+
+
+def tail_lines(chunks: Iterable[bytes], count: int) -> bytes:
+    """The last `count` lines of the stream (a last line without a newline counts)."""
+    lines: deque[bytes] = deque(maxlen=max(count, 0))
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *whole, pending = pending.split(b"\n")
+        lines.extend(line + b"\n" for line in whole)
+    if pending and count > 0:
+        lines.append(pending)
+    return b"".join(lines)

@@ -1,0 +1,115 @@
+"""`launcher status` reads only the end of a job's log, `launcher logs --tail N` its last lines, and a log is streamed
+block by block, never whole in memory."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from launcher import clusters, streams
+from launcher.core.protocol import JOB_LOG, JOB_STATUS
+from launcher.engine import _file_in_archive
+from launcher.plan import Node
+from tests.conftest import container
+
+
+def chunked(data: bytes, size: int = 7) -> list[bytes]:
+    return [data[start:start + size] for start in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("data, limit, expected", [
+    (b"", 10, (b"", False)),
+    (b"a\nb\n", 10, (b"a\nb\n", False)),
+    (b"first line\nsecond\nthird\n", 12, (b"third\n", True)),  # from the first whole line in the tail
+    (b"first line\nsecond\nthird\n", 13, (b"second\nthird\n", True)),  # a tail that starts a line is whole
+    (b"first line\nsecond\nthird\n", 15, (b"second\nthird\n", True)),
+    (b"one very long line without an end", 5, (b"", True)),
+])
+def test_the_tail_of_a_stream_in_bytes(data, limit, expected):
+    assert streams.tail_bytes(chunked(data), limit) == expected
+
+
+@pytest.mark.parametrize("data, count, expected", [
+    (b"", 3, b""),
+    (b"a\nb\nc\nd\n", 2, b"c\nd\n"),
+    (b"a\nb\nc\nd", 2, b"c\nd"),  # a last line without its newline counts
+    (b"a\nb\n", 5, b"a\nb\n"),
+    (b"a\nb\n", 0, b""),
+])
+def test_the_tail_of_a_stream_in_lines(data, count, expected):
+    assert streams.tail_lines(chunked(data, 3), count) == expected
+
+
+def one_file_archive(data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("job.log")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_a_file_from_the_engine_arrives_block_by_block():
+    data = b"x" * (3 * streams.BLOCK + 5)
+    blocks = list(_file_in_archive(iter(chunked(one_file_archive(data), 10_000))))
+    assert b"".join(blocks) == data and max(len(block) for block in blocks) <= streams.BLOCK
+    assert list(_file_in_archive(iter([b"not a tar archive" * 40]))) == []
+
+
+class Rank0Node:
+    """One node holding rank 0's container of cluster c1, its job log handed out in small chunks; what was read of
+    it is counted."""
+
+    def __init__(self, job_log: bytes, status: str | None, running: bool = False) -> None:
+        self.node = Node("node_1", "ssh://node_1")
+        self.job_log, self.status, self.running = job_log, status, running
+        self.chunks_read = 0
+        self.followed = False
+
+    def cluster_containers(self, cluster_id=None):
+        return [container("c1-node_1", "c1", running=self.running)]
+
+    def read_file(self, container_id, path):
+        assert path != JOB_LOG, "the whole job log read at once"
+        return self.status if path == JOB_STATUS else None
+
+    def stream_file(self, container_id, path):
+        assert path == JOB_LOG
+        for chunk in chunked(self.job_log, 4096):
+            self.chunks_read += 1
+            yield chunk
+
+    def logs(self, container_id):
+        yield b"worker: sshd up\n"
+
+    def exec_stream(self, container_id, argv):
+        self.followed = True
+        return "exec-1", iter([b"followed\n"])
+
+
+NOISE = b"".join(b"step %d loss 0.1\n" % step for step in range(100_000))  # about 2 MB of output
+
+
+def test_status_reads_the_end_of_a_long_log_for_the_last_epoch_and_the_error():
+    log = NOISE + b"epoch 5/5: train loss 0.1, val loss 0.2, val accuracy 0.9500, 1234 samples/s, 1.0 s, 2 ranks\n"
+    node = Rank0Node(log + b"ValueError: bad batch\n", "exit status 1")
+    lines = list(clusters.status([node]))
+    assert lines[0] == "cluster c1: failed (exit status 1): ValueError: bad batch"
+    running = Rank0Node(log, None, running=True)
+    assert list(clusters.status([running]))[0] == (
+        "cluster c1: running: epoch 5 of 5, val accuracy 0.9500, 1234 samples/s")
+
+
+def test_logs_show_the_whole_output_or_its_last_lines():
+    log = b"".join(b"line %d\n" % number for number in range(1, 2001))
+    assert b"".join(clusters.logs([Rank0Node(log, "exit status 0")], None, False)) == b"worker: sshd up\n" + log
+    last = b"".join(clusters.logs([Rank0Node(log, "exit status 0")], None, False, tail=2))
+    assert last == b"worker: sshd up\nline 1999\nline 2000\n"
+
+
+def test_following_a_running_job_streams_from_the_agent_not_the_file():
+    node = Rank0Node(b"line\n" * 10_000, None, running=True)
+    assert b"".join(clusters.logs([node], None, True)) == b"worker: sshd up\nfollowed\n"
+    assert node.followed and node.chunks_read == 0
