@@ -268,10 +268,13 @@ def hand_over_trust(
 
 def copy_workdir(folder: str, engines: list[NodeEngine], containers: list[Container], say: Say) -> None:
     """The user's code folder to WORKDIR in every worker container, through the Docker API (no NFS needed)."""
-    archive = workdir.archive(Path(folder))
+    packed = workdir.pack(Path(folder))
     for engine, container in zip(engines, containers, strict=True):
-        engine.put_files(container.id, WORKDIR, archive)
-    say(f"code: {folder} copied to {WORKDIR} on {len(engines)} node(s) ({len(archive) / 1024:.0f} KB)")
+        engine.put_files(container.id, WORKDIR, packed.archive)
+    say(f"code: {folder} copied to {WORKDIR} on {len(engines)} node(s) ({len(packed.archive) / 1024:.0f} KB)")
+    skipped = workdir.skipped_line(packed.skipped)
+    if skipped:
+        say(f"code: {skipped}")
 
 
 def wait_for_host_key(engine: NodeEngine, container: Container, deadline: float) -> str:
