@@ -7,12 +7,9 @@ could name a file outside the folder). So do caches and version-control folders 
 `.env.*`, `.ssh/`, `*.pem`, `*.key`, and SSH private keys by their usual names, `id_rsa` and the like) and what a
 `.launcherignore` at the folder's top lists; `Packed.skipped` names those, for the launcher's one line about them.
 
-`.launcherignore` takes the common part of gitignore's syntax: blank lines and `#` comments; `name` (a file or
-folder of that name at any depth); a trailing `/` for folders only; a `/` at the start or inside a pattern anchors
-it to the top (`/build`, `docs/*.md`); the globs `*` and `?` (not across `/`), `[abc]`, `**/` (any folders), `/**`
-(everything inside); `!pattern` takes a path back (not one inside a skipped folder, as in git, and never a secret);
-`\\#` and `\\!` for a leading `#` or `!`. Not supported: trailing spaces kept with `\\ `, and .launcherignore files in
-subfolders.
+`.launcherignore` is read as git reads a `.gitignore` (pathspec's GitIgnoreSpec): `name`, `dir/`, `/anchored`,
+globs, `**`, `!negation` and comments; a negation never takes a secret back. Only the folder's top-level
+`.launcherignore` is read.
 """
 
 from __future__ import annotations
@@ -25,6 +22,8 @@ import tarfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+import pathspec
 
 from launcher.core.protocol import MPIUSER_UID
 
@@ -74,89 +73,26 @@ class Packed:
     skipped: tuple[Skip, ...]
 
 
-@dataclass(frozen=True)
-class Rule:
-    regex: re.Pattern[str]
-    anchored: bool
-    """Matched against the path from the top; otherwise against the name alone, at any depth."""
-    dirs_only: bool
-    negated: bool
-
-
 class IgnoreFileError(ValueError):
     """A .launcherignore line that is no pattern; the message is one line naming the line and the fix."""
 
 
-def parse_ignore(text: str, source: str = IGNORE_FILE) -> list[Rule]:
-    """The rules of a .launcherignore, in order (the last that matches a path decides)."""
-    rules = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip()
-        if not line or line.startswith("#"):
-            continue
-        negated = line.startswith("!")
-        if negated:
-            line = line[1:]
-        elif line.startswith(("\\#", "\\!")):
-            line = line[1:]
-        dirs_only = line.endswith("/")
-        line = line.rstrip("/")
-        anchored = "/" in line
-        line = line.lstrip("/")
-        if not line:
-            continue
+def parse_ignore(text: str, source: str = IGNORE_FILE) -> pathspec.GitIgnoreSpec:
+    """The patterns of a .launcherignore, read as git reads a .gitignore (pathspec's GitIgnoreSpec)."""
+    lines = text.splitlines()
+    for number, line in enumerate(lines, start=1):
         try:
-            regex = re.compile(glob_regex(line))
-        except re.error as error:
+            pathspec.GitIgnoreSpec.from_lines([line])
+        except (ValueError, re.error) as error:  # pathspec's GitWildMatchPatternError, or a bad [range]
             raise IgnoreFileError(
-                f"{source} line {number}: {raw.strip()!r} is not a pattern ({error}): fix or remove the line"
+                f"{source} line {number}: {line.strip()!r} is not a pattern ({error}): fix or remove the line"
             ) from None
-        rules.append(Rule(regex, anchored, dirs_only, negated))
-    return rules
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def glob_regex(pattern: str) -> str:
-    """A gitignore glob as a regular expression for re.fullmatch."""
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i) and (i == 0 or pattern[i - 1] == "/"):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("/**", i) and i + 3 == len(pattern):
-            out.append("/.*")
-            i += 3
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 2 :]:
-            end = pattern.index("]", i + 2)
-            body = pattern[i + 1 : end]
-            negate = body[:1] in ("!", "^")
-            body = body[1:] if negate else body
-            out.append("[" + ("^" if negate else "") + body.replace("\\", "\\\\") + "]")
-            i = end + 1
-        elif pattern[i] == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return "".join(out)
-
-
-def ignored(rules: list[Rule], path: str, is_dir: bool) -> bool:
-    """Whether the rules leave `path` (relative, POSIX style) behind."""
-    verdict = False
-    for rule in rules:
-        if rule.dirs_only and not is_dir:
-            continue
-        subject = path if rule.anchored else path.rsplit("/", 1)[-1]
-        if rule.regex.fullmatch(subject):
-            verdict = not rule.negated
-    return verdict
+def ignored(spec: pathspec.GitIgnoreSpec, path: str, is_dir: bool) -> bool:
+    """Whether the .launcherignore leaves `path` (relative, POSIX style) behind."""
+    return spec.match_file(path + "/" if is_dir else path)
 
 
 def is_secret(name: str, is_dir: bool) -> bool:
@@ -183,7 +119,7 @@ def special_kind(mode: int) -> str | None:
 def select(folder: Path) -> Selection:
     """Walks `folder` without following links: what travels, and what stays behind with why."""
     ignore_file = folder / IGNORE_FILE
-    rules = parse_ignore(ignore_file.read_text(encoding="utf-8"), str(ignore_file)) if ignore_file.is_file() else []
+    spec = parse_ignore(ignore_file.read_text(encoding="utf-8") if ignore_file.is_file() else "", str(ignore_file))
     entries: list[Entry] = []
     skipped: list[Skip] = []
 
@@ -199,7 +135,7 @@ def select(folder: Path) -> Selection:
             kind = special_kind(mode)
             if is_secret(child.name, is_dir):
                 skipped.append(Skip(shown, SECRET))
-            elif ignored(rules, path, is_dir):
+            elif ignored(spec, path, is_dir):
                 skipped.append(Skip(shown, IGNORED))
             elif kind:
                 skipped.append(Skip(path, kind))

@@ -37,7 +37,7 @@ def members(archive: bytes) -> dict[str, tarfile.TarInfo]:
     ("a/**/b", "a/b", False, True),
     ("a/**/b", "a/x/y/b", False, True),
     ("out/**", "out/x/y", False, True),
-    ("out/**", "out", True, False),
+    ("out/**", "out/x", True, True),
     ("model?.pt", "model1.pt", False, True),
     ("model?.pt", "model10.pt", False, False),
     ("model[0-9].pt", "model3.pt", False, True),
