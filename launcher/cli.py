@@ -142,6 +142,13 @@ def start(
         None, help="Local folder with your code, copied to /workdir on every node; the command runs there."
     ),
     env: list[str] | None = typer.Option(None, "--env", help="KEY=VALUE for every rank (repeatable)."),
+    secret: list[str] | None = typer.Option(
+        None,
+        "--secret",
+        help="NAME of a secret setting (an API key, a token) every rank gets, its value taken from this machine's "
+        "environment or .env and never shown: not on a command line, in a log or in the plan (repeatable; "
+        "default: SECRETS in .env).",
+    ),
     elastic: bool = typer.Option(
         False,
         help="Elastic training (horovodrun, Gloo): a node whose worker is lost is "
@@ -218,6 +225,7 @@ def start(
         job={
             "command": command,
             "env": (*(env or ()), *(["NCCL_DEBUG=INFO"] if debug else [])),
+            "secrets": tuple(secret or ()),
             "network_interface": network_interface,
             "ssh_port": ssh_port,
             "stall_timeout": stall_timeout,
@@ -426,6 +434,12 @@ def export(
         None, help="PersistentVolumeClaim mounted at /shared in every pod (default horovod-stack-shared)."
     ),
     env: list[str] | None = typer.Option(None, "--env", help="KEY=VALUE for every rank (repeatable)."),
+    secret: list[str] | None = typer.Option(
+        None,
+        "--secret",
+        help="NAME=SECRET/KEY: every rank gets NAME from key KEY of the Kubernetes Secret SECRET (valueFrom."
+        "secretKeyRef; the document holds no value; repeatable).",
+    ),
     elastic: bool = typer.Option(False, help="Elastic training (horovodrun, Gloo): lost workers do not end the job."),
     min_workers: int | None = typer.Option(None, help="With --elastic: the fewest workers the job goes on with."),
     network_interface: str | None = typer.Option(
@@ -457,6 +471,7 @@ def export(
             image=image,
             namespace=namespace,
             shared_claim=shared_claim,
+            secret_refs=tuple(secret or ()),
         )
     except SettingsError as error:
         fail(str(error), 2)

@@ -19,6 +19,7 @@ from launcher.core.protocol import (
     GPU_WORKER_ULIMITS,
     HOSTFILE_PATH,
     RUNS_DIR,
+    SECRET_SHOWN,
     SHARED_MOUNT,
     WORKDIR,
     WORKER_CAPABILITIES,
@@ -279,6 +280,9 @@ class ClusterPlan:
             else f"  {worker.address}:{spec.slots_of(worker)}"
             for worker in spec.workers
         ]
+        if spec.options.secrets:
+            shown = ", ".join(f"{name}={SECRET_SHOWN}" for name in spec.options.secrets)
+            lines.append(f"secrets {shown} (to rank 0 as a 0600 file at start; to every rank by mpirun's -x NAME)")
         lines.append(f"{spec.program}: {' '.join(spec.job_argv())}")
         return "\n".join(lines) + "\n"
 

@@ -13,6 +13,7 @@ a NodeEngine reached through `connect` (NodeDriver.connect, a stand-in in the te
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import threading
@@ -31,11 +32,13 @@ from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.core.protocol import (
     AGENT,
     AGENT_PREFIX,
+    CLUSTER_KEY,
     CLUSTER_SSH_DIR,
     HOSTKEYS_DIR,
     JOB_LOG,
     JOB_SPEC,
     JOB_STATUS,
+    SECRETS_FILE,
     STOP_SIGNALS,
     WORKDIR,
     JobEnd,
@@ -248,7 +251,10 @@ def hand_over_trust(
         engine.put_files(container.id, CLUSTER_SSH_DIR, authorized)
         host_keys[plan.mpi_host(engine.node)] = wait_for_host_key(engine, container, deadline)
     rank0, container = engines[0], containers[0]
-    rank0.put_files(container.id, CLUSTER_SSH_DIR, sshtrust.tar_files({"id_ed25519": (keys.private, 0o600)}))
+    private = {PurePosixPath(CLUSTER_KEY).name: (keys.private, 0o600)}
+    if plan.settings.secret_values:  # the agent reads and removes it before the job runs
+        private[PurePosixPath(SECRETS_FILE).name] = (json.dumps(plan.settings.secret_values).encode(), 0o600)
+    rank0.put_files(container.id, CLUSTER_SSH_DIR, sshtrust.tar_files(private))
     rank0.put_files(
         container.id,
         HOSTKEYS_DIR,

@@ -6,6 +6,7 @@ touches any node.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -119,6 +120,9 @@ class LaunchSettings:
     """The workers stay up after the job (with detach) until `launcher stop`."""
     connect_timeout: float = CONNECT_TIMEOUT_S
     """Seconds reaching a node's engine may take before the launcher gives up on it (CONNECT_TIMEOUT in .env)."""
+    secret_values: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """The values of the job's secret settings (job.secrets), by name: handed to rank 0's container as a 0600 file
+    at start, never shown."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -164,6 +168,12 @@ class LaunchSettings:
         unknown = sorted(set(self.engines) - set(self.nodes))
         if unknown:
             raise SettingsError(f"an engine override names {unknown[0]!r}, which is not in --nodes")
+        missing = [name for name in self.job.secrets if name not in self.secret_values]
+        if missing:
+            raise SettingsError(
+                f"--secret {missing[0]}: {missing[0]} is set neither in this machine's environment nor in .env: "
+                f"export {missing[0]}=... or add it to .env"
+            )
         problem = self.job.workers_problem(len(self.nodes))
         if problem:
             raise SettingsError(problem)
@@ -256,9 +266,11 @@ def resolve_settings(
     push_image: bool = False,
     detach: bool = False,
     keep_running: bool = False,
+    environ: Mapping[str, str] | None = None,
 ) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults. `job` holds the job options' flags, by their
-    JobOptions names (None: not given)."""
+    JobOptions names (None: not given). A secret setting's value comes from `environ` (this process's environment by
+    default), else from the .env file."""
     if hostfile is not None and nodes:
         raise SettingsError("--hostfile and --nodes both list the nodes: pass one of them")
     if hostfile is not None:
@@ -280,9 +292,13 @@ def resolve_settings(
     elif env.get("GPUS_PER_NODE", "").strip():
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(env["GPUS_PER_NODE"], "GPUS_PER_NODE in .env")
     engines = {node: env[engine_override_key(node)] for node in node_list if env.get(engine_override_key(node))}
+    options = job_options(env, job or {})
+    environ = os.environ if environ is None else environ
+    secrets = {name: value for name in options.secrets if (value := environ.get(name, env.get(name)))}
     return LaunchSettings(
         nodes=node_list,
-        job=job_options(env, job or {}),
+        job=options,
+        secret_values=secrets,
         node_slots={name: count for name, count in listed if count is not None},
         engines=engines,
         devices=devices or split_list(env.get("DEVICES", "")),

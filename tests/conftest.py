@@ -236,11 +236,16 @@ class StandInTransport:
         stacks_of: dict[str, list[stacks.RankStack]] | None = None,
         until_stopped: bool = False,
         silent_in_job: frozenset[str] | set[str] = frozenset(),
+        secret_values: dict[str, str] | None = None,
     ) -> None:
         self.clock, self.up_from, self.resolves = clock or Clock(), up_from, resolves or []
         self.cannot_start, self.status, self.lost_in_job = cannot_start, status, lost_in_job
         self.keys, self.stacks_of, self.until_stopped = keys, stacks_of, until_stopped
         self.silent_in_job = silent_in_job
+        self.secret_values = secret_values or {}
+        """What the job's secret settings would be, handed in as the launcher hands them."""
+        self.ran_with: dict[str, str] = {}
+        """The environment the job's process got besides the agent's own."""
         self.fresh: set[str] = set()
         """Workers whose container started again since the agent claimed them (none claimed it since)."""
         self.files: dict[str, str] = {}
@@ -292,8 +297,12 @@ class StandInTransport:
         self.lines[address] = Line(address, self.heard)
         return self.lines[address]
 
-    def run(self, argv: list[str], cwd: str) -> int:
+    def take_secrets(self, names: tuple[str, ...]) -> dict[str, str]:
+        return {name: self.secret_values[name] for name in names if name in self.secret_values}
+
+    def run(self, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
         self.ran.append(argv)
+        self.ran_with = dict(env or {})
         if self.silent_in_job:
             return self.run_until_silence_is_handled()
         if self.until_stopped:

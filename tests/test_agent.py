@@ -164,6 +164,26 @@ def test_a_lost_worker_is_claimed_again_only_as_a_new_worker():
     assert "172.18.0.3: a new worker there is claimed; host discovery lists it again" in said
 
 
+def test_secret_settings_reach_mpirun_by_name_and_its_environment_by_value():
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, secret_values={"API_KEY": "sk-SECRET"})
+    end, said = run(spec(secrets=("API_KEY",)), clock, transport)
+    assert end == JobEnd(0)
+    argv = transport.ran[0]
+    assert argv[argv.index("API_KEY") - 1] == "-x" and not any("sk-SECRET" in word for word in argv)
+    assert transport.ran_with == {"API_KEY": "sk-SECRET"}
+    assert not any("sk-SECRET" in line for line in said)
+
+
+def test_a_secret_that_did_not_arrive_refuses_the_job_before_it_runs():
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
+    end, _ = run(spec(secrets=("API_KEY",)), clock, transport)
+    assert transport.ran == [] and end.status == 2
+    assert end.cause == ("the secret setting(s) API_KEY did not reach the job's agent: start the job again with "
+                         "--secret and the value in the launching machine's environment")
+
+
 def test_an_elastic_job_below_its_minimum_names_the_lost_workers():
     clock = Clock()
     job = compose.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "2", "NETWORK_INTERFACE": "eth0",

@@ -6,6 +6,7 @@ copies it. Each failure case asserts a one-line error, a non-zero exit and no co
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -830,3 +831,57 @@ def test_results_come_home_after_the_cluster_is_gone(cluster, tmp_path):
     assert unknown.returncode == 1
     assert error_lines(unknown)[0].startswith("error: no run 00000000 in the shared folder of these nodes; the runs "
                                               f"there: {cluster_id} (node_1)")
+
+
+def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, tmp_path):
+    """--secret API_KEY: each rank has the value (its digest is right); no argv seen by ps in any container, log,
+    status, dry run, job.json, file left in a container, `docker inspect` or exported MPIJob holds it."""
+    value = f"sk-SECRET-{os.urandom(8).hex()}"
+    env = {**cluster.launcher_env(), "API_KEY": value}
+    job = [*start_args(cluster, "--workdir", str(USER_SCRIPT), "--secret", "API_KEY"), "--", "python",
+           "secret_digest.py", "API_KEY"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([LAUNCHER, *args], env=env, capture_output=True, text=True, timeout=600,
+                              preexec_fn=default_signal_dispositions)
+
+    seen = {"dry run": run(*job[:1], "--dry-run", *job[1:])}
+    assert "secrets API_KEY=***" in seen["dry run"].stdout, seen["dry run"].stderr[-3000:]
+    started = run(job[0], "--detach", "--push-image", *job[1:])
+    assert started.returncode == 0, started.stderr[-3000:]
+    seen["start"] = started
+    deadline = time.monotonic() + 180
+    while (logs := run("logs", "--env-file", str(cluster.env_file()))).stdout.count("sha256") < 2:
+        assert time.monotonic() < deadline, logs.stdout[-3000:] + logs.stderr[-3000:]
+        time.sleep(1)
+    processes = {node.name: [c.exec_run(["ps", "-eww", "-o", "args"]).output.decode()
+                             for c in node.client().containers.list(filters={"label": "horovod-stack.cluster"})]
+                 for node in cluster.nodes}
+    wait_until_stopped(cluster)
+    seen["logs"] = run("logs", "--env-file", str(cluster.env_file()))
+    seen["status"] = run("status", "--env-file", str(cluster.env_file()))
+    expected = hashlib.sha256(value.encode()).hexdigest()
+    assert [line.split()[-1] for line in seen["logs"].stdout.splitlines() if "sha256" in line] == [expected] * 2
+    assert "succeeded (exit status 0)" in seen["status"].stdout, seen["status"].stdout
+    leaks = [f"{what}: {part}" for what, result in seen.items() for part in ("stdout", "stderr")
+             if value in getattr(result, part)]
+    leaks += [f"ps on {node}" for node, listings in processes.items() for listing in listings if value in listing]
+    assert all(listings for listings in processes.values()) and "secret_digest.py" in processes["node_2"][0]
+    for node in cluster.nodes:
+        for container in node.client().containers.list(all=True, filters={"label": "horovod-stack.cluster"}):
+            leaks += [f"docker inspect {container.name}"] if value in json.dumps(container.attrs) else []
+            leaks += [f"docker logs {container.name}"] if value.encode() in container.logs() else []
+            for change in container.diff() or []:
+                if change["Kind"] == 2:  # deleted
+                    continue
+                stream, info = container.get_archive(change["Path"])
+                if not info["mode"] & (1 << 31) and value.encode() in b"".join(stream):  # Go's ModeDir: a folder
+                    leaks.append(f"{change['Path']} in {container.name}")
+    mpijob = run("export", "mpijob", "--name", "digits", "--workers", "2", "--secret", "API_KEY=tracker/api-key")
+    assert mpijob.returncode == 0 and "secretKeyRef" in mpijob.stdout and value not in mpijob.stdout
+    print(f"\n--secret: every rank's digest {expected[:12]}... is the value's; places searched: {sorted(seen)}, ps in "
+          f"{sum(map(len, processes.values()))} containers, every changed file and `docker inspect` of each; leaks: "
+          f"{leaks}")
+    assert leaks == []
+    run("stop", "--env-file", str(cluster.env_file()))
+    assert_nothing_left(cluster)

@@ -20,7 +20,7 @@ from launcher.core.protocol import (GPU_WORKER_ULIMITS, KEEPALIVE_COUNT, KEEPALI
                                     WORKER_ULIMITS)
 from launcher.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
 from launcher.settings import LaunchSettings, engine_override_key, load_env_file, parse_gpus, resolve_settings
-from tests.conftest import launch_settings
+from tests.conftest import container, launch_settings
 from tests.conftest import plan_of as make_plan
 
 
@@ -775,3 +775,64 @@ def test_connect_timeout_comes_from_env_and_reaches_every_node():
         resolve_settings({"CONNECT_TIMEOUT": "soon"}, nodes="a")
     with pytest.raises(SettingsError, match="CONNECT_TIMEOUT in .env must be a positive number of seconds"):
         resolve_settings({"CONNECT_TIMEOUT": "0"}, nodes="a")
+
+
+# --- secret settings -------------------------------------------------------------------------------------------------
+def test_a_secrets_value_comes_from_this_machines_environment_before_the_env_file_and_is_never_shown():
+    env = {"NODES": "node_1,node_2", "SECRETS": "API_KEY,HF_TOKEN", "HF_TOKEN": "hf-from-env-file"}
+    settings = resolve_settings(env, environ={"API_KEY": "sk-SECRET123"})
+    assert settings.job.secrets == ("API_KEY", "HF_TOKEN")
+    assert settings.secret_values == {"API_KEY": "sk-SECRET123", "HF_TOKEN": "hf-from-env-file"}
+    plan = ClusterPlan.of(settings, cluster_id="c0ffee00")
+    shown = repr(settings) + plan.describe() + plan.dry_run_report(None) + plan.job_spec().to_json()
+    assert "sk-SECRET123" not in shown and "hf-from-env-file" not in shown
+    assert "secrets API_KEY=***, HF_TOKEN=***" in plan.dry_run_report(None)
+    argv = plan.job_spec().job_argv()
+    assert argv[argv.index("API_KEY") - 1] == "-x" and argv[argv.index("HF_TOKEN") - 1] == "-x"
+
+
+@pytest.mark.parametrize("flags, environ, message", [
+    ({"secrets": ("API_KEY",)}, {}, "--secret API_KEY: API_KEY is set neither in this machine's environment nor in "
+                                    ".env: export API_KEY=... or add it to .env"),
+    ({"secrets": ("2BAD",)}, {"2BAD": "x"}, "--secret '2BAD' is not a variable name"),
+    ({"secrets": ("API_KEY",), "env": ("API_KEY=plain",)}, {"API_KEY": "x"},
+     "API_KEY is both a secret (--secret) and in --env: drop it from --env"),
+    ({"secrets": ("API_KEY",), "elastic": True, "network_interface": "eth0"}, {"API_KEY": "x"},
+     "--secret is for fixed-size jobs: elastic Horovod would put the values on its ssh command lines; drop --elastic"),
+])
+def test_bad_secret_settings_are_refused_in_one_line(flags, environ, message):
+    with pytest.raises(SettingsError) as refused:
+        resolve_settings({}, nodes="node_1,node_2", job=flags, environ=environ)
+    assert message in str(refused.value)
+
+
+def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_worker_gets_them():
+    import io
+    import json
+    import tarfile
+
+    from launcher import session
+    from launcher.core.sshtrust import KeyPair
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.node, self.put = Node(name, f"ssh://{name}"), []
+
+        def put_files(self, container_id, folder, archive):
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                self.put += [(f"{folder}/{m.name}", m.mode, tar.extractfile(m).read()) for m in tar.getmembers()]
+
+        def read_file(self, container_id, path):
+            return "ssh-ed25519 HOSTKEY"
+
+    settings = resolve_settings({"NODES": "node-1,node-2"}, job={"secrets": ("API_KEY",)},
+                                environ={"API_KEY": "sk-SECRET123"})
+    plan = ClusterPlan.of(settings, cluster_id="c0ffee00")
+    engines = [Recorder("node-1"), Recorder("node-2")]
+    containers = [container("w1", "c0ffee00"), container("w2", "c0ffee00", role="worker")]
+    session.hand_over_trust(plan, engines, containers, KeyPair(b"PRIVATE", "ssh-ed25519 PUBLIC"), 0, lambda _: None)
+    secrets = [(mode, content) for path, mode, content in engines[0].put if path == "/cluster/ssh/secrets.json"]
+    assert secrets == [(0o600, json.dumps({"API_KEY": "sk-SECRET123"}).encode())]
+    assert not any(b"sk-SECRET123" in content for _, _, content in engines[1].put)
+    job = next(content for path, _, content in engines[0].put if path.endswith("job.json"))
+    assert b"sk-SECRET123" not in job and b'"API_KEY"' in job

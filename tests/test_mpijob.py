@@ -107,6 +107,7 @@ CASES = {
     "gpu": ({"gpus_per_node": 2, "image": "registry.example.com/horovod-stack:1"}, 2, 2),
     "elastic": ({"workers": 3, "elastic_min_workers": 2}, 1, None),
     "users command": ({"command": ("python", "/shared/code/train.py", "--lr", "0.1"), "env": ("A=1",)}, 1, None),
+    "secrets": ({"secret_refs": ("WANDB_API_KEY=wandb/api-key",)}, 1, None),
 }
 
 
@@ -160,6 +161,16 @@ def test_an_elastic_export_names_the_pods_nic_and_its_minimum():
     assert launcher_options(export()).network_interface is None
 
 
+def test_a_secret_comes_from_a_kubernetes_secret_and_only_its_name_is_in_the_document():
+    document = export(secret_refs=("WANDB_API_KEY=wandb/api-key", "HF_TOKEN=hf.tokens/read"))
+    launcher = pods(document)[0]["containers"][0]
+    assert launcher["env"] == [
+        {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf.tokens", "key": "read"}}}]
+    assert launcher_options(document).secrets == ("WANDB_API_KEY", "HF_TOKEN")
+    assert "env" not in pods(document)[1]["containers"][0]  # the workers get them from mpirun (-x NAME)
+
+
 BAD = {
     "not a DNS-1035 label": ({"name": "Digits_1"}, "--name 'Digits_1' is not a DNS-1035 label"),
     "starts with a digit": ({"name": "1digits"}, "is not a DNS-1035 label"),
@@ -171,6 +182,10 @@ BAD = {
     "slots beside gpus": ({"slots": 2, "gpus_per_node": 4}, "a GPU worker runs one rank per GPU; drop --slots"),
     "minimum above workers": ({"elastic_min_workers": 3}, "--min-workers 3 is not from 1 to the 2 worker pods (--workers)"),
     "bad namespace": ({"namespace": "Team_A"}, "--namespace 'Team_A' is not a Kubernetes namespace name"),
+    "secret without its source": ({"secret_refs": ("WANDB_API_KEY",)},
+                                  "--secret 'WANDB_API_KEY' is not NAME=SECRET/KEY"),
+    "secret from a bad Secret name": ({"secret_refs": ("K=Bad_Name/key",)}, "is not NAME=SECRET/KEY"),
+    "secret beside --env": ({"secret_refs": ("K=s/k",), "env": ("K=1",)}, "K is both a secret (--secret) and in --env"),
 }
 
 

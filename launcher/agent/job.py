@@ -209,7 +209,20 @@ class Agent:
                     f"{spec.words.command_fix}"
                 )
 
-    def run_job(self, ready: list[Worker]) -> JobEnd:
+    def secrets(self) -> dict[str, str]:
+        """The job's secret settings, or one JobError naming those that did not arrive."""
+        names = self.spec.options.secrets
+        found = self.transport.take_secrets(names) if names else {}
+        missing = [name for name in names if name not in found]
+        if missing:
+            raise JobError(
+                f"the secret setting(s) {', '.join(missing)} did not reach the job's agent: start the job again with "
+                f"{self.spec.options.spelling.of('secrets')} and the value in the launching machine's environment"
+            )
+        return found
+
+    def run_job(self, ready: list[Worker], secrets: dict[str, str] | None = None) -> JobEnd:
+        """mpirun (or elastic horovodrun) over the ready workers, `secrets` in its environment; how it ended."""
         spec = self.spec
         argv = spec.job_argv()
         self.transport.write(HOSTFILE_PATH, hostfile(ready, spec.slots))
@@ -223,7 +236,7 @@ class Agent:
         for thread in threads:
             thread.start()
         try:
-            status = self.transport.run(argv, cwd=HOME)
+            status = self.transport.run(argv, cwd=HOME, env=secrets)
         finally:
             for thread in threads:
                 thread.stop()
@@ -301,10 +314,11 @@ class Agent:
         ready: list[Worker] = []
         try:
             self.prepare()
+            secrets = self.secrets()  # first: the file goes, whatever happens next
             ready = self.wait_until_ready()
             self.claim(ready)
             self.check_command(ready)
-            end = self.run_job(ready)
+            end = self.run_job(ready, secrets)
         except JobError as error:
             self.say(f"error: {error}")
             end = JobEnd(2, str(error))

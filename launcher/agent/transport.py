@@ -6,6 +6,7 @@ agent (launcher/agent/job.py) is tested without containers.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from launcher.core import stall
 from launcher.core.protocol import (
     CLUSTER_KEY,
     CLUSTER_SSH_DIR,
+    SECRETS_FILE,
     SSH_CONNECT_TIMEOUT_SECONDS,
     STOP_SIGNALS,
     Signalled,
@@ -62,8 +64,13 @@ class Transport(Protocol):
 
     def lifeline(self, address: str, command: str) -> Lifeline: ...
 
-    def run(self, argv: list[str], cwd: str) -> int:
-        """Runs the job, its output through to the agent's; returns its exit status."""
+    def take_secrets(self, names: tuple[str, ...]) -> dict[str, str]:
+        """The job's secret settings by name, from SECRETS_FILE (removed once read) or, where the platform hands them
+        in (an MPIJob's Kubernetes Secret), the agent's own environment; a name found in neither is left out."""
+
+    def run(self, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
+        """Runs the job, with `env` added to its environment (never its argv), its output through to the agent's;
+        returns its exit status."""
 
     def output_age(self) -> float:
         """Seconds since the running job last printed a line (or since it started)."""
@@ -177,12 +184,29 @@ class SshTransport:
     def lifeline(self, address: str, command: str) -> Lifeline:
         return SshLifeline(address, command)
 
-    def run(self, argv: list[str], cwd: str) -> int:
+    def take_secrets(self, names: tuple[str, ...]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        text = read_text(SECRETS_FILE)
+        if text is not None:
+            Path(SECRETS_FILE).unlink(missing_ok=True)
+            found = json.loads(text)
+        return {
+            name: found[name] if name in found else os.environ[name]
+            for name in names
+            if name in found or name in os.environ
+        }
+
+    def run(self, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
         self.last_output = time.monotonic()
         # A process group of its own, so that stop_job can kill it with its ssh sessions; signals to the agent reach
         # it through stop_on_signals.
         self.child = subprocess.Popen(
-            argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         relay = threading.Thread(target=self.relay, args=(self.child.stdout,), name="job-output", daemon=True)
         relay.start()

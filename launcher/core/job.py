@@ -18,7 +18,7 @@ from app.entrypoint import TRAINER
 from app.gpu import GPUS_ASKED
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.core.nics import NIC_VARIABLES, nic_selection, nic_variables, subnet_of
-from launcher.core.options import JobOptions, SettingsError
+from launcher.core.options import JobOptions, SettingsError, names_in
 from launcher.core.protocol import (
     CLUSTER_KEY,
     DISCOVERY_SCRIPT,
@@ -94,11 +94,13 @@ def mpirun_argv(
     excluded_subnets: tuple[str, ...] = (),
     across_hosts: bool = False,
     env: tuple[str, ...] = (),
+    secrets: tuple[str, ...] = (),
     workdir: str | None = None,
 ) -> list[str]:
     """The one mpirun command line of a job: the seed article's flags, NIC selection for Open MPI, NCCL and
-    Gloo (nic_selection), the user's variables (-x), the stack's Horovod defaults the user did not set, the
-    working directory, then the command every rank runs."""
+    Gloo (nic_selection), the user's variables (-x), the secret ones by name alone (mpirun hands their values from its
+    own environment to every rank), the stack's Horovod defaults the user did not set, the working directory, then
+    the command every rank runs."""
     argv = [
         "mpirun",
         "-np",
@@ -118,9 +120,9 @@ def mpirun_argv(
         "-x",
         "PYTHONPATH",
     ]
-    user_set = names_set(env)
+    user_set = names_in(env)
     argv += nic_selection(network_interface, excluded_subnets, across_hosts, user_set)
-    for item in env:
+    for item in (*env, *secrets):
         argv += ["-x", item]
     for item in defaults_unless_set(env):
         argv += ["-x", item]
@@ -129,15 +131,10 @@ def mpirun_argv(
     return argv + rank_command(command, network_interface, user_set)
 
 
-def names_set(env: tuple[str, ...]) -> frozenset[str]:
-    """The variables that KEY=VALUE pairs (valid ones: JobOptions checked them) set."""
-    return frozenset(item.partition("=")[0] for item in env)
-
-
 def defaults_unless_set(env: tuple[str, ...], extra: dict[str, str] | None = None) -> list[str]:
     """KEY=VALUE for each of the stack's defaults (HOROVOD_DEFAULTS, then `extra`) that the user's --env pairs do
     not set themselves."""
-    chosen = names_set(env)
+    chosen = names_in(env)
     return [f"{name}={value}" for name, value in {**HOROVOD_DEFAULTS, **(extra or {})}.items() if name not in chosen]
 
 
@@ -182,7 +179,7 @@ def horovodrun_argv(
     )
     command = trainer_with(command, "--elastic")  # the bundled trainer's loop; a user's script brings its own
     defaults = defaults_unless_set(env, {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS)})
-    user_set = names_set(env)
+    user_set = names_in(env)
     variables = [*nic_variables(own_nic), *defaults, *env]
     return [
         "env",
@@ -354,6 +351,7 @@ class JobSpec:
                 excluded_subnets=self.excluded_subnets,
                 across_hosts=self.across_hosts,
                 env=self.rank_env,
+                secrets=options.secrets,
                 workdir=workdir,
             )
         assert options.network_interface  # JobOptions: an elastic job has its NIC

@@ -164,6 +164,11 @@ def env_problem(item: str, name: str = "--env") -> str | None:
     return None
 
 
+def names_in(env: tuple[str, ...]) -> frozenset[str]:
+    """The variables that KEY=VALUE pairs set."""
+    return frozenset(item.partition("=")[0] for item in env)
+
+
 def job_command(args: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """What every rank runs, from the words after `--`: a command of the user's when the first word is not an
     option (as with mpirun and horovodrun), else the bundled trainer with those options."""
@@ -193,6 +198,10 @@ class JobOptions:
     """What every rank runs (job_command of the words after `--`): the user's command, or the bundled trainer."""
     env: tuple[str, ...] = option((), flag="--env", compose="the environment", mpijob="--env")
     """KEY=VALUE pairs every rank gets."""
+    secrets: tuple[str, ...] = option((), flag="--secret", key="SECRETS", mpijob="--secret")
+    """Names of variables every rank gets whose values are secret (API keys, tokens): the values travel apart from the
+    job (a 0600 file in rank 0's container, read and removed by the agent; an MPIJob's Kubernetes Secret) and reach
+    the ranks through mpirun's environment (`-x NAME`), never a command line, a log or job.json."""
     network_interface: str | None = option(
         None, flag="--network-interface", key=NIC_SETTING, compose="NETWORK_INTERFACE", mpijob="--network-interface"
     )
@@ -236,7 +245,7 @@ class JobOptions:
             object.__setattr__(self, "network_interface", normal_nic(self.network_interface))
         except ValueError:
             pass  # named in problems()
-        for name in ("command", "env", "mounts"):
+        for name in ("command", "env", "secrets", "mounts"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         found = self.problems()
         if found:
@@ -253,6 +262,7 @@ class JobOptions:
         found += [
             f"{problem}; {say.fix_for('env')}" for item in self.env if (problem := env_problem(item, say.of("env")))
         ]
+        found += self._secret_problems()
         nic = self.network_interface
         if nic and "/" in nic:
             try:
@@ -286,6 +296,25 @@ class JobOptions:
             )
         found += self._elastic_problems()
         found += [problem for text in self.mounts if (problem := bind_problem(text, say.of("mounts")))]
+        return found
+
+    def _secret_problems(self) -> list[str]:
+        say = self.spelling
+        found = [
+            f"{say.of('secrets', repr(name))} is not a variable name; {say.fix_for('secrets')}"
+            for name in self.secrets
+            if not ENV_NAME.fullmatch(name)
+        ]
+        found += [
+            f"{name} is both a secret ({say.of('secrets')}) and in {say.of('env')}: drop it from {say.of('env')}"
+            for name in sorted(set(self.secrets) & names_in(self.env))
+        ]
+        if self.secrets and self.elastic:
+            # horovodrun writes every variable into its ssh command lines, where `ps` on each worker shows them.
+            found.append(
+                f"{say.of('secrets')} is for fixed-size jobs: elastic Horovod would put the values on its ssh command "
+                f"lines; drop {say.of('elastic')}"
+            )
         return found
 
     def _elastic_problems(self) -> list[str]:

@@ -85,6 +85,8 @@ def agent_args(pod: PodArgs) -> list[str]:
             argv += [flag, value]
     for item in options.env:
         argv += ["--env", item]
+    for name in options.secrets:  # the name alone: its value is in the pod's environment (a Kubernetes Secret)
+        argv += ["--secret", name]
     return [*argv, "--", *options.command]
 
 
@@ -103,10 +105,12 @@ def parse(argv: list[str]) -> PodArgs:
     parser.add_argument("--network-interface")
     parser.add_argument("--min-workers", type=int)
     parser.add_argument("--env", action="append", default=[])
+    parser.add_argument("--secret", action="append", default=[])
     known = parser.parse_args(argv[:split])
     options = JobOptions(
         command=job_command(argv[split + 1 :]),
         env=tuple(known.env),
+        secrets=tuple(known.secret),
         network_interface=known.network_interface or None,
         elastic=known.min_workers is not None,
         elastic_min_workers=known.min_workers,

@@ -26,7 +26,7 @@ from typing import Any
 
 from app.gpu import GPUS_ASKED
 from launcher.core.job import defaults_unless_set
-from launcher.core.options import JobOptions, SettingsError
+from launcher.core.options import ENV_NAME, JobOptions, SettingsError
 from launcher.core.protocol import (
     DEFAULT_IMAGE,
     MPIJOB_SSH_AUTH_DIR,
@@ -53,6 +53,8 @@ DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 DOCKER_SIZE = re.compile(r"(\d+)([bkmg]?)", re.IGNORECASE)
+SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+"""A key of a Kubernetes Secret's data."""
 PART_OF = {"app.kubernetes.io/part-of": "horovod-stack"}
 
 
@@ -72,6 +74,8 @@ class MpiJobRequest:
     shared_claim: str = SHARED_VOLUME
     """The claim's name is the other doors' shared volume's name."""
     shm_size: str = SHM_SIZE
+    secret_refs: tuple[str, ...] = ()
+    """--secret NAME=SECRET/KEY each: the launcher pod's NAME comes from key KEY of the Kubernetes Secret SECRET."""
 
     @property
     def slots_per_worker(self) -> int:
@@ -79,6 +83,15 @@ class MpiJobRequest:
 
     def worker_pod(self, index: int) -> str:
         return f"{self.name}-worker-{index}"
+
+
+def secret_ref(text: str) -> tuple[str, str, str] | None:
+    """NAME, SECRET and KEY of `--secret NAME=SECRET/KEY`; None if `text` is not that."""
+    name, _, source = text.partition("=")
+    secret, _, key = source.partition("/")
+    if ENV_NAME.fullmatch(name) and DNS_1123_SUBDOMAIN.fullmatch(secret) and SECRET_KEY.fullmatch(key):
+        return name, secret, key
+    return None
 
 
 def k8s_quantity(size: str) -> str:
@@ -131,6 +144,12 @@ def problems(request: MpiJobRequest) -> list[str]:
         k8s_quantity(request.shm_size)
     except ValueError as error:
         found.append(str(error))
+    found += [
+        f"--secret {text!r} is not NAME=SECRET/KEY (a variable, a Kubernetes Secret and its key): pass e.g. "
+        "--secret WANDB_API_KEY=wandb/api-key"
+        for text in request.secret_refs
+        if secret_ref(text) is None
+    ]
     return found
 
 
@@ -139,6 +158,7 @@ def request(job: Mapping[str, Any], **where: Any) -> MpiJobRequest:
     the MpiJobRequest's own. An elastic job's NIC defaults to the pod's (POD_NIC). Raises SettingsError with every
     problem, the job's and the request's, one line each."""
     chosen = {name: value for name, value in job.items() if value is not None}
+    chosen["secrets"] = tuple(text.partition("=")[0] for text in where.get("secret_refs") or ())
     if chosen.get("elastic") and not chosen.get("network_interface"):
         chosen["network_interface"] = POD_NIC
     found: list[str] = []
@@ -188,12 +208,17 @@ def document(request: MpiJobRequest) -> dict[str, Any]:
     if found:
         raise SettingsError(*found)
     image = {"image": request.image, "imagePullPolicy": "IfNotPresent"}
-    launcher = {
+    launcher: dict[str, Any] = {
         "name": "launcher",
         **image,
         "command": [ENTRYPOINT],
         "args": [LAUNCHER_ROLE, *agent_args(pod_args(request))],
     }
+    refs = [ref for text in request.secret_refs if (ref := secret_ref(text))]
+    if refs:  # mpirun passes them on to every rank (-x NAME); the document holds no value
+        launcher["env"] = [
+            {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}} for name, secret, key in refs
+        ]
     worker: dict[str, Any] = {
         "name": "worker",
         **image,
