@@ -244,6 +244,7 @@ class StandInTransport:
         self.silent_in_job = silent_in_job
         self.secret_values = secret_values or {}
         """What the job's secret settings would be, handed in as the launcher hands them."""
+        self.removed: list[str] = []
         self.ran_with: dict[str, str] = {}
         """The environment the job's process got besides the agent's own."""
         self.fresh: set[str] = set()
@@ -273,6 +274,10 @@ class StandInTransport:
 
     def write(self, path: str, text: str, mode: int = 0o644) -> None:
         self.files[path], self.modes[path] = text, mode
+
+    def remove(self, path: str) -> None:
+        self.files.pop(path, None)
+        self.removed.append(path)
 
     def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
         self.commands.append((address, command))

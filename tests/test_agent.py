@@ -20,6 +20,7 @@ from launcher.core.options import SettingsError
 from launcher.core.protocol import (
     HOSTFILE_PATH,
     JOB_LOST,
+    JOB_PRIVATE_FILES,
     JOB_SPEC,
     JOB_STATUS,
     KEEP_RUNNING,
@@ -173,6 +174,7 @@ def test_secret_settings_reach_mpirun_by_name_and_its_environment_by_value():
     assert argv[argv.index("API_KEY") - 1] == "-x" and not any("sk-SECRET" in word for word in argv)
     assert transport.ran_with == {"API_KEY": "sk-SECRET"}
     assert not any("sk-SECRET" in line for line in said)
+    assert transport.removed == list(JOB_PRIVATE_FILES)  # once every other worker was told
 
 
 def test_a_secret_that_did_not_arrive_refuses_the_job_before_it_runs():

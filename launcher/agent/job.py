@@ -34,6 +34,7 @@ from launcher.core.protocol import (
     HOSTFILE_PATH,
     HOSTKEYS_DIR,
     JOB_LOST,
+    JOB_PRIVATE_FILES,
     JOB_STALL,
     JOB_STATUS,
     KEEP_RUNNING,
@@ -358,11 +359,14 @@ class Agent:
         self.wind_down(end, workers, patience)
 
     def wind_down(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
-        """Tells every worker the job ended. The worker whose container runs this agent (the launcher's rank 0)
-        hears last: it stops soon after, and this agent with it."""
+        """Tells every worker the job ended, then removes the job's private files (the cluster's key, the secrets, the
+        job spec). The worker whose container runs this agent (the launcher's rank 0) hears last, over its open
+        lifeline: it stops soon after, and this agent with it."""
         message = KEEP_RUNNING if self.spec.keep_running else end.message()
         own = self.spec.agent_host
         self.tell_all([worker for worker in workers if worker.address != own], message, patience)
+        for path in JOB_PRIVATE_FILES:  # a stopped container stays until `launcher stop`: nothing secret in it
+            self.transport.remove(path)
         if own is not None:
             self.tell_all([worker for worker in workers if worker.address == own] or [Worker(own, own)], message)
 

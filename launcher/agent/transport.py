@@ -60,6 +60,9 @@ class Transport(Protocol):
 
     def write(self, path: str, text: str, mode: int = 0o644) -> None: ...
 
+    def remove(self, path: str) -> None:
+        """The file is gone (it may not have been there)."""
+
     def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]: ...
 
     def lifeline(self, address: str, command: str) -> Lifeline: ...
@@ -168,6 +171,12 @@ class SshTransport:
         Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomically(path, text, mode)
 
+    def remove(self, path: str) -> None:
+        try:
+            Path(path).unlink(missing_ok=True)
+        except OSError:  # a read-only mount (an MPIJob's Secret): nothing of ours to remove
+            pass
+
     def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
         try:
             done = subprocess.run(
@@ -188,7 +197,7 @@ class SshTransport:
         found: dict[str, str] = {}
         text = read_text(SECRETS_FILE)
         if text is not None:
-            Path(SECRETS_FILE).unlink(missing_ok=True)
+            self.remove(SECRETS_FILE)
             found = json.loads(text)
         return {
             name: found[name] if name in found else os.environ[name]

@@ -83,6 +83,9 @@ HOSTFILE_PATH = f"{HOME}/hostfile"
 JOB_SPEC = f"{HOME}/job.json"
 """The job the agent runs (launcher.core.job.JobSpec as JSON): written by the multi-host launcher, or by the agent
 itself from compose's environment; elastic host discovery reads it too."""
+JOB_PRIVATE_FILES = (CLUSTER_KEY, SECRETS_FILE, JOB_SPEC)
+"""What rank 0's container holds for the job alone, removed when the job winds down: the cluster's private key,
+the secrets (already gone once the agent read them) and the job's spec."""
 JOB_LOG = f"{HOME}/job.log"
 """The agent's and the job's output, in the multi-host launcher's rank-0 container (`launcher logs`, `status`)."""
 JOB_STATUS = f"{HOME}/job.status"
