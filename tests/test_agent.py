@@ -207,6 +207,7 @@ def test_keep_running_leaves_the_workers_up():
     end, said = run(spec(keep_running=True), clock, transport)
     assert end == JobEnd(0) and {line.last_word for line in transport.lines.values()} == {KEEP_RUNNING}
     assert said[-1] == "job succeeded (exit status 0); the workers keep running (--keep-running)"
+    assert transport.removed == []  # kept for debugging in the running containers
 
 
 def test_a_refused_compose_job_still_tells_the_workers_that_are_up():

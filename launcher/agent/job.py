@@ -360,13 +360,15 @@ class Agent:
 
     def wind_down(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
         """Tells every worker the job ended, then removes the job's private files (the cluster's key, the secrets, the
-        job spec). The worker whose container runs this agent (the launcher's rank 0) hears last, over its open
-        lifeline: it stops soon after, and this agent with it."""
+        job spec; not with --keep-running, whose containers stay up for debugging). The worker whose container runs
+        this agent (the launcher's rank 0) hears last, over its open lifeline: it stops soon after, and this agent
+        with it."""
         message = KEEP_RUNNING if self.spec.keep_running else end.message()
         own = self.spec.agent_host
         self.tell_all([worker for worker in workers if worker.address != own], message, patience)
-        for path in JOB_PRIVATE_FILES:  # a stopped container stays until `launcher stop`: nothing secret in it
-            self.transport.remove(path)
+        if not self.spec.keep_running:  # a stopped container stays until `launcher stop`: nothing secret in it
+            for path in JOB_PRIVATE_FILES:
+                self.transport.remove(path)
         if own is not None:
             self.tell_all([worker for worker in workers if worker.address == own] or [Worker(own, own)], message)
 
