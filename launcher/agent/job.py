@@ -405,13 +405,26 @@ class Agent:
         return self.pin(worker) and self.transport.ssh(worker.address, command, timeout, stdin=message + "\n")[0] == 0
 
 
-class ElasticClaims(threading.Thread):
+class JobWatch(threading.Thread):
+    """A thread beside the running job (run_job starts and stops them all): `done` ends it; `cause` is why it ended
+    the job, when it did."""
+
+    def __init__(self, agent: Agent, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.agent = agent
+        self.done = threading.Event()
+        self.cause: str | None = None
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()  # before the wind-down reads the lifelines and the causes
+
+
+class ElasticClaims(JobWatch):
     """During an elastic job: a lifeline to every worker that joins or comes back (discovery lets it in)."""
 
     def __init__(self, agent: Agent) -> None:
-        super().__init__(name="elastic-claims", daemon=True)
-        self.agent = agent
-        self.done = threading.Event()
+        super().__init__(agent, "elastic-claims")
 
     def run(self) -> None:
         while not self.done.wait(ELASTIC_CLAIM_INTERVAL):
@@ -437,12 +450,8 @@ class ElasticClaims(threading.Thread):
             except Exception as error:  # noqa: BLE001  the job goes on; a later round tries again
                 self.agent.say(f"could not claim a returning worker: {error}")
 
-    def stop(self) -> None:
-        self.done.set()
-        self.join()  # before the wind-down reads the lifelines
 
-
-class LifelineWatch(threading.Thread):
+class LifelineWatch(JobWatch):
     """While the job runs: every claimed worker's lifeline. A worker whose line closes is lost: its container stopped
     or was killed, or it went silent (no answer for SILENCE_SECONDS: link down, host down or powered off). A
     fixed-size job cannot go on without it, and its ranks would wait in a collective that never completes: the job is
@@ -451,11 +460,7 @@ class LifelineWatch(threading.Thread):
     went on nor failed), it is ended, the loss its cause."""
 
     def __init__(self, agent: Agent) -> None:
-        super().__init__(name="lifeline-watch", daemon=True)
-        self.agent = agent
-        self.done = threading.Event()
-        self.cause: str | None = None
-        """Why the job was ended, when this watch ended it."""
+        super().__init__(agent, "lifeline-watch")
         self.last_loss: float | None = None
 
     def run(self) -> None:
@@ -488,22 +493,15 @@ class LifelineWatch(threading.Thread):
             self.cause = cause
             self.agent.say(f"error: {cause}; ending the job")
 
-    def stop(self) -> None:
-        self.done.set()
-        self.join()
 
-
-class StallWatch(threading.Thread):
+class StallWatch(JobWatch):
     """While the job runs: when it prints nothing and records no new metrics for the stall timeout, every rank's
     stack goes into the job's log once, and JOB_STALL says so for `launcher status` (also Horovod's own stall
     warnings); with the stall action `fail`, the job is ended with the stall as its cause."""
 
     def __init__(self, agent: Agent, workers: list[Worker]) -> None:
-        super().__init__(name="stall-watch", daemon=True)
-        self.agent, self.workers = agent, workers
-        self.done = threading.Event()
-        self.cause: str | None = None
-        """Why the job was ended (the stall), when the stall action is `fail`."""
+        super().__init__(agent, "stall-watch")
+        self.workers = workers
 
     def run(self) -> None:
         spec, transport = self.agent.spec, self.agent.transport
@@ -539,22 +537,16 @@ class StallWatch(threading.Thread):
                 self.agent.say(f"error: {cause}; ending the job (stall action fail)")
         return where
 
-    def stop(self) -> None:
-        self.done.set()
-        self.join()
 
-
-class TimeLimit(threading.Thread):
+class TimeLimit(JobWatch):
     """The job's time limit: once the job has run that long, every rank's stack goes into the job's log and the job
     is ended (as timeout(1) ends a command: exit status 124), with the limit and where the ranks were as its cause."""
 
     STATUS = 124
 
     def __init__(self, agent: Agent, workers: list[Worker]) -> None:
-        super().__init__(name="time-limit", daemon=True)
-        self.agent, self.workers = agent, workers
-        self.done = threading.Event()
-        self.cause: str | None = None
+        super().__init__(agent, "time-limit")
+        self.workers = workers
 
     def run(self) -> None:
         limit = self.agent.spec.options.time_limit
@@ -565,7 +557,3 @@ class TimeLimit(threading.Thread):
         if self.agent.transport.stop_job():  # else it ended by itself while the stacks were taken: its end stands
             self.cause = cause
             self.agent.say(f"error: {cause}; ending the job")
-
-    def stop(self) -> None:
-        self.done.set()
-        self.join()

@@ -199,11 +199,8 @@ class SshTransport:
         if text is not None:
             self.remove(SECRETS_FILE)
             found = json.loads(text)
-        return {
-            name: found[name] if name in found else os.environ[name]
-            for name in names
-            if name in found or name in os.environ
-        }
+        sources = {**os.environ, **found}
+        return {name: sources[name] for name in names if name in sources}
 
     def run(self, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
         self.last_output = time.monotonic()
