@@ -53,8 +53,12 @@ RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,targe
  && PYTHON=/opt/venv/bin/python HOROVOD_WHEEL_EXPORT=/dist /build/install-horovod.sh gpu
 
 FROM runtime AS image
+# Horovod's runner, patched where installed (pure Python, the wheel stays cached): elastic jobs' ssh pins host keys
+# and puts no environment values on command lines (docker/patch-horovod-runner.sh).
 RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
+    --mount=type=bind,source=docker/patch-horovod-runner.sh,target=/tmp/patch-horovod-runner.sh \
     pip install --no-deps /dist/horovod-*.whl \
+ && /tmp/patch-horovod-runner.sh "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
  && horovodrun --check-build
 # py-spy reads another process's memory: the workers get the SYS_PTRACE capability (launcher/core/protocol.py
 # WORKER_CAPABILITIES, compose.yaml), and the binary may use it as mpiuser, which hosts with Yama's ptrace_scope 1

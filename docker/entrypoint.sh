@@ -17,7 +17,8 @@
 # Every decision about the job (readiness, host-key pinning, the hostfile, the command line, causes of failure,
 # when workers stop) is the job agent's, in launcher/agent/; the defaults and paths this script uses come from
 # launcher/core/protocol.py. Worker settings (environment): SSH_PORT; WORKER_ADDRESS (the name this worker's host
-# key is published under; default: its address); EXIT_WITH_JOB=1 (the multi-host launcher's rank 0: the container
+# key is published under; default: its address); SSH_LISTEN (comma-separated addresses sshd listens on; default:
+# every address); EXIT_WITH_JOB=1 (the multi-host launcher's rank 0: the container
 # exits with the job's status).
 #
 # How a worker ends: the agent holds an ssh "lifeline" to it (python -m launcher.agent lifeline). When the job ends
@@ -30,7 +31,7 @@ ROLE="${1:-worker}"
 log() { echo "[$(date +%H:%M:%S) ${ROLE}] $*"; }
 
 run_worker() {
-  local operator_keys="${1:-}" keydir="$HOME/.sshd" address started ended="" status=0 keys=()
+  local operator_keys="${1:-}" keydir="$HOME/.sshd" address started ended="" status=0 keys=() listen=() listen_address
   eval "$(python -m launcher.core.protocol shell)"
   SSH_PORT="${SSH_PORT:-$DEFAULT_SSH_PORT}"
   mkdir -p "$keydir"
@@ -47,10 +48,12 @@ run_worker() {
     cp "$keydir/host_ed25519.pub" "$HOSTKEYS_DIR/.$address.pub.tmp"
     mv "$HOSTKEYS_DIR/.$address.pub.tmp" "$HOSTKEYS_DIR/$address.pub"
   fi
+  # SSH_LISTEN (a NIC pinned on host networking): only the job's addresses, not every NIC of the node.
+  for listen_address in ${SSH_LISTEN//,/ }; do listen+=(-o "ListenAddress=$listen_address"); done
   started=$SECONDS
-  log "sshd on $address:$SSH_PORT"
+  log "sshd on $address:$SSH_PORT${SSH_LISTEN:+ (listening on $SSH_LISTEN)}"
   /usr/sbin/sshd -D -e -f /opt/horovod-stack/docker/sshd_config -p "$SSH_PORT" \
-    -h "$keydir/host_ed25519" -o PidFile="$keydir/sshd.pid" "${keys[@]}" &
+    -h "$keydir/host_ed25519" -o PidFile="$keydir/sshd.pid" "${keys[@]}" "${listen[@]}" &
   local sshd=$!
   trap 'kill -TERM "$sshd" 2>/dev/null' TERM INT
   while kill -0 "$sshd" 2>/dev/null; do

@@ -193,6 +193,12 @@ def start(
         help="Seconds the job may run: past them every rank's stack goes into its log and the job is ended, exit "
         "status 124, with the limit as its error (default: TIME_LIMIT in .env, else 0: no limit).",
     ),
+    no_ptrace: bool = typer.Option(
+        False,
+        "--no-ptrace",
+        help="Start the workers without SYS_PTRACE, for clusters that forbid it: no stacks (`launcher stacks`, a "
+        "stall, the time limit) (default: PTRACE in .env, else with it).",
+    ),
     dry_run: bool = typer.Option(
         False,
         help="Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
@@ -237,6 +243,7 @@ def start(
             "restart_workers": restart_workers,
             "workdir": str(workdir) if workdir else None,
             "mounts": tuple(mount or ()),
+            "ptrace": False if no_ptrace else None,
         },
     )
     if dry_run:

@@ -18,12 +18,14 @@ from launcher.core.options import Bind
 from launcher.core.protocol import (
     GPU_WORKER_ULIMITS,
     HOSTFILE_PATH,
+    PTRACE_CAPABILITY,
     RUNS_DIR,
     SECRET_SHOWN,
     SHARED_MOUNT,
     WORKDIR,
     WORKER_CAPABILITIES,
     WORKER_ULIMITS,
+    WORKER_USER,
 )
 from launcher.reach import CONNECT_TIMEOUT_S
 from launcher.settings import LaunchSettings
@@ -106,7 +108,12 @@ class WorkerContainer:
     """Host folder or volume name -> path in the container (the shared folder)."""
     gpu: GpuRequest | None
     ulimits: dict[str, int]
+    user: str
+    """uid:gid that sshd and every rank run as (WORKER_USER)."""
     capabilities: tuple[str, ...]
+    """Added back after dropping all (cap_drop ALL)."""
+    no_new_privileges: bool
+    """No file capability or setuid bit takes effect (without SYS_PTRACE, py-spy's file capability has no use)."""
     devices: tuple[str, ...]
     """HOST_PATH:CONTAINER_PATH, each."""
     binds: tuple[Bind, ...]
@@ -128,6 +135,9 @@ class Found:
     each worker's host name's in every worker's /etc/hosts."""
     excluded_subnets: tuple[str, ...] = ()
     """The subnets of the nodes' virtual NICs, left out when no NIC is pinned across nodes."""
+    listen_addresses: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(node name, addresses) its worker's sshd listens on, with a NIC pinned (nics.listen_addresses); a node not
+    listed: every address."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,9 @@ class ClusterPlan:
     def worker_environment(self, node: Node) -> dict[str, str]:
         # No secret here: keys reach the container as files through the API after it starts.
         environment = {"SSH_PORT": str(self.settings.job.ssh_port), "WORKER_ADDRESS": node.name}
+        listen = dict(self.found.listen_addresses).get(node.name)
+        if listen:
+            environment["SSH_LISTEN"] = ",".join(listen)
         if node == self.rank0:
             environment["EXIT_WITH_JOB"] = "1"  # rank 0's container stops with the job's exit status
         return environment
@@ -207,7 +220,9 @@ class ClusterPlan:
             binds=settings.job.binds,
             gpu=gpu,
             ulimits=GPU_WORKER_ULIMITS if gpu else WORKER_ULIMITS,
-            capabilities=WORKER_CAPABILITIES,
+            user=WORKER_USER,
+            capabilities=(*WORKER_CAPABILITIES, *([PTRACE_CAPABILITY] if settings.job.ptrace else [])),
+            no_new_privileges=not settings.job.ptrace,
             devices=tuple(device if ":" in device else f"{device}:{device}" for device in settings.devices),
             hostname=host_names[node.name],
             extra_hosts={host_names[name]: address for name, address in addresses.items()},
@@ -268,8 +283,10 @@ class ClusterPlan:
                 f"  container {container.name} (host name {container.hostname}): image {container.image} "
                 f"({image_id[7:19] if image_id else 'not there yet'}), network host"
                 f"{f' (NIC {nic})' if nic else ''}, shared memory {container.shm_size}",
-                f"  ranks {self.slots(node)}; GPUs {container.gpu or 'none'}; ulimits {limits}; capabilities "
-                f"{','.join(container.capabilities)}; devices {', '.join(container.devices) or 'none'}",
+                f"  ranks {self.slots(node)}; GPUs {container.gpu or 'none'}; ulimits {limits}; user "
+                f"{container.user}; capabilities {','.join(container.capabilities)} (all others dropped"
+                f"{'; no new privileges' if container.no_new_privileges else ''}); devices "
+                f"{', '.join(container.devices) or 'none'}",
                 f"  mounts {'; '.join(mounts)}",
                 f"  environment {', '.join(container.environment)} (names only)",
             ]

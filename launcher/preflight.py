@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from launcher.core.nics import nic_in_subnet, nic_problem, subnet_of, subnet_problem, virtual_subnets
+from launcher.core.nics import (
+    listen_addresses,
+    nic_in_subnet,
+    nic_problem,
+    subnet_of,
+    subnet_problem,
+    virtual_subnets,
+)
 from launcher.plan import Found, GpuRequest, worker_host_names
 from launcher.settings import LaunchSettings
 
@@ -294,4 +301,10 @@ def found_in(settings: LaunchSettings, facts: list[NodeFacts]) -> Found:
     excluded: tuple[str, ...] = ()
     if not nic and len(settings.nodes) > 1:
         excluded = tuple(virtual_subnets([pair for _, view in views for pair in view.addresses]))
-    return Found(node_nics=node_nics, addresses=addresses, excluded_subnets=excluded)
+    reached_at = dict(addresses)
+    listen = tuple(
+        (fact.node, found)
+        for fact, view in views
+        if nic and (found := listen_addresses(view.addresses, nic, reached_at.get(fact.node)))
+    )
+    return Found(node_nics=node_nics, addresses=addresses, excluded_subnets=excluded, listen_addresses=listen)

@@ -218,6 +218,17 @@ def _as_number(values: Mapping[str, str], key: str, fix: str, kind: type[int] | 
         raise SettingsError(f"{key}={raw!r} in the .env file is not {what}: {fix}") from None
 
 
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def as_bool(key: str, raw: str, fix: str) -> bool:
+    """A yes/no .env value (1/0, true/false, yes/no, on/off, any case)."""
+    word = raw.strip().lower()
+    if word not in (*TRUE_WORDS, *FALSE_WORDS):
+        raise SettingsError(f"{key}={raw!r} in the .env file is not 1 or 0 (true or false): {fix}")
+    return word in TRUE_WORDS
+
+
 def split_list(text: str) -> tuple[str, ...]:
     """A comma-separated .env value's items."""
     return tuple(item.strip() for item in text.split(",") if item.strip())
@@ -245,9 +256,12 @@ def job_options(env: Mapping[str, str], flags: Mapping[str, Any]) -> JobOptions:
         if not key or not raw or item.name in chosen:
             continue
         kind = option_kind(item.name)
+        flag = item.metadata.get("flag")
+        fix = f"fix it or pass {flag}" if flag else "fix it"
         if kind in (int, float):
-            flag = item.metadata.get("flag")
-            chosen[item.name] = _as_number(env, key, f"fix it or pass {flag}" if flag else "fix it", kind)
+            chosen[item.name] = _as_number(env, key, fix, kind)
+        elif kind is bool:
+            chosen[item.name] = as_bool(key, raw, fix)
         else:
             chosen[item.name] = split_list(raw) if kind is tuple else raw
     return JobOptions(**chosen)

@@ -302,6 +302,9 @@ class StandInTransport:
         self.lines[address] = Line(address, self.heard)
         return self.lines[address]
 
+    def list_folder(self, path: str) -> list[str]:
+        return []
+
     def take_secrets(self, names: tuple[str, ...]) -> dict[str, str]:
         return {name: self.secret_values[name] for name in names if name in self.secret_values}
 

@@ -210,6 +210,21 @@ def test_keep_running_leaves_the_workers_up():
     assert transport.removed == []  # kept for debugging in the running containers
 
 
+def test_compose_secrets_are_the_files_named_like_variables_and_reach_mpirun_by_name(tmp_path, monkeypatch):
+    from launcher.agent import transport as transports
+
+    assert compose.secret_names(["WANDB_API_KEY", "HF_TOKEN", "not-a-name", ".hidden"]) == ("HF_TOKEN", "WANDB_API_KEY")
+    job = compose.job_spec({"WORKERS": "2"}, [], ("HF_TOKEN",))
+    argv = job.job_argv()
+    assert job.options.secrets == ("HF_TOKEN",) and argv[argv.index("HF_TOKEN") - 1] == "-x"
+    (tmp_path / "HF_TOKEN").write_text("hf-value\n")
+    monkeypatch.setattr(transports, "COMPOSE_SECRETS_DIR", str(tmp_path))
+    monkeypatch.setattr(transports, "SECRETS_FILE", str(tmp_path / "absent.json"))
+    found = transports.SshTransport()
+    assert found.list_folder(str(tmp_path)) == ["HF_TOKEN"]
+    assert found.take_secrets(("HF_TOKEN", "MISSING")) == {"HF_TOKEN": "hf-value"}  # its last line break is not in it
+
+
 def test_a_refused_compose_job_still_tells_the_workers_that_are_up():
     clock = Clock()
     environ = {"ELASTIC_MIN_WORKERS": "3"}
@@ -329,6 +344,16 @@ def test_a_job_past_its_time_limit_is_ended_with_every_ranks_stack_and_exit_stat
                          "mpi_ops.py:240; rank 1 (node_2 pid 8) in wait_for_data at t.py:14")
     assert "the job ran past its time limit of 1 s; every rank's stack:" in said
     assert {line.last_word for line in transport.lines.values()} == {end.message()}  # every worker told
+
+
+def test_without_ptrace_a_job_past_its_time_limit_ends_without_trying_for_stacks():
+    transport = Transport(up_from={W1.address: 0, W2.address: 0}, until_stopped=True)
+    said: list[str] = []
+    end = Agent(spec(time_limit=1, stall_timeout=0, ptrace=False), transport, say=said.append).run()
+    assert end.status == 124 and end.cause == "the job ran past its time limit of 1 s; no stacks"
+    assert ("the job ran past its time limit of 1 s; no stacks: the workers run without SYS_PTRACE (started with "
+            "--no-ptrace, or PTRACE=0 in .env)") in said
+    assert not any("stacks collect" in command for _, command in transport.commands)
 
 
 def test_a_job_within_its_time_limit_is_not_touched():

@@ -5,6 +5,8 @@ background thread no longer negotiates every cycle (1 ms) but about every idle w
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +44,36 @@ def test_idle_wait_zero_is_horovods_own_loop(tmp_path):
     cycles = idle_cycles("hvd-gloo", tmp_path, HOROVOD_STACK_IDLE_WAIT_MS="0")
     print(f"hvd-gloo, HOROVOD_STACK_IDLE_WAIT_MS=0: {cycles} cycles in an idle second")
     assert cycles > 300, cycles
+
+
+def load_module(path: Path, name: str):
+    import importlib.util
+
+    found = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
+
+
+def test_the_runner_patch_pins_host_keys_and_keeps_values_off_command_lines(tmp_path, monkeypatch):
+    """docker/patch-horovod-runner.sh over this checkout's installed Horovod runner: elastic ranks' ssh no longer
+    trusts any host key, and a rank's command line holds no variable horovodrun has itself (a secret setting)."""
+    import horovod
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    installed = Path(horovod.__file__).parent
+    for relative in ("runner/util/remote.py", "runner/gloo_run.py"):
+        (tmp_path / "horovod" / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(installed / relative, tmp_path / "horovod" / relative)
+    subprocess.run([str(ranks.REPO / "docker" / "patch-horovod-runner.sh"), str(tmp_path)], check=True,
+                   capture_output=True)
+    remote = load_module(tmp_path / "horovod/runner/util/remote.py", "patched_remote")
+    command = remote.get_ssh_command("true", "node_2", port=12345)
+    assert "StrictHostKeyChecking" not in command and "-o 'SendEnv=*'" in command, command
+
+    monkeypatch.setenv("API_KEY", "sk-SECRET123")
+    gloo_run = load_module(tmp_path / "horovod/runner/gloo_run.py", "patched_gloo_run")
+    env = {**os.environ, "HOROVOD_FUSION_THRESHOLD": "0"}  # one of horovodrun's own settings, not in its environment
+    line = gloo_run._slot_info_to_command_fn("python t.py", env)(SlotInfo("node_2", 1, 0, 1, 2, 1, 2))
+    assert "sk-SECRET123" not in line and "API_KEY" not in line, line
+    assert "HOROVOD_FUSION_THRESHOLD=0" in line and "HOROVOD_RANK=1" in line

@@ -411,7 +411,10 @@ def test_compose_gives_its_containers_the_launchers_limits():
         assert f"    {name}: {limit}\n" in compose
     for name in GPU_WORKER_ULIMITS.keys() - WORKER_ULIMITS.keys():
         assert f"      {name}: {GPU_WORKER_ULIMITS[name]}\n" in gpu_file and f"{name}:" not in compose
-    assert f"cap_add: [{', '.join(WORKER_CAPABILITIES)}]" in compose
+    from launcher.core.protocol import PTRACE_CAPABILITY, WORKER_USER
+
+    assert f"cap_add: [{', '.join((*WORKER_CAPABILITIES, PTRACE_CAPABILITY))}]" in compose
+    assert "cap_drop: [ALL]" in compose and f'user: "{WORKER_USER}"' in compose
 
 
 def test_compose_mounts_an_empty_folder_at_workdir_while_workdir_is_unset():
@@ -444,7 +447,8 @@ def test_worker_container_requests(overrides, gpu, ulimits, devices):
     plan = make_plan(**overrides)
     container = plan.worker_container(plan.nodes[1])
     assert (container.gpu, container.ulimits, container.devices) == (gpu, ulimits, devices)
-    assert container.capabilities == ("IPC_LOCK", "SYS_PTRACE")
+    assert container.capabilities == ("IPC_LOCK", "SYS_PTRACE") and not container.no_new_privileges
+    assert container.user == "1000:1000"
     assert GPU_WORKER_ULIMITS == {"stack": 64 * 1024**2, "memlock": -1}
     assert container.volumes == {"horovod-stack-shared": "/shared"}
     assert container.environment == plan.worker_environment(plan.nodes[1])
@@ -622,7 +626,8 @@ def test_the_dry_run_report_shows_each_container_the_hostfile_and_the_command_bu
     for expected in ("plan: 3 ranks on 2 node(s)", "gpu-a (rank 0, runs the job agent; engine ssh://gpu-a)",
                      "container horovod-stack-c0ffee00-gpu-a (host name gpu-a): image horovod-stack:latest (7405069ce4ce), "
                          "network host",
-                     "ranks 2; GPUs 2 GPU(s); ulimits stack=67108864, memlock=-1; capabilities IPC_LOCK",
+                     "ranks 2; GPUs 2 GPU(s); ulimits stack=67108864, memlock=-1; user 1000:1000; capabilities "
+                         "IPC_LOCK,SYS_PTRACE (all others dropped); devices none",
                      "mounts horovod-stack-shared -> /shared", "environment SSH_PORT, WORKER_ADDRESS, EXIT_WITH_JOB",
                      "hostfile /home/mpiuser/hostfile:\n  gpu-a slots=2\n  gpu-b slots=1\n", "mpirun: mpirun -np 3 "):
         assert expected in report, report
@@ -795,8 +800,6 @@ def test_a_secrets_value_comes_from_this_machines_environment_before_the_env_fil
     ({"secrets": ("2BAD",)}, {"2BAD": "x"}, "--secret '2BAD' is not a variable name"),
     ({"secrets": ("API_KEY",), "env": ("API_KEY=plain",)}, {"API_KEY": "x"},
      "API_KEY is both a secret (--secret) and in --env: drop it from --env"),
-    ({"secrets": ("API_KEY",), "elastic": True, "network_interface": "eth0"}, {"API_KEY": "x"},
-     "--secret is for fixed-size jobs: elastic Horovod would put the values on its ssh command lines; drop --elastic"),
 ])
 def test_bad_secret_settings_are_refused_in_one_line(flags, environ, message):
     with pytest.raises(SettingsError) as refused:
@@ -834,3 +837,56 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     assert not any(b"sk-SECRET123" in content for _, _, content in engines[1].put)
     job = next(content for path, _, content in engines[0].put if path.endswith("job.json"))
     assert b"sk-SECRET123" not in job and b'"API_KEY"' in job
+
+
+@pytest.mark.parametrize("env, flags, ptrace", [
+    ({}, {}, True),
+    ({"PTRACE": "0"}, {}, False),
+    ({"PTRACE": "off"}, {}, False),
+    ({"PTRACE": "yes"}, {}, True),
+    ({"PTRACE": "1"}, {"ptrace": False}, False),
+])
+def test_ptrace_comes_from_the_flag_or_the_env_file(env, flags, ptrace):
+    assert resolve_settings(env, nodes="a,b", job=flags).job.ptrace is ptrace
+
+
+def test_a_bad_ptrace_value_is_refused_naming_the_key_and_the_flag():
+    with pytest.raises(SettingsError) as refused:
+        resolve_settings({"PTRACE": "maybe"}, nodes="a,b")
+    assert str(refused.value) == "PTRACE='maybe' in the .env file is not 1 or 0 (true or false): fix it or pass --no-ptrace"
+
+
+def test_no_ptrace_workers_drop_it_and_gain_no_privileges():
+    plan = ClusterPlan.of(resolve_settings({}, nodes="a,b", job={"ptrace": False}), cluster_id="c0ffee00")
+    container = plan.worker_container(plan.nodes[1])
+    assert container.capabilities == ("IPC_LOCK",) and container.no_new_privileges
+    assert "capabilities IPC_LOCK (all others dropped; no new privileges)" in plan.dry_run_report(None)
+
+
+@pytest.mark.parametrize("addresses, nic, reached_at, listen", [
+    # a NIC by name: its addresses, and the one rank 0 reaches the node at
+    ([("lo", "127.0.0.1/8"), ("eno1", "10.0.0.2/24"), ("eno2", "192.168.1.2/24")], "eno1", "192.168.1.2",
+     ("10.0.0.2", "192.168.1.2")),
+    # a subnet: the address in it, once even where the node is reached at it
+    ([("eno1", "10.0.0.2/24"), ("docker0", "172.17.0.1/16")], "10.0.0.0/24", "10.0.0.2", ("10.0.0.2",)),
+    # an address the node does not hold (NAT, another view of the name) is no place to listen
+    ([("eno1", "10.0.0.2/24")], "eno1", "203.0.113.9", ("10.0.0.2",)),
+    # the NIC is not there: nothing (the NIC check refuses such a node before any start)
+    ([("eno1", "10.0.0.2/24")], "ib0", None, ()),
+])
+def test_where_a_workers_sshd_listens_with_a_nic_pinned(addresses, nic, reached_at, listen):
+    from launcher.core.nics import listen_addresses
+
+    assert listen_addresses(addresses, nic, reached_at) == listen
+
+
+def test_a_pinned_nic_tells_each_worker_where_to_listen():
+    from launcher.plan import Found
+
+    settings = resolve_settings({}, nodes="a,b", job={"network_interface": "eno1"})
+    plan = ClusterPlan.of(settings, cluster_id="c0ffee00",
+                          found=Found(listen_addresses=(("a", ("10.0.0.1",)), ("b", ("10.0.0.2", "192.168.1.2")))))
+    assert plan.worker_environment(plan.nodes[0])["SSH_LISTEN"] == "10.0.0.1"
+    assert plan.worker_environment(plan.nodes[1])["SSH_LISTEN"] == "10.0.0.2,192.168.1.2"
+    unpinned = ClusterPlan.of(resolve_settings({}, nodes="a,b"), cluster_id="c0ffee00")
+    assert "SSH_LISTEN" not in unpinned.worker_environment(unpinned.nodes[1])

@@ -26,6 +26,7 @@ from launcher.core.job import JobSpec
 from launcher.core.options import one_line
 from launcher.core.protocol import (
     AGENT_PREFIX,
+    COMPOSE_SECRETS_DIR,
     JOB_END_FILE,
     JOB_LOG,
     JOB_LOST,
@@ -43,7 +44,7 @@ def run_compose(environ: dict[str, str], args: list[str]) -> int:
     transport = SshTransport()
     stop_on_signals(transport)
     try:
-        spec = compose.job_spec(environ, args)
+        spec = compose.job_spec(environ, args, compose.secret_names(transport.list_folder(COMPOSE_SECRETS_DIR)))
         transport.write(JOB_SPEC, spec.to_json())
     except (ValueError, OSError) as error:  # SettingsError, or TRAIN_COMMAND that shlex cannot split
         return Agent(compose.fallback_spec(environ), transport).refuse(one_line(error)).status
@@ -75,6 +76,9 @@ def print_stacks(native: bool) -> int:
         spec = JobSpec.from_json(Path(JOB_SPEC).read_text())
     except (OSError, ValueError, TypeError) as error:
         print(f"error: no job here to take stacks of ({JOB_SPEC}: {error})", file=sys.stderr)
+        return 1
+    if not spec.options.ptrace:
+        print(f"error: {stacks.NO_PTRACE}", file=sys.stderr)
         return 1
     agent = Agent(spec, SshTransport(), say=lambda line: print(line, file=sys.stderr))
     sys.stdout.write(stacks.report(agent.gather_stacks(agent.candidates(), native)))
@@ -171,7 +175,7 @@ def main(argv: list[str]) -> int:
     if options.command == "follow":
         return follow(sys.stdout.buffer, options.start)
     if options.command == "discover":
-        sys.stdout.write("".join(f"{line}\n" for line in discover(SshTransport())))
+        sys.stdout.write("".join(f"{line}\n" for line in discover(SshTransport(reuse_connections=True))))
         return 0
     return lifeline(options.driver, sys.stdin)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.gpu import GPUS_ASKED
 from launcher.core.job import DoorWords, JobSpec, new_run_id
-from launcher.core.options import JobOptions, SettingsError, door_names, job_command, option_kind
+from launcher.core.options import ENV_NAME, JobOptions, SettingsError, door_names, job_command, option_kind
 from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
 
 DRIVER = "compose's launcher container"
@@ -49,9 +49,10 @@ def _worker_service(environ: Mapping[str, str]) -> str:
     return environ.get("WORKER_SERVICE", "").strip() or "worker"
 
 
-def job_options(environ: Mapping[str, str], args: list[str]) -> JobOptions:
+def job_options(environ: Mapping[str, str], args: list[str], secrets: tuple[str, ...] = ()) -> JobOptions:
     """The job's options from compose's environment: `args` are the service's command words (the bundled trainer's
-    flags from compose.yaml), TRAIN_ARGS adds more, TRAIN_COMMAND replaces the trainer with the user's command."""
+    flags from compose.yaml), TRAIN_ARGS adds more, TRAIN_COMMAND replaces the trainer with the user's command;
+    `secrets`: the names of the launcher service's Compose secrets (secret_names)."""
     user_command = environ.get("TRAIN_COMMAND", "").strip()
     command = (
         shlex.split(user_command) if user_command else job_command([*args, *environ.get("TRAIN_ARGS", "").split()])
@@ -67,14 +68,20 @@ def job_options(environ: Mapping[str, str], args: list[str]) -> JobOptions:
         env=tuple(f"{key}={environ[key]}" for key in (GPUS_ASKED, "NCCL_DEBUG") if environ.get(key, "").strip()),
         elastic="elastic_min_workers" in chosen,
         workdir=WORKDIR if environ.get("WORKDIR", "").strip() else None,
+        secrets=secrets,
         door="compose",
         **chosen,
     )
 
 
-def job_spec(environ: Mapping[str, str], args: list[str]) -> JobSpec:
+def secret_names(files: list[str]) -> tuple[str, ...]:
+    """The secret settings among the files in COMPOSE_SECRETS_DIR: each named like a variable, in name order."""
+    return tuple(sorted(name for name in files if ENV_NAME.fullmatch(name)))
+
+
+def job_spec(environ: Mapping[str, str], args: list[str], secrets: tuple[str, ...] = ()) -> JobSpec:
     """The job that compose's launcher service describes (job_options), run by WORKERS workers of the service."""
-    options = job_options(environ, args)
+    options = job_options(environ, args, secrets)
     return JobSpec(
         job_id=f"compose-{new_run_id()}",
         options=options,

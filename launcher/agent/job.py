@@ -253,6 +253,9 @@ class Agent:
     def report_stacks(self, workers: list[Worker], heading: str) -> str:
         """`heading`, then every rank's stack into the job's log; returns their summary (where the odd ranks out
         are), or "" when no rank's stack could be taken."""
+        if not self.spec.options.ptrace:
+            self.say(f"{heading}; {stacks.NO_PTRACE}")
+            return ""
         self.say(f"{heading}; every rank's stack:")
         found = self.gather_stacks(workers)
         for line in stacks.report(found).splitlines():

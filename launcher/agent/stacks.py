@@ -19,6 +19,7 @@ from pathlib import Path
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")
 """How a process knows it is a rank: Open MPI's variable (mpirun), or Horovod's (elastic horovodrun)."""
 PY_SPY_TIMEOUT_SECONDS = 20
+NO_PTRACE = "no stacks: the workers run without SYS_PTRACE (started with --no-ptrace, or PTRACE=0 in .env)"
 LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3")
 """Paths of installed packages and the standard library: a frame elsewhere is the user's own code."""
 
@@ -168,7 +169,13 @@ def dump(pid: int, native: bool) -> tuple[tuple[Frame, ...], str | None]:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_SECONDS)
     except PermissionError as error:  # the file capability, outside the bounding set
-        return (), f"py-spy: {error}; the container needs the SYS_PTRACE capability (--cap-add SYS_PTRACE)"
+        return (
+            (),
+            (
+                f"py-spy: {error}; the container lacks the SYS_PTRACE capability (compose.yaml's cap_add, or a start "
+                "without --no-ptrace)"
+            ),
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         return (), f"py-spy: {error}"
     if done.returncode != 0:

@@ -22,8 +22,10 @@ from launcher.core import stall
 from launcher.core.protocol import (
     CLUSTER_KEY,
     CLUSTER_SSH_DIR,
+    COMPOSE_SECRETS_DIR,
     SECRETS_FILE,
     SSH_CONNECT_TIMEOUT_SECONDS,
+    SSH_REUSED_CONNECTIONS,
     STOP_SIGNALS,
     Signalled,
 )
@@ -67,9 +69,13 @@ class Transport(Protocol):
 
     def lifeline(self, address: str, command: str) -> Lifeline: ...
 
+    def list_folder(self, path: str) -> list[str]:
+        """The names of the files in a folder of the agent's (none if it is not there)."""
+
     def take_secrets(self, names: tuple[str, ...]) -> dict[str, str]:
         """The job's secret settings by name, from SECRETS_FILE (removed once read) or, where the platform hands them
-        in (an MPIJob's Kubernetes Secret), the agent's own environment; a name found in neither is left out."""
+        in, a Compose secret's file (COMPOSE_SECRETS_DIR) or the agent's own environment (an MPIJob's Kubernetes
+        Secret); a name found nowhere is left out."""
 
     def run(self, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
         """Runs the job, with `env` added to its environment (never its argv), its output through to the agent's;
@@ -151,7 +157,15 @@ class SshLifeline:
 
 
 class SshTransport:
-    def __init__(self) -> None:
+    def __init__(self, reuse_connections: bool = False) -> None:
+        """`reuse_connections`: each worker's first ssh stays open a while and later ones run over it (OpenSSH's
+        ControlMaster), for elastic host discovery, which asks every worker once a second: one login each, not a
+        login a second in every worker's log."""
+        self.ssh_options = (
+            ["-o", "ControlMaster=auto", "-o", f"ControlPath={SSH_REUSED_CONNECTIONS}", "-o", "ControlPersist=60"]
+            if reuse_connections
+            else []
+        )
         self.child: subprocess.Popen | None = None
         self.job_over = False
         self.last_output = time.monotonic()
@@ -180,7 +194,7 @@ class SshTransport:
     def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
         try:
             done = subprocess.run(
-                ["ssh", "-o", f"ConnectTimeout={max(1, int(timeout))}", address, command],
+                ["ssh", "-o", f"ConnectTimeout={max(1, int(timeout))}", *self.ssh_options, address, command],
                 input=stdin,
                 capture_output=True,
                 text=True,
@@ -193,13 +207,26 @@ class SshTransport:
     def lifeline(self, address: str, command: str) -> Lifeline:
         return SshLifeline(address, command)
 
+    def list_folder(self, path: str) -> list[str]:
+        try:
+            return [entry.name for entry in Path(path).iterdir() if entry.is_file()]
+        except OSError:
+            return []
+
     def take_secrets(self, names: tuple[str, ...]) -> dict[str, str]:
         found: dict[str, str] = {}
         text = read_text(SECRETS_FILE)
         if text is not None:
             self.remove(SECRETS_FILE)
             found = json.loads(text)
-        sources = {**os.environ, **found}
+        # Compose's secrets: a file each, read-only where Compose puts them (it goes with the container).
+        # A file's last line break is no part of the value (`echo KEY > file`).
+        composed = {
+            name: text.rstrip("\r\n")
+            for name in names
+            if (text := read_text(f"{COMPOSE_SECRETS_DIR}/{name}")) is not None
+        }
+        sources = {**os.environ, **composed, **found}
         return {name: sources[name] for name in names if name in sources}
 
     def run(self, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:

@@ -29,6 +29,21 @@ def nic_in_subnet(addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...]
     return None
 
 
+def listen_addresses(
+    addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...], network_interface: str, reached_at: str | None
+) -> tuple[str, ...]:
+    """Where a node's worker sshd listens when the job's NIC is pinned: that NIC's addresses (by name, or the one in
+    the subnet), and the node's own address that rank 0 reaches it at (its name's), among (NIC, address/prefix)
+    pairs; an address the node does not hold is left out (sshd could not bind it)."""
+    subnet = subnet_of(network_interface)
+    nic = nic_in_subnet(addresses, subnet) if subnet else network_interface
+    own = [str(ipaddress.ip_interface(address).ip) for _, address in addresses]
+    chosen = [str(ipaddress.ip_interface(address).ip) for name, address in addresses if name == nic]
+    if reached_at in own:
+        chosen.append(reached_at)
+    return tuple(dict.fromkeys(chosen))
+
+
 def subnet_problem(subnet: str, addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str | None:
     """Why a node cannot use `subnet` (no address in it), naming the addresses it has; None if it can."""
     if nic_in_subnet(addresses, subnet):

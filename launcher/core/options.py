@@ -201,7 +201,8 @@ class JobOptions:
     secrets: tuple[str, ...] = option((), flag="--secret", key="SECRETS", mpijob="--secret")
     """Names of variables every rank gets whose values are secret (API keys, tokens): the values travel apart from the
     job (a 0600 file in rank 0's container, read and removed by the agent; an MPIJob's Kubernetes Secret) and reach
-    the ranks through mpirun's environment (`-x NAME`), never a command line, a log or job.json."""
+    the ranks through mpirun's environment (`-x NAME`) or elastic horovodrun's (inherited, or sent over ssh's own
+    channel: docker/patch-horovod-runner.sh), never a command line, a log or job.json."""
     network_interface: str | None = option(
         None, flag="--network-interface", key=NIC_SETTING, compose="NETWORK_INTERFACE", mpijob="--network-interface"
     )
@@ -232,6 +233,9 @@ class JobOptions:
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
     restart_workers: bool = option(False, flag="--restart-workers")
     """Elastic: a lost worker's container is started again and rejoins at the next discovery."""
+    ptrace: bool = option(True, flag="--no-ptrace", key="PTRACE")
+    """Workers get SYS_PTRACE, with which py-spy reads the ranks' stacks (`launcher stacks`, a stall, the time limit);
+    False (--no-ptrace, for clusters that forbid it): no stacks, and no new privileges in the workers."""
     workdir: str | None = option(None, flag="--workdir", compose="WORKDIR")
     """The folder with the user's code, copied or mounted at WORKDIR in every container, the job's working
     directory; None: the image's own code (the launcher checks this machine's folder: LaunchSettings)."""
@@ -309,12 +313,6 @@ class JobOptions:
             f"{name} is both a secret ({say.of('secrets')}) and in {say.of('env')}: drop it from {say.of('env')}"
             for name in sorted(set(self.secrets) & names_in(self.env))
         ]
-        if self.secrets and self.elastic:
-            # horovodrun writes every variable into its ssh command lines, where `ps` on each worker shows them.
-            found.append(
-                f"{say.of('secrets')} is for fixed-size jobs: elastic Horovod would put the values on its ssh command "
-                f"lines; drop {say.of('elastic')}"
-            )
         return found
 
     def _elastic_problems(self) -> list[str]:

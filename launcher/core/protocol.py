@@ -55,9 +55,15 @@ GPU_WORKER_ULIMITS = {**WORKER_ULIMITS, "memlock": -1}
 """GPU workers also get unlimited locked memory, which NCCL's RDMA transports register their buffers in
 (compose.gpu.yaml sets the same). Not for CPU workers: raising the limit needs the engine's CAP_SYS_RESOURCE,
 which some hosts (sandboxes, rootless engines) lack, and CPU jobs have no use for it."""
-WORKER_CAPABILITIES = ("IPC_LOCK", "SYS_PTRACE")
-"""IPC_LOCK lets a rank lock the memory it registers for RDMA (InfiniBand, RoCE); SYS_PTRACE lets py-spy read the
-ranks' stacks (`launcher stacks`, the stall watch)."""
+WORKER_USER = f"{MPIUSER_UID}:{MPIUSER_UID}"
+"""Who every worker runs as, given to Docker (user=, compose's user:), whatever USER an image derived from ours ends
+with: sshd and every rank as the image's user, never root."""
+WORKER_CAPABILITIES = ("IPC_LOCK",)
+"""The capabilities a worker gets back after dropping every one (cap_drop ALL): IPC_LOCK lets a rank lock the memory
+it registers for RDMA (InfiniBand, RoCE)."""
+PTRACE_CAPABILITY = "SYS_PTRACE"
+"""Added unless a job is started with --no-ptrace: py-spy reads the ranks' stacks with it (`launcher stacks`, the stall
+watch, the time limit). Without it a worker also gets no-new-privileges (no file capability or setuid bit works)."""
 
 # --- paths inside the containers ----------------------------------------------------------------------------------
 HOME = "/home/mpiuser"
@@ -72,12 +78,17 @@ CLUSTER_KEY = f"{CLUSTER_SSH_DIR}/id_ed25519"
 SECRETS_FILE = f"{CLUSTER_SSH_DIR}/secrets.json"
 """The job's secret settings in rank 0's container, {NAME: VALUE} as JSON, mode 0600, handed over as the private key
 is; the agent reads it and removes it before the job runs."""
+COMPOSE_SECRETS_DIR = "/run/secrets"
+"""Where Compose puts a service's `secrets:`, a file per secret: in the launcher service, each file named like a
+variable is a secret setting of the job (README, docs/compose.md)."""
 SECRET_SHOWN = "***"
 """What stands for a secret's value wherever the stack shows one (NAME=***)."""
 HOSTKEYS_DIR = "/cluster/hostkeys"
 """Each worker's public host key as ADDRESS.pub, which the agent pins (never trusted over the network)."""
 SSH_DIR = f"{HOME}/.ssh"
 SSH_CONFIG = f"{SSH_DIR}/config"
+SSH_REUSED_CONNECTIONS = f"{SSH_DIR}/reused-%C"
+"""OpenSSH's ControlPath for connections the agent keeps open and reuses (%C: a hash of the host, port and user)."""
 KNOWN_HOSTS = f"{SSH_DIR}/known_hosts"
 HOSTFILE_PATH = f"{HOME}/hostfile"
 JOB_SPEC = f"{HOME}/job.json"

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-MPIUSER_UID = 1000
+from launcher.core.protocol import MPIUSER_UID
 
 
 @dataclass(frozen=True)
