@@ -5,6 +5,7 @@ Needs the Docker engine and the image (scripts/test.sh prepares both through scr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -158,6 +159,26 @@ def test_users_script_runs_from_workdir_with_its_exit_status(engine, compose_run
     assert output.count("(2 hosts, 1 rank(s) on this one): allreduce sum 3 ok") == 2
     assert "job FAILED (exit status 3)" in output
     assert project_containers(engine, run.project, status="running") == []
+
+
+def test_a_compose_secret_reaches_every_rank_and_no_command_line_or_inspect(engine, compose_run):
+    """The README's compose.secrets.yaml: the value comes from the shell's environment through Compose's own secret,
+    every rank gets it, and neither the output nor any container's configuration holds it."""
+    value = f"sk-compose-{uuid.uuid4().hex}"
+    run = compose_run(TRAIN_COMMAND="python secret_digest.py WANDB_API_KEY --hold 0", WORKDIR=str(USER_SCRIPT),
+                      WANDB_API_KEY=value)
+    readme = (REPO / "README.md").read_text()
+    example = readme[readme.index("```yaml\nservices:\n  launcher:\n    secrets:") + len("```yaml\n"):]
+    (run.workdir / "compose.secrets.yaml").write_text(example[: example.index("```")])
+    result = run.compose("-f", "compose.yaml", "-f", "compose.secrets.yaml", "up", "--exit-code-from", "launcher")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    digest = hashlib.sha256(value.encode()).hexdigest()
+    for rank in (0, 1):
+        assert f"secret rank {rank} of 2: WANDB_API_KEY sha256 {digest}" in output, output[-3000:]
+    assert "-x WANDB_API_KEY" in output and value not in output
+    for container in project_containers(engine, run.project):
+        assert value not in json.dumps(container.attrs), container.name
 
 
 def test_a_stalled_job_shows_every_ranks_stack_and_fails_when_asked(engine, compose_run):
@@ -392,11 +413,14 @@ def test_image_sees_no_gpu_unless_asked_and_requires_a_cuda_13_driver(engine):
     assert env["NVIDIA_REQUIRE_CUDA"] == "cuda>=13.0"
 
 
-def test_worker_refuses_passwords_and_other_clusters_keys(engine, tmp_path):
-    """A worker accepts its own cluster's key only: not a password, not another cluster's key."""
+@pytest.fixture
+def lone_worker(engine, tmp_path):
+    """One worker container as the stack starts it, on a network of its own, its authorized key "ours" (both halves
+    in tmp_path, with a key "theirs" of another cluster): yields (network, worker's name, hostkeys volume)."""
     name = f"hst-sec-{uuid.uuid4().hex[:8]}"
     for cluster in ("ours", "theirs"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / cluster)], check=True)
+        (tmp_path / cluster).chmod(0o644)  # a throwaway key, read by the probe as the image's user
     network = engine.networks.create(name)
     volumes = [engine.volumes.create(f"{name}-ssh"), engine.volumes.create(f"{name}-hostkeys")]
     try:
@@ -405,35 +429,95 @@ def test_worker_refuses_passwords_and_other_clusters_keys(engine, tmp_path):
                               volumes={volumes[0].name: {"bind": "/cluster/ssh", "mode": "rw"}}, remove=True)
         worker = f"{name}-worker"
         engine.containers.run(IMAGE, ["worker"], name=worker, network=name, detach=True,
-                                       volumes={volumes[0].name: {"bind": "/cluster/ssh", "mode": "ro"},
-                                                volumes[1].name: {"bind": "/cluster/hostkeys", "mode": "rw"}})
-        probe = (
-            # pin the worker's published host key, as the launcher does
-            f"address=$(getent hosts {worker} | cut -d' ' -f1); "
-            "until [ -f /cluster/hostkeys/$address.pub ] && (exec 3<>/dev/tcp/$address/12345) 2>/dev/null; "
-            "do sleep 0.5; done; "
-            f"echo \"[{worker}]:12345 $(cut -d' ' -f1,2 /cluster/hostkeys/$address.pub)\" > /tmp/known_hosts; "
-            "try() { ssh -p 12345 -o UserKnownHostsFile=/tmp/known_hosts -o StrictHostKeyChecking=yes "
-            f"-o ConnectTimeout=5 \"$@\" mpiuser@{worker} echo logged-in 2>&1; echo \"exit=$?\"; }}; "
-            "echo '--- ours'; try -o BatchMode=yes -i /keys/ours; "
-            "echo '--- theirs'; try -o BatchMode=yes -i /keys/theirs; "
-            "echo '--- password'; try -o PubkeyAuthentication=no -o PreferredAuthentications=password,keyboard-interactive "
-            "-o NumberOfPasswordPrompts=1 < /dev/null"
-        )
-        output = engine.containers.run(
-            IMAGE, ["bash", "-c", probe], user="root", network=name, remove=True,
-            volumes={str(tmp_path): {"bind": "/keys", "mode": "ro"},
-                     volumes[1].name: {"bind": "/cluster/hostkeys", "mode": "ro"}}).decode()
-        ours, theirs, password = [part.strip() for part in output.split("--- ")[1:]]
-        assert "logged-in" in ours and ours.endswith("exit=0"), output  # the control: our key works
-        assert "Permission denied (publickey)" in theirs and "logged-in" not in theirs, output
-        assert "Permission denied (publickey)" in password and "logged-in" not in password, output
+                              volumes={volumes[0].name: {"bind": "/cluster/ssh", "mode": "ro"},
+                                       volumes[1].name: {"bind": "/cluster/hostkeys", "mode": "rw"}})
+        yield name, worker, volumes[1].name
     finally:
         for container in engine.containers.list(all=True, filters={"name": name}):
             container.remove(force=True)
         network.remove()
         for volume in volumes:
             volume.remove(force=True)
+
+
+def probe(engine, lone_worker, tmp_path, script: str, user: str = "mpiuser") -> str:
+    """`bash -c script` in a container of the image beside the worker, once its host key is published and its
+    sshd listens ($address: its address; the keys at /keys)."""
+    network, worker, hostkeys = lone_worker
+    wait = (f"address=$(getent hosts {worker} | cut -d' ' -f1); "
+            "until [ -f /cluster/hostkeys/$address.pub ] && (exec 3<>/dev/tcp/$address/12345) 2>/dev/null; "
+            "do sleep 0.5; done; ")
+    return engine.containers.run(
+        IMAGE, ["bash", "-c", wait + script], user=user, network=network, remove=True,
+        volumes={str(tmp_path): {"bind": "/keys", "mode": "ro"}, hostkeys: {"bind": "/cluster/hostkeys", "mode": "ro"}},
+    ).decode()
+
+
+def test_worker_refuses_passwords_and_other_clusters_keys_and_logs_the_attempts(engine, lone_worker, tmp_path):
+    """A worker accepts its own cluster's key only: not a password, not another cluster's key; its log shows each
+    login and each refused attempt."""
+    _, worker, _ = lone_worker
+    output = probe(engine, lone_worker, tmp_path, (
+        # pin the worker's published host key, as the launcher does
+        f"echo \"[{worker}]:12345 $(cut -d' ' -f1,2 /cluster/hostkeys/$address.pub)\" > /tmp/known_hosts; "
+        "try() { ssh -p 12345 -o UserKnownHostsFile=/tmp/known_hosts -o StrictHostKeyChecking=yes "
+        f"-o ConnectTimeout=5 \"$@\" mpiuser@{worker} echo logged-in 2>&1; echo \"exit=$?\"; }}; "
+        "echo '--- ours'; try -o BatchMode=yes -i /keys/ours; "
+        "echo '--- theirs'; try -o BatchMode=yes -i /keys/theirs; "
+        "echo '--- password'; try -o PubkeyAuthentication=no -o PreferredAuthentications=password,keyboard-interactive "
+        "-o NumberOfPasswordPrompts=1 < /dev/null"
+    ), user="root")
+    ours, theirs, password = [part.strip() for part in output.split("--- ")[1:]]
+    assert "logged-in" in ours and ours.endswith("exit=0"), output  # the control: our key works
+    assert "Permission denied (publickey)" in theirs and "logged-in" not in theirs, output
+    assert "Permission denied (publickey)" in password and "logged-in" not in password, output
+    log = engine.containers.get(worker).logs().decode()
+    assert "Accepted publickey for mpiuser" in log, log
+    assert "Connection closed by authenticating user mpiuser" in log, log  # "theirs", refused
+
+
+def test_both_ssh_paths_refuse_a_worker_whose_host_key_changed(engine, lone_worker, tmp_path):
+    """mpirun's ssh (the fixed-size path, as the job agent's) and Horovod's own (elastic horovodrun's, patched in
+    the image) both connect with the cluster's ssh config and its pinned known_hosts: a worker whose host key is not
+    the pinned one is refused by both; with the right pin both log in, and the elastic path hands the environment
+    over ssh's own channel, not its command line."""
+    _, worker, _ = lone_worker
+    (tmp_path / "both_paths.py").write_text(f"""
+import json, os, shlex, subprocess
+from pathlib import Path
+from horovod.runner.util.remote import get_remote_command
+from launcher.core.job import ssh_config
+from launcher.core.protocol import CLUSTER_KEY, KNOWN_HOSTS, SSH_CONFIG
+
+address = os.environ["address"]
+Path(SSH_CONFIG).parent.mkdir(mode=0o700, exist_ok=True)
+Path(SSH_CONFIG).write_text(ssh_config(12345))
+Path(CLUSTER_KEY).write_bytes(Path("/keys/ours").read_bytes())
+Path(CLUSTER_KEY).chmod(0o600)
+pinned = " ".join(Path(f"/cluster/hostkeys/{{address}}.pub").read_text().split()[:2])
+impostor = " ".join(Path("/keys/theirs.pub").read_text().split()[:2])
+os.environ["API_KEY"] = "sk-SENT-OVER-SSH"
+found = {{}}
+for label, key in (("changed", impostor), ("pinned", pinned)):
+    Path(KNOWN_HOSTS).write_text(f"[{worker}]:12345 {{key}}\\n")
+    fixed = subprocess.run(["ssh", "{worker}", "echo logged-in"], capture_output=True, text=True)
+    elastic_line = get_remote_command(shlex.quote("echo logged-in API_KEY=$API_KEY"), "{worker}", port=12345)
+    elastic = subprocess.run(elastic_line, shell=True, capture_output=True, text=True)
+    found[label] = {{"fixed": [fixed.returncode, fixed.stdout + fixed.stderr],
+                    "elastic": [elastic.returncode, elastic.stdout + elastic.stderr], "elastic_line": elastic_line}}
+print(json.dumps(found))
+""")
+    output = probe(engine, lone_worker, tmp_path, "export address; python /keys/both_paths.py")
+    found = json.loads(output.strip().splitlines()[-1])
+    print(f"\nhost key changed: fixed path {found['changed']['fixed']}, elastic path {found['changed']['elastic']}")
+    for path in ("fixed", "elastic"):
+        status, said = found["changed"][path]
+        assert status == 255 and "Host key verification failed" in said and "logged-in" not in said, found
+        status, said = found["pinned"][path]
+        assert status == 0 and "logged-in" in said, found
+    assert "API_KEY=sk-SENT-OVER-SSH" in found["pinned"]["elastic"][1], found
+    assert "sk-SENT-OVER-SSH" not in found["pinned"]["elastic_line"] and "StrictHostKeyChecking" not in found[
+        "pinned"]["elastic_line"], found
 
 
 def test_gpu_variant_gives_one_worker_every_gpu_and_a_rank_per_gpu(compose_run):

@@ -833,12 +833,15 @@ def test_results_come_home_after_the_cluster_is_gone(cluster, tmp_path):
                                               f"there: {cluster_id} (node_1)")
 
 
-def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, tmp_path):
-    """--secret API_KEY: each rank has the value (its digest is right); no argv seen by ps in any container, log,
-    status, dry run, job.json, file left in a container, `docker inspect` or exported MPIJob holds it."""
+@pytest.mark.parametrize("kind", ["fixed-size", "elastic"])
+def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, tmp_path, kind):
+    """--secret API_KEY, with mpirun and with elastic horovodrun: each rank has the value (its digest is right); no
+    argv seen by ps in any container, log, status, dry run, job.json, file left in a container, `docker inspect` or
+    exported MPIJob holds it. (And with the NIC pinned, each worker's sshd listens on the NIC's address alone.)"""
     value = f"sk-SECRET-{os.urandom(8).hex()}"
     env = {**cluster.launcher_env(), "API_KEY": value}
-    job = [*start_args(cluster, "--workdir", str(USER_SCRIPT), "--secret", "API_KEY"), "--", "python",
+    elastic = ["--elastic", "--min-nodes", "2"] if kind == "elastic" else []
+    job = [*start_args(cluster, "--workdir", str(USER_SCRIPT), "--secret", "API_KEY", *elastic), "--", "python",
            "secret_digest.py", "API_KEY"]
 
     def run(*args: str) -> subprocess.CompletedProcess:
@@ -855,6 +858,9 @@ def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, 
         assert time.monotonic() < deadline, logs.stdout[-3000:] + logs.stderr[-3000:]
         time.sleep(1)
     processes = {node.name: [c.exec_run(["ps", "-eww", "-o", "args"]).output.decode()
+                             for c in node.client().containers.list(filters={"label": "horovod-stack.cluster"})]
+                 for node in cluster.nodes}
+    listening = {node.name: [c.exec_run(["ss", "-Hltn", "sport = :12345"]).output.decode().split()[3::5]
                              for c in node.client().containers.list(filters={"label": "horovod-stack.cluster"})]
                  for node in cluster.nodes}
     wait_until_stopped(cluster)
@@ -883,5 +889,8 @@ def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, 
           f"{sum(map(len, processes.values()))} containers, every changed file and `docker inspect` of each; leaks: "
           f"{leaks}")
     assert leaks == []
+    print(f"sshd listens on: {listening}")
+    assert all(addresses == [[f"{node.address}:12345"]] for node in cluster.nodes
+               for addresses in [listening[node.name]]), listening
     run("stop", "--env-file", str(cluster.env_file()))
     assert_nothing_left(cluster)
