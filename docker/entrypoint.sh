@@ -49,6 +49,7 @@ run_worker() {
     mv "$HOSTKEYS_DIR/.$address.pub.tmp" "$HOSTKEYS_DIR/$address.pub"
   fi
   # SSH_LISTEN (a NIC pinned on host networking): only the job's addresses, not every NIC of the node.
+  SSH_LISTEN="${SSH_LISTEN:-}"
   for listen_address in ${SSH_LISTEN//,/ }; do listen+=(-o "ListenAddress=$listen_address"); done
   started=$SECONDS
   log "sshd on $address:$SSH_PORT${SSH_LISTEN:+ (listening on $SSH_LISTEN)}"

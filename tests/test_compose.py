@@ -445,8 +445,8 @@ def probe(engine, lone_worker, tmp_path, script: str, user: str = "mpiuser") -> 
     sshd listens ($address: its address; the keys at /keys)."""
     network, worker, hostkeys = lone_worker
     wait = (f"address=$(getent hosts {worker} | cut -d' ' -f1); "
-            "until [ -f /cluster/hostkeys/$address.pub ] && (exec 3<>/dev/tcp/$address/12345) 2>/dev/null; "
-            "do sleep 0.5; done; ")
+            "tries=0; until [ -f /cluster/hostkeys/$address.pub ] && (exec 3<>/dev/tcp/$address/12345) 2>/dev/null; "
+            "do sleep 0.5; [ $((tries += 1)) -lt 120 ] || { echo 'the worker never answered'; exit 1; }; done; ")
     return engine.containers.run(
         IMAGE, ["bash", "-c", wait + script], user=user, network=network, remove=True,
         volumes={str(tmp_path): {"bind": "/keys", "mode": "ro"}, hostkeys: {"bind": "/cluster/hostkeys", "mode": "ro"}},
