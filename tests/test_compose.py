@@ -421,6 +421,7 @@ def lone_worker(engine, tmp_path):
     for cluster in ("ours", "theirs"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / cluster)], check=True)
         (tmp_path / cluster).chmod(0o644)  # a throwaway key, read by the probe as the image's user
+    tmp_path.chmod(0o755)
     network = engine.networks.create(name)
     volumes = [engine.volumes.create(f"{name}-ssh"), engine.volumes.create(f"{name}-hostkeys")]
     try:
@@ -462,8 +463,9 @@ def test_worker_refuses_passwords_and_other_clusters_keys_and_logs_the_attempts(
         f"echo \"[{worker}]:12345 $(cut -d' ' -f1,2 /cluster/hostkeys/$address.pub)\" > /tmp/known_hosts; "
         "try() { ssh -p 12345 -o UserKnownHostsFile=/tmp/known_hosts -o StrictHostKeyChecking=yes "
         f"-o ConnectTimeout=5 \"$@\" mpiuser@{worker} echo logged-in 2>&1; echo \"exit=$?\"; }}; "
-        "echo '--- ours'; try -o BatchMode=yes -i /keys/ours; "
-        "echo '--- theirs'; try -o BatchMode=yes -i /keys/theirs; "
+        "install -m 600 /keys/ours /keys/theirs /tmp/; "  # ssh takes no private key others may read
+        "echo '--- ours'; try -o BatchMode=yes -i /tmp/ours; "
+        "echo '--- theirs'; try -o BatchMode=yes -i /tmp/theirs; "
         "echo '--- password'; try -o PubkeyAuthentication=no -o PreferredAuthentications=password,keyboard-interactive "
         "-o NumberOfPasswordPrompts=1 < /dev/null"
     ), user="root")
@@ -509,7 +511,9 @@ print(json.dumps(found))
 """)
     output = probe(engine, lone_worker, tmp_path, "export address; python /keys/both_paths.py")
     found = json.loads(output.strip().splitlines()[-1])
-    print(f"\nhost key changed: fixed path {found['changed']['fixed']}, elastic path {found['changed']['elastic']}")
+    print("\nhost key changed: " + "; ".join(f"{path} path exit {found['changed'][path][0]}: "
+                                             f"{found['changed'][path][1].strip().splitlines()[-1]}"
+                                             for path in ("fixed", "elastic")))
     for path in ("fixed", "elastic"):
         status, said = found["changed"][path]
         assert status == 255 and "Host key verification failed" in said and "logged-in" not in said, found

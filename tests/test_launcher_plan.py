@@ -448,7 +448,7 @@ def test_worker_container_requests(overrides, gpu, ulimits, devices):
     container = plan.worker_container(plan.nodes[1])
     assert (container.gpu, container.ulimits, container.devices) == (gpu, ulimits, devices)
     assert container.capabilities == ("IPC_LOCK", "SYS_PTRACE") and not container.no_new_privileges
-    assert container.user == "1000:1000"
+    assert container.user == "1000"
     assert GPU_WORKER_ULIMITS == {"stack": 64 * 1024**2, "memlock": -1}
     assert container.volumes == {"horovod-stack-shared": "/shared"}
     assert container.environment == plan.worker_environment(plan.nodes[1])
@@ -626,7 +626,7 @@ def test_the_dry_run_report_shows_each_container_the_hostfile_and_the_command_bu
     for expected in ("plan: 3 ranks on 2 node(s)", "gpu-a (rank 0, runs the job agent; engine ssh://gpu-a)",
                      "container horovod-stack-c0ffee00-gpu-a (host name gpu-a): image horovod-stack:latest (7405069ce4ce), "
                          "network host",
-                     "ranks 2; GPUs 2 GPU(s); ulimits stack=67108864, memlock=-1; user 1000:1000; capabilities "
+                     "ranks 2; GPUs 2 GPU(s); ulimits stack=67108864, memlock=-1; user 1000; capabilities "
                          "IPC_LOCK,SYS_PTRACE (all others dropped); devices none",
                      "mounts horovod-stack-shared -> /shared", "environment SSH_PORT, WORKER_ADDRESS, EXIT_WITH_JOB",
                      "hostfile /home/mpiuser/hostfile:\n  gpu-a slots=2\n  gpu-b slots=1\n", "mpirun: mpirun -np 3 "):

@@ -55,9 +55,10 @@ GPU_WORKER_ULIMITS = {**WORKER_ULIMITS, "memlock": -1}
 """GPU workers also get unlimited locked memory, which NCCL's RDMA transports register their buffers in
 (compose.gpu.yaml sets the same). Not for CPU workers: raising the limit needs the engine's CAP_SYS_RESOURCE,
 which some hosts (sandboxes, rootless engines) lack, and CPU jobs have no use for it."""
-WORKER_USER = f"{MPIUSER_UID}:{MPIUSER_UID}"
+WORKER_USER = str(MPIUSER_UID)
 """Who every worker runs as, given to Docker (user=, compose's user:), whatever USER an image derived from ours ends
-with: sshd and every rank as the image's user, never root."""
+with: sshd and every rank as the image's user (its groups from the image), never root. (A uid alone: the engine
+looks a "uid:gid" up as a name where Compose copies a secret in, and fails.)"""
 WORKER_CAPABILITIES = ("IPC_LOCK",)
 """The capabilities a worker gets back after dropping every one (cap_drop ALL): IPC_LOCK lets a rank lock the memory
 it registers for RDMA (InfiniBand, RoCE)."""
