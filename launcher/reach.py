@@ -109,6 +109,8 @@ def tcp_failure(host: str, port: int, error: OSError, connect_timeout: float) ->
 
 SSL_REASON = re.compile(r"\[(?:SSL|X509)(?:: [A-Z0-9_]+)?\] ([^(\"']+)")
 """OpenSSL's words in a wrapped exception's text: `[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: ...`."""
+SSL_MESSAGE = re.compile(r"(?:Error|Exception)\(\d+, ['\"]([^'\"]+?)(?: \(_ssl\.c:\d+\))?['\"]\)")
+"""An ssl exception's own message without OpenSSL's code: `SSLEOFError(8, 'EOF occurred in violation of ...')`."""
 CLIENT_CERT_REFUSED = (
     "alert unknown ca",
     "alert bad certificate",
@@ -132,12 +134,13 @@ def tls_failure(node: str, url: str, said: str, folder: str | None) -> str | Non
                 f"{TLS_VERIFY} and {CERT_PATH} for every node) to the folder with ca.pem, cert.pem and key.pem"
             )
         return None
-    found = SSL_REASON.search(said)
+    found = SSL_REASON.search(said) or SSL_MESSAGE.search(said)
     reason = found.group(1).strip() if found else said.strip().splitlines()[0][:200] if said.strip() else "no reason"
     if "wrong version number" in lowered or "http_request" in lowered or "packet length too long" in lowered:
         return (
             f"its engine at {url} answers in plain HTTP, not TLS ({reason}): start its dockerd with --tlsverify "
-            f"({TLS_DOCS}), or set {verify_key}= (empty) to reach it without TLS ({INSECURE_FLAG} off this machine)"
+            f"({TLS_DOCS}), or set {verify_key}= and {cert_key}= (empty) to reach it without TLS ({INSECURE_FLAG} "
+            "off this machine)"
         )
     if "certificate verify failed" in lowered and ("mismatch" in lowered or "not valid for" in lowered):
         return (
