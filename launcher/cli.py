@@ -42,10 +42,10 @@ GPUS_HELP = (
     "GPU by ID); default: GPUS_PER_NODE in .env."
 )
 INSECURE_HELP = (
-    "Allow plain tcp:// engines off this machine (or INSECURE_ENGINES=1 in .env): the cluster's private key, job "
-    "settings, registry credentials and the workdir then cross the network unencrypted. Without it such an engine "
-    "is refused; use TLS (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH; per node DOCKER_TLS_VERIFY_<NODE>, "
-    "DOCKER_CERT_PATH_<NODE>)."
+    "Allow engines off this machine that others could read: plain tcp://, or TLS without DOCKER_TLS_VERIFY (or "
+    "INSECURE_ENGINES=1 in .env); the cluster's private key, job settings, registry credentials and the workdir "
+    "then cross the network unencrypted, with a warning. Without it such an engine is refused; use TLS "
+    "(DOCKER_TLS_VERIFY, DOCKER_CERT_PATH; per node DOCKER_TLS_VERIFY_<NODE>, DOCKER_CERT_PATH_<NODE>)."
 )
 STOPPED_BY = {
     signal.SIGINT: "interrupted",
