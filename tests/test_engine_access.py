@@ -241,16 +241,17 @@ def test_a_tls_engine_answers_with_this_machines_certificate_and_refuses_another
         answered = launcher("status", "--nodes", node, DOCKER_HOST_NODE_1=front.url,
                             DOCKER_CERT_PATH_NODE_1=str(certs / "client"), **tls)
         assert answered.returncode == 0 and error_lines(answered) == [], answered.stderr[-2000:]
-        assert front.refused == []
+        # (The launcher's bounded TCP probe comes first: a connection that closes before any handshake.)
+        assert [why for why in front.refused if "EOF" not in why] == []
 
         stranger = launcher("status", "--nodes", node, DOCKER_HOST_NODE_1=front.url,
                             DOCKER_CERT_PATH_NODE_1=str(certs / "stranger"), **tls)
         assert stranger.returncode == 1
         [line] = error_lines(stranger)
-        assert line.startswith(f"error: node_1: its engine refused this machine's client certificate "
-                               f"{certs}/stranger/cert.pem (") or line.startswith(
-            f"error: node_1: its engine at {front.url} ended the TLS handshake"), line
-        assert front.refused and "unknown ca" in front.refused[-1].lower()
+        assert line == (f"error: node_1: its engine refused this machine's client certificate {certs}/stranger/"
+                        "cert.pem (tlsv1 alert unknown ca): use one signed by the CA the engine's --tlscacert names "
+                        "(or point DOCKER_CERT_PATH_NODE_1 at the folder that has one)"), line
+        assert "certificate verify failed" in front.refused[-1]  # the engine's side: a client certificate it refused
 
         not_tls = launcher("status", "--nodes", node, DOCKER_HOST_NODE_1=plain.url,
                            DOCKER_CERT_PATH_NODE_1=str(certs / "client"), **tls)

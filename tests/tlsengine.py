@@ -10,6 +10,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -91,28 +92,18 @@ class EngineFront(threading.Thread):
 
     def serve(self, client: socket.socket) -> None:
         if self.context is not None:
+            client = self.context.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
             try:
-                client = self.context.wrap_socket(client, server_side=True)
+                client.do_handshake()
             except (ssl.SSLError, OSError) as error:
                 self.refused.append(str(error))
-                linger(client)
+                time.sleep(0.5)  # the client reads the TLS alert before the connection closes (not a reset)
+                client.close()
                 return
         engine = socket.socket(socket.AF_UNIX)
         engine.connect(self.target)
         threading.Thread(target=pump, args=(engine, client), daemon=True).start()
         pump(client, engine)
-
-
-def linger(sock: socket.socket) -> None:
-    """Reads what the client still sends before closing, so it gets the TLS alert rather than a reset."""
-    try:
-        sock.settimeout(1)
-        while sock.recv(65536):
-            pass
-    except OSError:
-        pass
-    finally:
-        sock.close()
 
 
 def pump(source: socket.socket, sink: socket.socket) -> None:
