@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from launcher import clusters, doctor, session
+from launcher import access, clusters, doctor, session
 from launcher.core.nics import NIC_SETTING
 from launcher.core.options import SettingsError, job_command
 from launcher.core.protocol import LINK_SECONDS, STOP_SIGNALS, Signalled
@@ -40,6 +40,12 @@ ENV_FILE_HELP = "Settings file (default: ./.env if present)."
 GPUS_HELP = (
     "GPUs per node, one rank each (NVIDIA Container Toolkit): a count, or GPU IDs such as 0,1 (device=1 for one "
     "GPU by ID); default: GPUS_PER_NODE in .env."
+)
+INSECURE_HELP = (
+    "Allow engines off this machine that others could read: plain tcp://, or TLS without DOCKER_TLS_VERIFY (or "
+    "INSECURE_ENGINES=1 in .env); the cluster's private key, job settings, registry credentials and the workdir "
+    "then cross the network unencrypted, with a warning. Without it such an engine is refused; use TLS "
+    "(DOCKER_TLS_VERIFY, DOCKER_CERT_PATH; per node DOCKER_TLS_VERIFY_<NODE>, DOCKER_CERT_PATH_<NODE>)."
 )
 STOPPED_BY = {
     signal.SIGINT: "interrupted",
@@ -90,11 +96,21 @@ def stop_on_signals() -> None:
             signal.signal(signum, stop)
 
 
-def settings_from(nodes: str | None, env_file: Path | None, hostfile: Path | None, **flags: Any) -> LaunchSettings:
+def settings_from(
+    nodes: str | None, env_file: Path | None, hostfile: Path | None, insecure_engine: bool, **flags: Any
+) -> LaunchSettings:
+    """The settings from .env, the environment and the flags (exit 2 on a bad one); says once which engines others
+    could read, where --insecure-engine allowed them."""
     try:
-        return resolve_settings(load_env_file(env_file), nodes=nodes, hostfile=hostfile, **flags)
+        settings = resolve_settings(
+            load_env_file(env_file), nodes=nodes, hostfile=hostfile, insecure_engines=insecure_engine, **flags
+        )
+        warning = access.warning(settings.exposed_engines())
     except SettingsError as error:
         fail(str(error), 2)
+    if warning:
+        echo_to_stderr(warning)
+    return settings
 
 
 def checked_command(ctx: typer.Context) -> tuple[str, ...]:
@@ -127,6 +143,7 @@ def start(
     ssh_port: int | None = typer.Option(None, help="Port of the workers' sshd (default 12345)."),
     network_interface: str | None = typer.Option(None, help=NIC_HELP),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=INSECURE_HELP),
     push_image: bool = typer.Option(False, help="Copy the image from this machine's engine to nodes that lack it."),
     detach: bool = typer.Option(
         False,
@@ -221,6 +238,7 @@ def start(
         nodes,
         env_file,
         hostfile,
+        insecure_engine,
         slots=slots,
         gpus=gpus,
         image=image,
@@ -273,12 +291,13 @@ def stop(
     hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
     cluster: str | None = typer.Option(None, help="Cluster ID (default: every cluster of this stack)."),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=INSECURE_HELP),
 ) -> None:
     """Remove the stack's containers on the nodes, running or ended.
 
     Example: launcher stop --nodes node_1,node_2 --cluster 3f9a1c2e
     """
-    for line in clusters.stop(engines_of(settings_from(nodes, env_file, hostfile)), cluster):
+    for line in clusters.stop(engines_of(settings_from(nodes, env_file, hostfile, insecure_engine)), cluster):
         typer.echo(line)
 
 
@@ -287,12 +306,13 @@ def status(
     nodes: str | None = typer.Option(None, help=NODES_HELP),
     hostfile: Path | None = typer.Option(None, help=HOSTFILE_HELP),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=INSECURE_HELP),
 ) -> None:
     """Each cluster's job (running: epoch, accuracy, throughput; succeeded; failed, with its cause) and containers.
 
     Example: launcher status --nodes node_1,node_2
     """
-    for line in clusters.status(engines_of(settings_from(nodes, env_file, hostfile))):
+    for line in clusters.status(engines_of(settings_from(nodes, env_file, hostfile, insecure_engine))):
         typer.echo(line)
 
 
@@ -304,13 +324,14 @@ def results(
     to: Path = typer.Option(Path("results"), help="Folder to copy the run folder into (made if missing)."),
     checkpoints: bool = typer.Option(True, help="Copy checkpoints/ too (--no-checkpoints leaves them there)."),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=INSECURE_HELP),
 ) -> None:
     """Copy a run's folder (metrics.jsonl, summary.json, curves.png, tb/, checkpoints/) from its node to this
     machine, through the Docker API; the cluster may be running, ended or removed.
 
     Example: launcher results --nodes node_1,node_2 --to ./results
     """
-    settings = settings_from(nodes, env_file, hostfile)
+    settings = settings_from(nodes, env_file, hostfile, insecure_engine)
     try:
         run, written = clusters.fetch_results(
             engines_of(settings), settings.image, settings.shared_dir, cluster, to, checkpoints
@@ -329,13 +350,16 @@ def stacks(
     cluster: str | None = typer.Option(None, help="Cluster ID (default: the running one)."),
     native: bool = typer.Option(False, help="Native (C/C++) frames too, e.g. inside Horovod's or NCCL's code."),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=INSECURE_HELP),
 ) -> None:
     """Every rank's Python stack now, on every node (py-spy), identical stacks printed once: where a hung job hangs.
 
     Example: launcher stacks --nodes node_1,node_2
     """
     try:
-        stream, engine, exec_id = clusters.stacks(engines_of(settings_from(nodes, env_file, hostfile)), cluster, native)
+        stream, engine, exec_id = clusters.stacks(
+            engines_of(settings_from(nodes, env_file, hostfile, insecure_engine)), cluster, native
+        )
     except clusters.ClusterError as error:
         fail(str(error))
     write_out(stream)
@@ -355,12 +379,13 @@ def logs(
         help="Only the last N lines of the job's output (default: all), unless --follow follows a running job.",
     ),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=INSECURE_HELP),
 ) -> None:
     """Show a worker's output; on rank 0's node, the training job's output too (also after the job ended).
 
     Example: launcher logs --nodes node_1,node_2 --follow
     """
-    settings = settings_from(nodes, env_file, hostfile)
+    settings = settings_from(nodes, env_file, hostfile, insecure_engine)
     problem = clusters.node_problem(settings, node)
     if problem:
         fail(problem, 2)
@@ -379,6 +404,7 @@ def doctor_command(
     gpus: str | None = typer.Option(None, "--gpus", "--gpus-per-node", help="Check for these GPUs too: " + GPUS_HELP),
     network_interface: str | None = typer.Option(None, help=NIC_HELP),
     env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
+    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=INSECURE_HELP),
     links: bool = typer.Option(
         False,
         help="Also measure every pair of nodes' link both ways (rate and round trip, between host-network containers "
@@ -404,6 +430,7 @@ def doctor_command(
         nodes,
         env_file,
         hostfile,
+        insecure_engine,
         image=image,
         gpus=gpus,
         job={"ssh_port": ssh_port, "network_interface": network_interface},

@@ -25,14 +25,13 @@ from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, gpu_problem
-from launcher import reach, streams
+from launcher import access, reach, streams
 from launcher.core.imageref import parse_image
 from launcher.core.options import Bind
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
 from launcher.jobstate import ContainerState
 from launcher.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, WorkerContainer
 from launcher.preflight import HostView
-from launcher.settings import engine_override_key
 
 PUSH_TIMEOUT_S = 3600
 
@@ -58,6 +57,28 @@ def _tolerate_closed_ssh_pipe() -> None:
 
 
 _tolerate_closed_ssh_pipe()
+
+
+def _keep_the_clients_ca() -> None:
+    """requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the environment replace the CA a session was given
+    (psf/requests#3829): a TLS engine's client would check the engine against the system's CAs instead of the
+    engine's own ca.pem (and check even with DOCKER_TLS_VERIFY off), and fail, on every machine that sets them (many
+    distributions' and CI images' default). A request that names no CA of its own takes its client's, as docker-py
+    means it to."""
+    from docker.api.client import APIClient
+
+    if getattr(APIClient, "keeps_its_ca", False):
+        return
+    merge = APIClient.merge_environment_settings
+
+    def merge_keeping_ca(self, url, proxies, stream, verify, cert):
+        return merge(self, url, proxies, stream, self.verify if verify is None else verify, cert)
+
+    APIClient.merge_environment_settings = merge_keeping_ca
+    APIClient.keeps_its_ca = True
+
+
+_keep_the_clients_ca()
 
 
 def device_request(gpu: GpuRequest) -> DeviceRequest:
@@ -257,26 +278,32 @@ class NodeDriver:
 
     @classmethod
     def connect(cls, node: Node, timeout: float = 30) -> NodeDriver:
-        """The node's engine, or one NodeError (unreachable) within about node.connect_timeout seconds."""
-        unreachable = reach.probe(node.engine_url, node.connect_timeout)
+        """The node's engine (its address and TLS as launcher.access reads them), or one NodeError (unreachable)
+        within about node.connect_timeout seconds."""
+        options = access.client_options(node.engine_url, node.tls)
+        folder = node.tls.folder()[0] if node.tls is not None and options.get("tls") else None
+        unreachable = reach.probe(node.engine_url, node.connect_timeout, tls=folder is not None)
         if unreachable:
             raise NodeError(
                 node.name,
                 f"cannot reach its Docker engine at {node.engine_url} (another address: "
-                f"{engine_override_key(node.name)} in .env): {unreachable}",
+                f"{access.engine_override_key(node.name)} in .env): {unreachable}",
                 Failure.UNREACHABLE,
             )
         try:
             # The system ssh client honours the user's ssh config (keys, known_hosts, jump hosts).
             client = docker.DockerClient(
-                base_url=node.engine_url, use_ssh_client=node.engine_url.startswith("ssh://"), timeout=int(timeout)
+                **options, use_ssh_client=node.engine_url.startswith("ssh://"), timeout=int(timeout)
             )
             client.ping()
         except (DockerException, OSError) as error:
+            tls_problem = reach.tls_failure(node.name, node.engine_url, str(error), folder)
+            if tls_problem:
+                raise NodeError(node.name, tls_problem, Failure.UNREACHABLE) from None
             raise NodeError(
                 node.name,
                 f"cannot reach its Docker engine at {node.engine_url} ({_first_line(error)}); check the host is up "
-                f"and runs Docker, or point {engine_override_key(node.name)} in .env at its engine",
+                f"and runs Docker, or point {access.engine_override_key(node.name)} in .env at its engine",
                 Failure.UNREACHABLE,
             ) from None
         return cls(node, client)

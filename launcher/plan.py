@@ -12,6 +12,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from launcher.access import EngineTls
 from launcher.core.job import JobSpec, Worker
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.core.options import Bind
@@ -82,6 +83,8 @@ class Node:
     """Its ranks, from --nodes HOST:SLOTS or --hostfile (with GPUs: its GPUs, one rank each); None: the default."""
     connect_timeout: float = CONNECT_TIMEOUT_S
     """How long reaching its engine may take before the launcher gives up on the node."""
+    tls: EngineTls | None = None
+    """The Docker CLI's TLS variables for its engine (launcher.access); None: none set."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,13 @@ class ClusterPlan:
     def nodes(self) -> tuple[Node, ...]:
         settings = self.settings
         return tuple(
-            Node(name, settings.engine_url(name), settings.node_slots.get(name), settings.connect_timeout)
+            Node(
+                name,
+                settings.engine_url(name),
+                settings.node_slots.get(name),
+                settings.connect_timeout,
+                settings.engine_tls.get(name),
+            )
             for name in settings.nodes
         )
 

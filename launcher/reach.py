@@ -3,16 +3,20 @@ ssh transport waits on `ssh ... docker system dial-stdio` with no timeout of its
 packet would hang the launcher without a word. An ssh:// engine is asked once with the system ssh client (the
 user's ssh config, keys and agent; ConnectTimeout, no prompts), a tcp:// one with a TCP connection; what failed
 (the name does not resolve, no answer, no route, refused, the key or the docker group) becomes one line with its
-fix. The wording is pure (`ssh_failure`, `tcp_failure`); `probe` is the side effect.
+fix, as does a TLS connection the SDK then fails to make (tls_failure). The wording is pure (`ssh_failure`,
+`tcp_failure`, `tls_failure`); `probe` is the side effect.
 """
 
 from __future__ import annotations
 
 import errno
+import re
 import socket
 import subprocess
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from launcher.access import CERT_PATH, INSECURE_FLAG, TLS_DOCS, TLS_VERIFY, engine_override_key, node_key
 
 CONNECT_TIMEOUT_S = 10.0
 """How long a connection to a node may take before the launcher gives up on it (CONNECT_TIMEOUT in .env)."""
@@ -103,10 +107,77 @@ def tcp_failure(host: str, port: int, error: OSError, connect_timeout: float) ->
     return f"{host}:{port}: {error.strerror or error}"
 
 
-def probe(url: str, connect_timeout: float) -> str | None:
+SSL_REASON = re.compile(r"\[(?:SSL|X509)(?:: [A-Z0-9_]+)?\] ([^(\"']+)")
+"""OpenSSL's words in a wrapped exception's text: `[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: ...`."""
+SSL_MESSAGE = re.compile(r"(?:Error|Exception)\(\d+, ['\"]([^'\"]+?)(?: \(_ssl\.c:\d+\))?['\"]\)")
+"""An ssl exception's own message without OpenSSL's code: `SSLEOFError(8, 'EOF occurred in violation of ...')`."""
+CLIENT_CERT_REFUSED = (
+    "alert unknown ca",
+    "alert bad certificate",
+    "certificate required",
+    "alert certificate unknown",
+    "alert access denied",
+    "alert decrypt error",
+)
+"""The alerts an engine sends when it does not accept the client's certificate (Go's crypto/tls, OpenSSL)."""
+
+
+def tls_failure(node: str, url: str, said: str, folder: str | None) -> str | None:
+    """What a failed connection to a tcp:// engine means where TLS is the cause, in one line with its fix; None
+    where it is not. `folder`: the certificate folder in use (None: plain TCP, no TLS asked for)."""
+    lowered = said.lower()
+    verify_key, cert_key, host_key = node_key(TLS_VERIFY, node), node_key(CERT_PATH, node), engine_override_key(node)
+    if folder is None:
+        if "http request to an https server" in lowered:
+            return (
+                f"its engine at {url} speaks TLS, but no TLS was asked for: set {verify_key}=1 and {cert_key} (or "
+                f"{TLS_VERIFY} and {CERT_PATH} for every node) to the folder with ca.pem, cert.pem and key.pem"
+            )
+        return None
+    found = SSL_REASON.search(said) or SSL_MESSAGE.search(said)
+    reason = found.group(1).strip() if found else said.strip().splitlines()[0][:200] if said.strip() else "no reason"
+    if "wrong version number" in lowered or "http_request" in lowered or "packet length too long" in lowered:
+        return (
+            f"its engine at {url} answers in plain HTTP, not TLS ({reason}): start its dockerd with --tlsverify "
+            f"({TLS_DOCS}), or set {verify_key}= and {cert_key}= (empty) to reach it without TLS ({INSECURE_FLAG} "
+            "off this machine)"
+        )
+    if "certificate verify failed" in lowered and ("mismatch" in lowered or "not valid for" in lowered):
+        return (
+            f"its engine's certificate does not name the host in {url} ({reason}): issue it with that name or address "
+            f"in subjectAltName, or point {host_key} at a name the certificate holds"
+        )
+    if "certificate verify failed" in lowered:
+        return (
+            f"its engine's certificate is not signed by the CA in {folder}/ca.pem ({reason}): put the CA that signed "
+            "the engine's --tlscert there"
+        )
+    if any(alert in lowered for alert in CLIENT_CERT_REFUSED):
+        return (
+            f"its engine refused this machine's client certificate {folder}/cert.pem ({reason}): use one signed by "
+            f"the CA the engine's --tlscacert names (or point {cert_key} at the folder that has one)"
+        )
+    if "key values mismatch" in lowered:
+        return f"{folder}/cert.pem and key.pem are not a pair ({reason}): put the key of that certificate in key.pem"
+    if "pem lib" in lowered or "no certificate" in lowered or "no start line" in lowered:
+        return f"a file in {folder} is not a PEM certificate or key ({reason}): replace ca.pem, cert.pem, key.pem"
+    if "eof occurred" in lowered or "connection reset" in lowered or "connection aborted" in lowered:
+        return (
+            f"its engine at {url} ended the TLS handshake ({reason}): it did not accept the client certificate "
+            f"{folder}/cert.pem (signed by a CA its --tlscacert does not name?), or that port is not its TLS port"
+        )
+    if "ssl" in lowered or "tls" in lowered:
+        return (
+            f"the TLS handshake with its engine at {url} failed ({reason}): check the engine's --tlsverify, "
+            f"--tlscacert, --tlscert, --tlskey and the files in {folder}"
+        )
+    return None
+
+
+def probe(url: str, connect_timeout: float, tls: bool = False) -> str | None:
     """Why the engine at `url` cannot be reached (one line with its fix), within about `connect_timeout` seconds
     (plus ANSWER_GRACE_S for an engine that was reached but does not answer); None if it answers. unix:// and
-    other local engines are left to the SDK."""
+    other local engines are left to the SDK. `tls`: the engine is reached over TLS (Docker's port 2376 by default)."""
     scheme = urlsplit(url).scheme
     if scheme == "ssh":
         target = SshTarget.of(url)
@@ -137,7 +208,7 @@ def probe(url: str, connect_timeout: float) -> str | None:
         return ssh_failure(target, result.stderr, connect_timeout) if result.returncode else None
     if scheme in ("tcp", "http", "https"):
         parts = urlsplit(url)
-        host, port = parts.hostname or "", parts.port or (2376 if scheme == "https" else 2375)
+        host, port = parts.hostname or "", parts.port or (2376 if scheme == "https" or tls else 2375)
         try:
             socket.create_connection((host, port), timeout=connect_timeout).close()
         except OSError as error:

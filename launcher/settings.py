@@ -15,6 +15,8 @@ from typing import Any
 
 from dotenv import dotenv_values
 
+from launcher import access
+from launcher.access import EngineTls, engine_override_key
 from launcher.core.imageref import parse_image
 from launcher.core.options import JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
@@ -84,11 +86,6 @@ def parse_gpus(text: str, source: str = "--gpus") -> tuple[int, tuple[str, ...]]
     return len(ids), ids
 
 
-def engine_override_key(node: str) -> str:
-    """The .env key that overrides how NODE's engine is reached, e.g. DOCKER_HOST_NODE_2 for node_2."""
-    return "DOCKER_HOST_" + re.sub(r"[^A-Za-z0-9]", "_", node).upper()
-
-
 @dataclass(frozen=True)
 class LaunchSettings:
     nodes: tuple[str, ...]
@@ -110,6 +107,10 @@ class LaunchSettings:
     shm_size: str = SHM_SIZE
     engines: dict[str, str] = field(default_factory=dict)
     """Per-node engine address overrides (tcp://, unix://, ssh://USER@HOST); default ssh://NODE."""
+    engine_tls: dict[str, EngineTls] = field(default_factory=dict)
+    """Per-node TLS of tcp:// engines, the Docker CLI's variables (launcher.access); a node without: none set."""
+    insecure_engines: bool = False
+    """Engines others could read (plain tcp:// off this machine) are allowed (--insecure-engine, INSECURE_ENGINES)."""
     devices: tuple[str, ...] = ()
     """Host devices for every worker, HOST_PATH[:CONTAINER_PATH] (e.g. /dev/infiniband for RDMA)."""
     push_image: bool = False
@@ -168,6 +169,8 @@ class LaunchSettings:
         unknown = sorted(set(self.engines) - set(self.nodes))
         if unknown:
             raise SettingsError(f"an engine override names {unknown[0]!r}, which is not in --nodes")
+        for node in self.nodes:
+            self._check_engine(node)
         missing = [name for name in self.job.secrets if name not in self.secret_values]
         if missing:
             raise SettingsError(
@@ -202,8 +205,29 @@ class LaunchSettings:
                 "the code into an image FROM horovod-stack:latest (README)"
             )
 
+    def _check_engine(self, node: str) -> None:
+        """The node's engine as the launcher will reach it (launcher.access): TLS files there, and an engine others
+        could read only where allowed."""
+        url, tls = self.engine_url(node), self.engine_tls.get(node)
+        problem = access.misplaced(node, url, tls) if tls else None
+        if problem:
+            raise SettingsError(problem)
+        why = access.exposure(url, access.tls_config(node, url, tls))
+        if why and not self.insecure_engines:
+            raise SettingsError(access.refusal(node, url, why))
+
     def engine_url(self, node: str) -> str:
         return self.engines.get(node) or f"ssh://{node}"
+
+    def exposed_engines(self) -> dict[str, tuple[str, str]]:
+        """{node: (engine URL, why)} for the engines others could read (allowed by insecure_engines)."""
+        exposed = {}
+        for node in self.nodes:
+            url = self.engine_url(node)
+            why = access.exposure(url, access.tls_config(node, url, self.engine_tls.get(node)))
+            if why:
+                exposed[node] = (url, why)
+        return exposed
 
 
 def _as_number(values: Mapping[str, str], key: str, fix: str, kind: type[int] | type[float] = int) -> Any:
@@ -280,11 +304,13 @@ def resolve_settings(
     push_image: bool = False,
     detach: bool = False,
     keep_running: bool = False,
+    insecure_engines: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults. `job` holds the job options' flags, by their
-    JobOptions names (None: not given). A secret setting's value comes from `environ` (this process's environment by
-    default), else from the .env file."""
+    JobOptions names (None: not given). A secret setting's value, and the engines' keys (DOCKER_HOST_<NODE>, the TLS
+    variables, INSECURE_ENGINES: launcher.access), come from `environ` (this process's environment by default), else
+    from the .env file."""
     if hostfile is not None and nodes:
         raise SettingsError("--hostfile and --nodes both list the nodes: pass one of them")
     if hostfile is not None:
@@ -305,9 +331,11 @@ def resolve_settings(
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(gpus)
     elif env.get("GPUS_PER_NODE", "").strip():
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(env["GPUS_PER_NODE"], "GPUS_PER_NODE in .env")
-    engines = {node: env[engine_override_key(node)] for node in node_list if env.get(engine_override_key(node))}
-    options = job_options(env, job or {})
     environ = os.environ if environ is None else environ
+    keys = {**env, **environ}
+    engines = {node: keys[engine_override_key(node)] for node in node_list if keys.get(engine_override_key(node))}
+    tls = {node: access.EngineTls.of(keys, node) for node in node_list}
+    options = job_options(env, job or {})
     secrets = {name: value for name in options.secrets if (value := environ.get(name, env.get(name)))}
     return LaunchSettings(
         nodes=node_list,
@@ -315,6 +343,8 @@ def resolve_settings(
         secret_values=secrets,
         node_slots={name: count for name, count in listed if count is not None},
         engines=engines,
+        engine_tls={node: found for node, found in tls.items() if found.verify or found.cert_path},
+        insecure_engines=access.insecure_allowed(keys, insecure_engines),
         devices=devices or split_list(env.get("DEVICES", "")),
         push_image=push_image,
         detach=detach,

@@ -102,7 +102,8 @@ venv_python() {
 ensure_packages() {
   local missing
   mapfile -t missing < <(missing_packages mpirun:openmpi-bin mpicc:libopenmpi-dev ssh:openssh-client \
-    sshd:openssh-server g++:g++ make:make ip:iproute2 iptables:iptables nsenter:util-linux debootstrap:debootstrap)
+    sshd:openssh-server g++:g++ make:make ip:iproute2 iptables:iptables nsenter:util-linux debootstrap:debootstrap \
+    openssl:openssl)
   venv_python >/dev/null || missing+=(python3.11-venv)
   if [ ${#missing[@]} -gt 0 ]; then
     apt_install "${missing[@]}"

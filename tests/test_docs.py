@@ -35,7 +35,8 @@ ENV_AS_KEY = re.compile(rf"in\s+{ENV_FILE}(?:\s+as|\s+with|:)\s+`({KEY})=[^`]*`(
 CHAINED_KEY = re.compile(rf"`({KEY})=")
 ENV_LINE = re.compile(rf"^({KEY})=\S*(?:\s+#.*)?$")
 ASSIGNMENT = re.compile(rf"^({KEY})=")
-PER_NODE_ENGINE = re.compile(r"DOCKER_HOST_(?:<NODE>|[A-Z0-9_]+)")  # launcher/settings.py engine_override_key
+# launcher/access.py node_key: a node's engine address and TLS variables
+PER_NODE_ENGINE = re.compile(r"DOCKER_(?:HOST|TLS_VERIFY|CERT_PATH)_(?:<NODE>|[A-Z0-9_]+)")
 # `--gpus` (a count or GPU IDs; `--gpus-per-node` is its alias) on start and doctor: the docs may name it while the
 # option lands in launcher/cli.py.
 EXPECTED_SOON = {"start": {"--gpus"}, "doctor": {"--gpus"}}
