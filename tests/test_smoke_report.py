@@ -96,12 +96,23 @@ RAISED = (
 )  # fmt: skip
 
 
+RACE = (
+    "[1]<stderr>:Traceback (most recent call last):", "[1]<stderr>:RuntimeError: boom",
+    "[0]<stderr>:Traceback (most recent call last):",
+    "[0]<stderr>:horovod.common.exceptions.HorovodInternalError: Horovod has been shut down.",
+    "Process 0 exit with status code 1.", "Terminating remaining workers after failure of Process 0.",
+    "[1]<stderr>:Terminated", "Process 1 exit with status code 143.",
+)  # fmt: skip
+"""Rank 1 raised; Horovod's shutdown made rank 0 fail and exit before rank 1 did, and horovodrun ended rank 1."""
+
+
 @pytest.mark.parametrize(
     "log, returncode, extra, line, status",
     [
         (job_log(2, "[0]<stdout>:ok", "[1]<stdout>:ok"), 0, {}, "smoke: passed: 2 ranks over Gloo in 41 s", 0),
         (job_log(1, "[0]<stdout>:ok"), 0, {}, "smoke: passed: 1 rank over Gloo in 41 s", 0),
         (job_log(2, *RAISED), 1, {}, "smoke: failed: rank 1 exited with status 1: RuntimeError: boom", 1),
+        (job_log(2, *RACE), 1, {}, "smoke: failed: rank 1 failed first: RuntimeError: boom", 1),
         (job_log(2, "[1]<stderr>:Killed", "Process 1 exit with status code 137."), 1, {},
          "smoke: failed: rank 1 exited with status 137: Killed", 137),
         (job_log(2, "Process 0 exit with status code -9."), 1, {},
@@ -130,6 +141,12 @@ def test_each_ranks_result():
     assert [(rank.rank, rank.status, rank.problem()) for rank in ranks] == [
         (0, 143, "exited with status 143 after rank 1 failed: Terminated"),
         (1, 1, "exited with status 1: RuntimeError: boom"),
+    ]
+    raced = report.judge(job_log(2, *RACE), 1, 9.0).ranks
+    assert [rank.problem() for rank in raced] == [
+        "exited with status 1 after rank 1 failed: horovod.common.exceptions.HorovodInternalError: Horovod has been "
+        "shut down.",
+        "exited with status 143: RuntimeError: boom",
     ]
     timed = report.judge(job_log(2, "Process 0 exit with status code 134."), 1, 9.0, timeout=5, exits=[],
                          stacks={0: "rank 0 (localhost pid 7) in wait at s.py:3\n    wait (s.py:3)"}).ranks  # fmt: skip

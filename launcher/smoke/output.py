@@ -62,12 +62,19 @@ def last_error_line(lines: list[Line] | tuple[Line, ...]) -> str | None:
     return None
 
 
+def starts_error(line: Line) -> bool:
+    """A line that begins a rank's error report: a traceback, or an error line without one."""
+    text = line.text.strip()
+    return text == TRACEBACK or bool(text and ERROR_LINE.match(text))
+
+
 @dataclass
 class RankLog:
-    """One rank's recent lines."""
+    """One rank's recent lines, and when it first reported an error (the job's line count then)."""
 
     rank: int
     tail: deque[Line] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    first_error: int | None = None
 
     def last_error(self) -> str | None:
         return last_error_line(tuple(self.tail))
@@ -84,16 +91,30 @@ class JobLog:
     ranks: dict[int, RankLog] = field(default_factory=dict)
     driver: deque[Line] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     exits: list[tuple[int, int]] = field(default_factory=list)
+    count: int = 0
 
     def __post_init__(self) -> None:
         for rank in range(self.size):
             self.ranks.setdefault(rank, RankLog(rank))
 
     def add(self, line: Line) -> None:
+        self.count += 1
         if line.rank is None:
             self.driver.append(line)
             ended = rank_exit(line)
             if ended:
                 self.exits.append(ended)
         else:
-            self.ranks.setdefault(line.rank, RankLog(line.rank)).tail.append(line)
+            rank = self.ranks.setdefault(line.rank, RankLog(line.rank))
+            rank.tail.append(line)
+            if rank.first_error is None and starts_error(line):
+                rank.first_error = self.count
+
+    def culprit(self, exits: list[tuple[int, int]]) -> int | None:
+        """The rank that failed first: of those that exited non-zero, the first to report an error (horovodrun ends
+        the other ranks once one exits, and a rank that raised may be slower to exit than one its end made fail);
+        failing that, the first to exit."""
+        failed = {rank for rank, _ in exits}
+        reported = sorted((log.first_error, rank) for rank, log in self.ranks.items()
+                          if rank in failed and log.first_error is not None)  # fmt: skip
+        return reported[0][1] if reported else (exits[0][0] if exits else None)

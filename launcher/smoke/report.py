@@ -111,17 +111,15 @@ def judge(
             return ended[rank]
         return None if timeout is not None or not ranks_ran else 0
 
-    ranks = tuple(
-        RankResult(
-            number,
-            status_of(number),
-            log.ranks[number].last_error() if status_of(number) else None,
-            log.ranks[number].text(),
-            stacks.get(number, ""),
-            exits[0][0] if exits and exits[0][0] != number and status_of(number) else None,
-        )
-        for number in sorted(log.ranks)
-    )
+    culprit = log.culprit(exits)
+
+    def result(number: int) -> RankResult:
+        status = status_of(number)
+        error = log.ranks[number].last_error() if status else None
+        after = culprit if status and culprit is not None and culprit != number else None
+        return RankResult(number, status, error, log.ranks[number].text(), stacks.get(number, ""), after)
+
+    ranks = tuple(result(number) for number in sorted(log.ranks))
 
     def outcome(failure: str | None = None, status: int = 0, timed_out: bool = False) -> Outcome:
         return Outcome(log.size, seconds, ranks, failure, status, timed_out)
@@ -129,9 +127,13 @@ def judge(
     if timeout is not None:
         failure = f"timed out after {timeout:.0f} s" + (f": {where}" if where else "")
         return outcome(failure=failure, status=TIMEOUT_STATUS, timed_out=True)
-    if exits:
-        rank, status = exits[0]
-        return outcome(failure=exited(rank, status, log.ranks[rank].last_error()), status=exit_status(status))
+    if culprit is not None:
+        status, error = ended[culprit], log.ranks[culprit].last_error()
+        if culprit == exits[0][0]:
+            return outcome(failure=exited(culprit, status, error), status=exit_status(status))
+        # It reported its error first, but another rank exited first and horovodrun ended this one.
+        failure = f"rank {culprit} failed first" + (f": {error}" if error else "")
+        return outcome(failure=failure, status=exit_status(returncode) or 1)
     if returncode != 0:
         why = last_error_line(tuple(log.driver))
         failure = f"horovodrun exited with status {returncode}" + (f": {why}" if why else "")
