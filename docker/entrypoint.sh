@@ -101,6 +101,7 @@ run_smoke() {
     exec setpriv --reuid="${owner%%:*}" --regid="${owner#*:}" --clear-groups -- "$0" smoke "$@"
   fi
   if [ "$uid" != 0 ] && [ "${owner%%:*}" != "$uid" ] && [ ! -w "$here" ]; then
+    # shellcheck disable=SC2016  # the command the user is to type, unexpanded
     echo "smoke: failed: uid $uid cannot write $here (owned by $owner): run the container as the folder's owner," \
       'docker run --user "$(id -u):$(id -g)" ...' >&2
     exit 2
