@@ -285,6 +285,9 @@ def test_horovodrun_line_and_the_ranks_environment():
     assert run.horovodrun_argv(3, ["python", "t.py"]) == [
         "horovodrun", "--gloo", "-np", "3", "-H", "localhost:3", "--network-interfaces", "lo",
         "python", "t.py"]  # fmt: skip
-    environment = run.rank_environment({"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"})
+    environment = run.rank_environment({"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"}, 2, 4)
     assert environment["CUDA_VISIBLE_DEVICES"] == "" and environment["PATH"] == "/bin"
     assert environment["PYTHONFAULTHANDLER"] == "1" and environment["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert environment["OMP_NUM_THREADS"] == "2"
+    assert run.rank_environment({}, 4, 2)["OMP_NUM_THREADS"] == "1"
+    assert run.rank_environment({"OMP_NUM_THREADS": "3"}, 2, 2)["OMP_NUM_THREADS"] == "3"  # the caller's stands

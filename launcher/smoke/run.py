@@ -25,16 +25,23 @@ def horovodrun_argv(size: int, command: list[str]) -> list[str]:
     return ["horovodrun", "--gloo", "-np", str(size), "-H", f"localhost:{size}", "--network-interfaces", "lo", *command]
 
 
-def rank_environment(environ: Mapping[str, str]) -> dict[str, str]:
+def rank_environment(environ: Mapping[str, str], size: int, cpus: int) -> dict[str, str]:
     """The ranks' environment: CUDA hidden, Python's faulthandler on (the stacks at a timeout), no bytecode files
-    left in the user's checkout."""
+    left in the user's checkout, and, unless the caller set it, the CPUs shared out among the ranks (torch's and
+    OpenMP's threads: each rank would take every CPU, and N ranks on a CI runner's few CPUs would crowd each other)."""
     return {
+        "OMP_NUM_THREADS": str(max(1, cpus // size)),
         **environ,
         "CUDA_VISIBLE_DEVICES": "",
         "PYTHONFAULTHANDLER": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
     }
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (a container's --cpuset-cpus), at least 1."""
+    return len(os.sched_getaffinity(0)) or os.cpu_count() or 1
 
 
 class Interrupted(Exception):
@@ -87,7 +94,7 @@ def run(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=rank_environment(environ),
+        env=rank_environment(environ, size, cpu_count()),
         text=True,
         errors="replace",
         bufsize=1,
