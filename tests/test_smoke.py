@@ -2,7 +2,7 @@
 ...` over a copy of a user's code, owned as a CI runner's checkout is (GitHub's runner: uid 1001; GitLab's jobs: root).
 The pure parts (lines, verdicts, JUnit XML, faulthandler's stacks): tests/test_smoke_report.py.
 
-Together about 1.5 minutes on 2 cores; the hang and the failing rank run side by side (both mostly wait).
+Together about 1 minute on 2 cores (57 s measured); the hang and the failing rank run side by side (both mostly wait).
 """
 
 from __future__ import annotations
