@@ -12,6 +12,11 @@
 #                       folder): the launcher pod's agent learns it at first contact (launcher/k8s/launcher_pod.py)
 #   mpijob-launcher ARGS  an MPIJob's launcher pod: the job agent (python -m launcher.k8s.launcher_pod ARGS)
 #                       runs the job against the operator's /etc/mpi/hostfile and exits with its status
+#   smoke [OPTIONS] [-- COMMAND]  a CI runner's check (python -m launcher.smoke): COMMAND, or the bundled trainer,
+#                       on N ranks in this container over Gloo; the exit status is the job's. It runs as the owner of
+#                       the current folder (the user's mounted checkout): a root container (GitLab's jobs, --user 0)
+#                       drops to that owner with setpriv, so every file it leaves is the owner's; a non-root user that
+#                       cannot write the folder is told to pass --user "$(id -u):$(id -g)"
 #   ANY OTHER COMMAND   run it (e.g. `horovodrun --check-build`)
 #
 # Every decision about the job (readiness, host-key pinning, the hostfile, the command line, causes of failure,
@@ -86,11 +91,34 @@ run_worker() {
   exit "$status"
 }
 
+run_smoke() {
+  local here owner uid home
+  here=$(pwd)
+  owner=$(stat -c %u:%g "$here")
+  uid=$(id -u)
+  if [ "$uid" = 0 ] && [ "${owner%%:*}" != 0 ]; then
+    # No supplementary groups, no capabilities (setuid clears them): the folder's owner, as any process of theirs.
+    exec setpriv --reuid="${owner%%:*}" --regid="${owner#*:}" --clear-groups -- "$0" smoke "$@"
+  fi
+  if [ "$uid" != 0 ] && [ "${owner%%:*}" != "$uid" ] && [ ! -w "$here" ]; then
+    # shellcheck disable=SC2016  # the command the user is to type, unexpanded
+    echo "smoke: failed: uid $uid cannot write $here (owned by $owner): run the container as the folder's owner," \
+      'docker run --user "$(id -u):$(id -g)" ...' >&2
+    exit 2
+  fi
+  # A uid the image does not know (--user 1001) has HOME=/: torch's, matplotlib's and pip's caches go to /tmp.
+  home=$(getent passwd "$uid" | cut -d: -f6 || true)
+  if [ -n "$home" ] && [ -w "$home" ]; then export HOME="$home"; else export HOME=/tmp/smoke-home; fi
+  mkdir -p "$HOME"
+  exec python -m launcher.smoke "$@"
+}
+
 case "$ROLE" in
   worker) run_worker ;;
   launcher) shift; exec python -m launcher.agent compose "$@" ;;
   mpijob-worker) run_worker "${2:?mpijob-worker needs the sshAuthMountPath of the MPIJob, as launcher export mpijob writes it}" ;;
   mpijob-launcher) shift; exec python -m launcher.k8s.launcher_pod "$@" ;;
+  smoke) shift; run_smoke "$@" ;;
   healthcheck) port=$(cat "$HOME/.sshd/port") && ss -Hltn "sport = :$port" | grep -q LISTEN ;;
   *) exec "$@" ;;
 esac

