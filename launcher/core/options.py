@@ -210,8 +210,11 @@ class JobOptions:
     (CIDR) in which each finds its own; None: each library chooses (virtual NICs left out across hosts)."""
     ssh_port: int = option(SSH_PORT, flag="--ssh-port", key="SSH_PORT", compose="SSH_PORT")
     """The workers' sshd port."""
-    ready_timeout: float = option(READY_TIMEOUT_SECONDS, key="READY_TIMEOUT", compose="READY_TIMEOUT")
-    """How long the job agent waits for every worker's sshd to answer."""
+    ready_timeout: float = option(
+        READY_TIMEOUT_SECONDS, key="READY_TIMEOUT", compose="READY_TIMEOUT", mpijob="--schedule-timeout"
+    )
+    """How long the job agent waits for every worker's sshd to answer (an MPIJob's: inf unless --schedule-timeout,
+    as long as its worker pods may be scheduled)."""
     stall_timeout: int = option(
         STALL_TIMEOUT_SECONDS, flag="--stall-timeout", key="STALL_TIMEOUT", compose="STALL_TIMEOUT"
     )
