@@ -236,9 +236,10 @@ class JobOptions:
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
     restart_workers: bool = option(False, flag="--restart-workers")
     """Elastic: a lost worker's container is started again and rejoins at the next discovery."""
-    ptrace: bool = option(True, flag="--no-ptrace", key="PTRACE")
+    ptrace: bool = option(True, flag="--no-ptrace", key="PTRACE", mpijob="--ptrace")
     """Workers get SYS_PTRACE, with which py-spy reads the ranks' stacks (`launcher stacks`, a stall, the time limit);
-    False (--no-ptrace, for clusters that forbid it): no stacks, and no new privileges in the workers."""
+    False (--no-ptrace, for clusters that forbid it; an MPIJob's default, as Pod Security's baseline profile forbids
+    it): no stacks, and no new privileges in the workers."""
     workdir: str | None = option(None, flag="--workdir", compose="WORKDIR")
     """The folder with the user's code, copied or mounted at WORKDIR in every container, the job's working
     directory; None: the image's own code (the launcher checks this machine's folder: LaunchSettings)."""

@@ -1,7 +1,8 @@
 """The MPIJob door: a Kubeflow MPIJob's launcher pod (MPI Operator v0.8) as a JobSpec for the job agent.
 
     python -m launcher.k8s.launcher_pod [--job NAME] [--ssh-auth DIR] [--hostfile FILE] [--network-interface NIC]
-                                        [--schedule-timeout S] [--min-workers M] [--env KEY=VALUE]... -- COMMAND...
+                                        [--schedule-timeout S] [--ptrace] [--min-workers M] [--env KEY=VALUE]...
+                                        -- COMMAND...
 
 The pod starts with the workers (launcherCreationPolicy AtStartup), so the agent's wait for every worker's sshd is
 the wait for the workers to be scheduled: as long as it takes, or --schedule-timeout seconds, after which the job
@@ -91,6 +92,8 @@ def agent_args(pod: PodArgs) -> list[str]:
     ):
         if value is not None and value != usual:
             argv += [flag, value]
+    if options.ptrace:  # the workers have SYS_PTRACE: the agent may take the ranks' stacks
+        argv.append("--ptrace")
     for item in options.env:
         argv += ["--env", item]
     for name in options.secrets:  # the name alone: its value is in the pod's environment (a Kubernetes Secret)
@@ -113,6 +116,7 @@ def parse(argv: list[str]) -> PodArgs:
     parser.add_argument("--network-interface")
     parser.add_argument("--schedule-timeout", type=float, default=math.inf)
     parser.add_argument("--min-workers", type=int)
+    parser.add_argument("--ptrace", action="store_true")
     parser.add_argument("--env", action="append", default=[])
     parser.add_argument("--secret", action="append", default=[])
     known = parser.parse_args(argv[:split])
@@ -122,6 +126,7 @@ def parse(argv: list[str]) -> PodArgs:
         secrets=tuple(known.secret),
         network_interface=known.network_interface or None,
         ready_timeout=known.schedule_timeout,
+        ptrace=known.ptrace,
         elastic=known.min_workers is not None,
         elastic_min_workers=known.min_workers,
         door="mpijob",

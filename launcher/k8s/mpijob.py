@@ -121,8 +121,6 @@ class MpiJobRequest:
     memory: str | None = None
     """Each worker's memory, REQUEST[:LIMIT] (default WORKER_MEMORY_PER_RANK per rank, no limit)."""
     pod_security: str = POD_SECURITY
-    ptrace: bool = False
-    """Workers get SYS_PTRACE (`launcher stacks`'s py-spy; privileged profile only)."""
     rdma: bool = False
     """Workers get IPC_LOCK (RDMA's locked memory; privileged profile only)."""
     run_as_user: str = str(MPIUSER_UID)
@@ -147,7 +145,7 @@ class MpiJobRequest:
         return self.pod_security
 
     def worker_capabilities(self) -> list[str]:
-        return [*(RDMA_CAPABILITIES if self.rdma else ()), *((PTRACE_CAPABILITY,) if self.ptrace else ())]
+        return [*(RDMA_CAPABILITIES if self.rdma else ()), *((PTRACE_CAPABILITY,) if self.job.ptrace else ())]
 
     def worker_cpu(self) -> Amount:
         return parse_amount(self.cpu, "cpu") if self.cpu else Amount(times(WORKER_CPU_PER_RANK, self.slots_per_worker))
@@ -258,7 +256,7 @@ def _security_problems(request: MpiJobRequest) -> list[str]:
         choices = " or ".join(podsecurity.PROFILES)
         found.append(f"--pod-security {profile!r} is not a Pod Security profile; pass {choices}")
     for flag, wanted, capabilities in (
-        ("--ptrace", request.ptrace, (PTRACE_CAPABILITY,)),
+        ("--ptrace", request.job.ptrace, (PTRACE_CAPABILITY,)),
         ("--rdma", request.rdma, RDMA_CAPABILITIES),
     ):
         if wanted and profile != "privileged":
@@ -322,19 +320,21 @@ def problems(request: MpiJobRequest) -> list[str]:
 def request(job: Mapping[str, Any], **where: Any) -> MpiJobRequest:
     """The request `launcher export mpijob` makes of its flags: `job` the job options' (by JobOptions name), `where`
     the MpiJobRequest's own. With no ready_timeout (--schedule-timeout) the agent waits for the workers as long as
-    they may be scheduled. Elastic jobs are refused. Raises SettingsError with every problem, the job's and the
-    request's, one line each."""
+    they may be scheduled; no ptrace unless asked (--ptrace). Elastic jobs are refused. Raises SettingsError with
+    every problem, the job's and the request's, one line each."""
     chosen = {name: value for name, value in job.items() if value is not None}
     chosen["secrets"] = tuple(text.partition("=")[0] for text in where.get("secret_refs") or ())
     chosen.setdefault("ready_timeout", math.inf)
+    chosen.setdefault("ptrace", False)
     found: list[str] = []
-    if chosen.pop("elastic", False) or chosen.pop("elastic_min_workers", None) is not None:
+    elastic = [chosen.pop("elastic", False), chosen.pop("elastic_min_workers", None) is not None]
+    if any(elastic):
         found.append(ELASTIC_REFUSED)
     try:
         options = JobOptions(**chosen, door="mpijob")
     except SettingsError as error:
         found += error.problems
-        options = JobOptions(door="mpijob")
+        options = JobOptions(door="mpijob", ready_timeout=math.inf, ptrace=False)
     made = MpiJobRequest(job=options, **{key: value for key, value in where.items() if value is not None})
     found += [problem for problem in problems(made) if problem not in found]
     if found:
@@ -359,7 +359,7 @@ def container_security(request: MpiJobRequest, capabilities: list[str]) -> dict[
     """A container's securityContext: every capability dropped, `capabilities` added back; no new privileges
     unless ptrace is asked for (py-spy's file capability needs them, as in the other doors)."""
     context: dict[str, Any] = {"capabilities": {"drop": ["ALL"], **({"add": capabilities} if capabilities else {})}}
-    if not request.ptrace:
+    if not request.job.ptrace:
         context = {"allowPrivilegeEscalation": False, **context}
     return context
 
