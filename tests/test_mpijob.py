@@ -21,7 +21,7 @@ import yaml
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.core.job import JobSpec, Worker
 from launcher.core.options import JobOptions, SettingsError, job_command
-from launcher.core.protocol import CLUSTER_KEY, HOSTKEYS_DIR, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR, SSH_PORT
+from launcher.core.protocol import CLUSTER_KEY, HOSTKEYS_DIR, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR
 from launcher.k8s import launcher_pod
 from launcher.k8s import mpijob, podsecurity, resources
 from launcher.k8s.launcher_pod import OperatorAgent, PodArgs
@@ -370,7 +370,8 @@ def test_the_cli_writes_the_document_and_refuses_bad_input_in_one_line_with_exit
                           (["--name", "x", "--workers", "0"], "needs at least 1 worker"),
                           (["--name", "x", "--workers", "2", "--env", "NOPE"], "is not KEY=VALUE"),
                           (["--name", "x", "--workers", "2", "--ptrace"], "--ptrace adds SYS_PTRACE"),
-                          (["--name", "x", "--workers", "2", "--min-workers", "1"], "elastic MPIJobs are not supported")):
+                          (["--name", "x", "--workers", "2", "--min-workers", "1"],
+                           "elastic MPIJobs are not supported")):
         done = subprocess.run([LAUNCHER, "export", "mpijob", "--image", IMAGE, *args], capture_output=True, text=True)
         assert done.returncode == 2
         assert done.stdout == ""
