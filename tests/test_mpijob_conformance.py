@@ -282,7 +282,12 @@ def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with
             assert time.monotonic() < deadline, launcher.logs().decode(errors="replace")[-3000:]
             time.sleep(0.5)
         probe = document["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["readinessProbe"]
-        before = sshd_lines(workers[0])
+        before, settled = sshd_lines(workers[0]), time.monotonic() + 10
+        while time.monotonic() < settled:  # the agent's ssh session's last lines (a disconnect) come just after it
+            time.sleep(1)
+            if (now := sshd_lines(workers[0])) == before:
+                break
+            before = now
         assert all(job.probe(workers[0], probe) for _ in range(5))
         quiet.append((before, sshd_lines(workers[0])))
 

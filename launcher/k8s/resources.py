@@ -25,7 +25,7 @@ EXAMPLES = {"cpu": "--cpu 4 or --cpu 4:8 (cores; 500m is half a core)", "memory"
 
 def quantity_value(text: str) -> Decimal | None:
     """The quantity's value in its base unit (cores, bytes); None if Kubernetes would not read it."""
-    found = QUANTITY.fullmatch(text.strip())
+    found = QUANTITY.fullmatch(text)
     if not found:
         return None
     return Decimal(found.group("number")) * UNITS[found.group("unit")]
@@ -56,7 +56,7 @@ def parse_amount(text: str, resource: str) -> Amount:
             f"{flag} {text!r} is under 1Mi: a memory quantity is in bytes unless it has a unit (Mi, Gi); "
             f"pass e.g. {EXAMPLES[resource]}"
         )
-    return Amount(request.strip(), limit.strip() or None)
+    return Amount(request, limit or None)
 
 
 def times(quantity: str, factor: int) -> str:
