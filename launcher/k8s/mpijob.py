@@ -121,6 +121,7 @@ class MpiJobRequest:
     memory: str | None = None
     """Each worker's memory, REQUEST[:LIMIT] (default WORKER_MEMORY_PER_RANK per rank, no limit)."""
     pod_security: str = POD_SECURITY
+    """The Pod Security profile the pods are made to pass (podsecurity.PROFILES)."""
     rdma: bool = False
     """Workers get IPC_LOCK (RDMA's locked memory; privileged profile only)."""
     run_as_user: str = str(MPIUSER_UID)
@@ -138,11 +139,6 @@ class MpiJobRequest:
 
     def worker_pod(self, index: int) -> str:
         return f"{self.name}-worker-{index}"
-
-    @property
-    def profile(self) -> str:
-        """The Pod Security profile the pods are made to pass."""
-        return self.pod_security
 
     def worker_capabilities(self) -> list[str]:
         return [*(RDMA_CAPABILITIES if self.rdma else ()), *((PTRACE_CAPABILITY,) if self.job.ptrace else ())]
@@ -391,9 +387,9 @@ def _pod(request: MpiJobRequest, container: dict[str, Any], role: str) -> dict[s
     }
     if request.priority_class:
         spec["priorityClassName"] = request.priority_class
-    broken = podsecurity.violations(spec, request.profile)
+    broken = podsecurity.violations(spec, request.pod_security)
     if broken:  # a bug of ours: the export promises the profile
-        raise RuntimeError(f"the {role} pod breaks Pod Security's {request.profile} profile: {'; '.join(broken)}")
+        raise RuntimeError(f"the {role} pod breaks Pod Security's {request.pod_security} profile: {'; '.join(broken)}")
     return {"metadata": {"labels": {**PART_OF, "app.kubernetes.io/component": role}}, "spec": spec}
 
 
@@ -484,7 +480,7 @@ def cluster_needs(request: MpiJobRequest) -> list[str]:
     needs = [
         "the MPI Operator v0.8",
         f"the PersistentVolumeClaim {request.shared_claim} (ReadWriteMany, writable by {user})",
-        f"a namespace whose Pod Security level admits the {request.profile} profile",
+        f"a namespace whose Pod Security level admits the {request.pod_security} profile",
     ]
     if request.gpus_per_node:
         needs.append(f"the NVIDIA device plugin ({GPU_RESOURCE})")
