@@ -192,7 +192,10 @@ class Operator:
     @staticmethod
     def probe(container, probe: dict) -> bool:
         """The readiness probe (exec), as the kubelet runs it: its command in the container, as its user."""
-        return container.exec_run(probe["exec"]["command"]).exit_code == 0
+        try:
+            return container.exec_run(probe["exec"]["command"]).exit_code == 0
+        except docker.errors.APIError:  # the container is not running (any more): ready() says how it ended
+            return False
 
     def ready(self, container, probe: dict, timeout: float = 120) -> float:
         """Seconds until the worker's readiness probe passes."""
