@@ -9,7 +9,9 @@
 #                       the MPI Operator's authorized_keys from DIR (the MPIJob's sshAuthMountPath), copied where
 #                       it checks them with the modes StrictModes wants (the operator's files are root-owned, mode
 #                       0644, in a folder others may write); its host key is not published (pods share no such
-#                       folder): the launcher pod's agent learns it at first contact (launcher/k8s/launcher_pod.py)
+#                       folder): the launcher pod's agent learns it at first contact (launcher/k8s/launcher_pod.py);
+#                       it waits for its claim as long as the job may be scheduled (no claim timeout: the operator
+#                       removes the workers when the job ends, and the launcher pod's agent holds the clock)
 #   mpijob-launcher ARGS  an MPIJob's launcher pod: the job agent (python -m launcher.k8s.launcher_pod ARGS)
 #                       runs the job against the operator's /etc/mpi/hostfile and exits with its status
 #   smoke [OPTIONS] [-- COMMAND]  a CI runner's check (python -m launcher.smoke): COMMAND, or the bundled trainer,
@@ -29,7 +31,8 @@
 # How a worker ends: the agent holds an ssh "lifeline" to it (python -m launcher.agent lifeline). When the job ends
 # the agent sends the job-end message down it; when the agent dies instead (its container killed, a reboot), the
 # line closes. Either way the lifeline writes $JOB_END_FILE and this script stops sshd, so the container stops. A
-# worker that no job claims within $WORKER_CLAIM_TIMEOUT s of starting stops too.
+# `worker` that no job claims within $DEFAULT_CLAIM_TIMEOUT s of starting stops too (WORKER_CLAIM_TIMEOUT in the
+# environment overrides it, 0: never; an mpijob-worker's default is never).
 set -euo pipefail
 
 ROLE="${1:-worker}"
@@ -37,8 +40,15 @@ log() { echo "[$(date +%H:%M:%S) ${ROLE}] $*"; }
 
 run_worker() {
   local operator_keys="${1:-}" keydir="$HOME/.sshd" address started ended="" status=0 keys=() listen=() listen_address
+  local claim_timeout
   eval "$(python -m launcher.core.protocol shell)"
   SSH_PORT="${SSH_PORT:-$DEFAULT_SSH_PORT}"
+  if [ -n "$operator_keys" ]; then claim_timeout="${WORKER_CLAIM_TIMEOUT:-0}"
+  else claim_timeout="${WORKER_CLAIM_TIMEOUT:-$DEFAULT_CLAIM_TIMEOUT}"; fi
+  if ! [[ "$claim_timeout" =~ ^[0-9]+$ ]]; then
+    log "WORKER_CLAIM_TIMEOUT=$claim_timeout is not whole seconds (0: never); set it to one"
+    exit 2
+  fi
   mkdir -p "$keydir"
   echo "$SSH_PORT" > "$keydir/port"  # for the healthcheck, which runs often and needs no Python
   [ -f "$keydir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$keydir/host_ed25519"
@@ -57,7 +67,7 @@ run_worker() {
   SSH_LISTEN="${SSH_LISTEN:-}"
   for listen_address in ${SSH_LISTEN//,/ }; do listen+=(-o "ListenAddress=$listen_address"); done
   started=$SECONDS
-  log "sshd on $address:$SSH_PORT${SSH_LISTEN:+ (listening on $SSH_LISTEN)}"
+  log "sshd on $address:$SSH_PORT${SSH_LISTEN:+ (listening on $SSH_LISTEN)}; $([ "$claim_timeout" = 0 ] && echo "waiting for a job's claim" || echo "stops unless a job claims it within $claim_timeout s")"
   /usr/sbin/sshd -D -e -f /opt/horovod-stack/docker/sshd_config -p "$SSH_PORT" \
     -h "$keydir/host_ed25519" -o PidFile="$keydir/sshd.pid" "${keys[@]}" "${listen[@]}" &
   local sshd=$!
@@ -71,8 +81,8 @@ run_worker() {
       kill -TERM "$sshd" 2>/dev/null
       break
     fi
-    if [ ! -e "$WORKER_CLAIMED" ] && [ $((SECONDS - started)) -ge "$WORKER_CLAIM_TIMEOUT" ]; then
-      ended="${LOST_PREFIX}no job claimed this worker within $WORKER_CLAIM_TIMEOUT s"
+    if [ "$claim_timeout" != 0 ] && [ ! -e "$WORKER_CLAIMED" ] && [ $((SECONDS - started)) -ge "$claim_timeout" ]; then
+      ended="${LOST_PREFIX}no job claimed this worker within $claim_timeout s"
       log "${ended#"$LOST_PREFIX"}; stopping"
       kill -TERM "$sshd" 2>/dev/null
       break

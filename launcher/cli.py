@@ -462,7 +462,9 @@ def export(
     workers: int = typer.Option(..., help="Worker pods, one rank per slot each."),
     slots: int | None = typer.Option(None, help="Ranks per worker on CPUs (default 1)."),
     gpus_per_node: int = typer.Option(0, help="GPUs per worker (nvidia.com/gpu), one rank each; 0: CPU ranks."),
-    image: str | None = typer.Option(None, help="The image, as the cluster pulls it (a registry name)."),
+    image: str | None = typer.Option(
+        None, help="The image as the nodes pull it, REGISTRY/NAME:TAG or @DIGEST (default: IMAGE in .env); required."
+    ),
     namespace: str | None = typer.Option(None, help="The namespace (default: default)."),
     shared_claim: str | None = typer.Option(
         None, help="PersistentVolumeClaim mounted at /shared in every pod (default horovod-stack-shared)."
@@ -474,17 +476,42 @@ def export(
         help="NAME=SECRET/KEY: every rank gets NAME from key KEY of the Kubernetes Secret SECRET (valueFrom."
         "secretKeyRef; the document holds no value; repeatable).",
     ),
-    elastic: bool = typer.Option(False, help="Elastic training (horovodrun, Gloo): lost workers do not end the job."),
-    min_workers: int | None = typer.Option(None, help="With --elastic: the fewest workers the job goes on with."),
-    network_interface: str | None = typer.Option(
-        None, help="The pods' NIC for Open MPI, NCCL and Gloo (elastic default: eth0; none: virtual NICs left out)."
+    cpu: str | None = typer.Option(None, help="Each worker's CPU, REQUEST[:LIMIT] (default: 1 per rank, no limit)."),
+    memory: str | None = typer.Option(
+        None, help="Each worker's memory, REQUEST[:LIMIT] (default: 2Gi per rank, no limit); /dev/shm counts in it."
     ),
+    pod_security: str | None = typer.Option(
+        None, help="The Pod Security profile the pods pass: baseline (default), restricted or privileged."
+    ),
+    ptrace: bool = typer.Option(False, help="Workers get SYS_PTRACE for `launcher stacks` (needs privileged)."),
+    rdma: bool = typer.Option(False, help="Workers get IPC_LOCK for RDMA's locked memory (needs privileged)."),
+    run_as_user: str | None = typer.Option(
+        None, help="The pods' user id (default 1000, the image's user), or `platform` to leave it to the platform."
+    ),
+    schedule_timeout: int | None = typer.Option(
+        None, help="Seconds the job waits for all its workers to start before it fails (default: no limit)."
+    ),
+    deadline: int | None = typer.Option(
+        None, help="Seconds the whole job may take, the wait included (runPolicy.activeDeadlineSeconds)."
+    ),
+    scheduler: str | None = typer.Option(
+        None, help="volcano or scheduler-plugins (gang scheduling: runPolicy.schedulingPolicy), or kueue."
+    ),
+    queue: str | None = typer.Option(None, help="The Volcano Queue or Kueue LocalQueue (with --scheduler)."),
+    priority_class: str | None = typer.Option(None, help="The pods' PriorityClass (and the PodGroup's)."),
+    suspend: bool = typer.Option(False, help="Create the MPIJob suspended (runPolicy.suspend), to resume later."),
+    elastic: bool = typer.Option(False, help="Refused: elastic MPIJobs are not supported (docs/kubernetes.md)."),
+    min_workers: int | None = typer.Option(None, help="Refused, with --elastic."),
+    network_interface: str | None = typer.Option(
+        None, help="The pods' NIC for Open MPI, NCCL and Gloo (default: none; virtual NICs left out)."
+    ),
+    env_file: Path | None = typer.Option(None, help=ENV_FILE_HELP),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the document here (default: stdout)."),
 ) -> None:
     """Write the job as a document another scheduler runs: the same image, command and Horovod defaults.
 
     Example: launcher export mpijob --name digits --workers 2 --gpus-per-node 2 --image registry.example.com/
-    horovod-stack:latest -o digits.yaml -- --dataset digits --epochs 5; then kubectl apply -f digits.yaml
+    horovod-stack:1 -o digits.yaml -- --dataset digits --epochs 5; then kubectl apply -f digits.yaml
     """
     from launcher.k8s import mpijob  # PyYAML, only here
 
@@ -497,15 +524,27 @@ def export(
                 "elastic": elastic,
                 "elastic_min_workers": min_workers,
                 "network_interface": network_interface,
+                "ready_timeout": schedule_timeout,
+                "ptrace": ptrace,
             },
             name=name,
             workers=workers,
             slots=slots,
             gpus_per_node=gpus_per_node,
-            image=image,
+            image=image or load_env_file(env_file).get("IMAGE"),
             namespace=namespace,
             shared_claim=shared_claim,
             secret_refs=tuple(secret or ()),
+            cpu=cpu,
+            memory=memory,
+            pod_security=pod_security,
+            rdma=rdma,
+            run_as_user=run_as_user,
+            deadline=deadline,
+            scheduler=scheduler,
+            queue=queue,
+            priority_class=priority_class,
+            suspend=suspend,
         )
     except SettingsError as error:
         fail(str(error), 2)

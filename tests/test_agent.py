@@ -352,7 +352,7 @@ def test_without_ptrace_a_job_past_its_time_limit_ends_without_trying_for_stacks
     end = Agent(spec(time_limit=1, stall_timeout=0, ptrace=False), transport, say=said.append).run()
     assert end.status == 124 and end.cause == "the job ran past its time limit of 1 s; no stacks"
     assert ("the job ran past its time limit of 1 s; no stacks: the workers run without SYS_PTRACE (started with "
-            "--no-ptrace, or PTRACE=0 in .env)") in said
+            "--no-ptrace, or PTRACE=0 in .env; an MPIJob exported without --ptrace)") in said
     assert not any("stacks collect" in command for _, command in transport.commands)
 
 

@@ -6,18 +6,20 @@ tests/multihost.py. It makes the operator's Secret (an ECDSA P-521 key pair and 
 names and slots; discover_hosts.sh), resolves the pods' DNS names (`<job>-worker-<i>.<job>.<ns>.svc`) to the hosts,
 and runs each pod template's first container as the operator would have the kubelet run it: image, command, args,
 env plus the operator's own, the template's volumes (the claim as one folder both hosts share, the shared memory),
-the Secret at sshAuthMountPath, and the launcher only once every worker's readiness probe passes
-(WaitForWorkersReady). Each pod has a network namespace and an address of its own, as in a cluster (a macvlan
-network on each host's NIC), and its pod name as hostname; one worker per host, the launcher beside worker 0.
-The launcher container's exit status must be the job's.
+the Secret at sshAuthMountPath, its security context (capabilities dropped and added, no new privileges), its
+limits, and its exec readiness probe; the launcher with the workers (launcherCreationPolicy AtStartup). Each pod
+has a network namespace and an address of its own, as in a cluster (a macvlan network on each host's NIC), and its
+pod name as hostname; one worker per host, the launcher beside worker 0. The launcher container's exit status must
+be the job's. A worker pod may start late (a GPU queue without a gang scheduler) or never (the job's
+--schedule-timeout then ends it).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +34,10 @@ from tests.multihost import NIC, SUBNET, Cluster, TestNode, started_cluster
 pytestmark = pytest.mark.integration
 
 IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
+REGISTRY_IMAGE = "registry.test/horovod-stack:conformance"
+"""The image as the export names it: every test host has IMAGE under this name too, as if pulled from a registry."""
+LATE_SECONDS = 20
+"""How late worker 1's pod starts in the training run: no claim timeout may stop worker 0 meanwhile."""
 LAUNCHER = str(Path(sys.executable).parent / "launcher")
 NAMESPACE = "default"
 LABEL = "horovod-stack.test-mpijob"
@@ -45,6 +51,7 @@ def cluster():
     with started_cluster(2) as harness:
         for node in harness.nodes:
             print(f"\nimage loaded on {node.name} in {harness.load_image(IMAGE, node):.0f} s")
+            node.client().images.get(IMAGE).tag(REGISTRY_IMAGE)
         yield harness
 
 
@@ -64,13 +71,17 @@ def pod_network(cluster):
 
 
 def export(name: str, *args: str) -> dict:
-    done = subprocess.run([LAUNCHER, "export", "mpijob", "--name", name, "--image", IMAGE, *args],
+    done = subprocess.run([LAUNCHER, "export", "mpijob", "--name", name, "--image", REGISTRY_IMAGE, *args],
                           capture_output=True, text=True, check=True)
     return yaml.safe_load(done.stdout)
 
 
 def docker_size(quantity: str) -> str:
     return quantity.replace("Gi", "g").replace("Mi", "m").replace("Ki", "k")
+
+
+def nano_cpus(quantity: str) -> int:
+    return int(float(quantity[:-1]) * 1e6) if quantity.endswith("m") else int(float(quantity) * 1e9)
 
 
 class Operator:
@@ -159,12 +170,17 @@ class Operator:
         env = {item["name"]: item["value"] for item in container.get("env", [])}
         env |= self.operator_env(replica.lower())
         security = pod.get("securityContext", {})
-        capabilities = container.get("securityContext", {}).get("capabilities", {}).get("add", [])
+        context = container.get("securityContext", {})
+        capabilities = context.get("capabilities", {})
         limits = container.get("resources", {}).get("limits", {})
-        assert not limits or replica == "Worker", "GPUs on the workers only"
+        assert "nvidia.com/gpu" not in limits or replica == "Worker", "GPUs on the workers only"
         started = node.client().containers.run(
             container["image"], entrypoint=container.get("command"), command=container.get("args"),
-            environment=env, volumes=binds, shm_size=shm_size, cap_add=capabilities, hostname=pod_name,
+            environment=env, volumes=binds, shm_size=shm_size, cap_add=capabilities.get("add"),
+            cap_drop=capabilities.get("drop"), hostname=pod_name,
+            security_opt=["no-new-privileges"] if context.get("allowPrivilegeEscalation") is False else None,
+            mem_limit=docker_size(limits["memory"]) if "memory" in limits else None,
+            nano_cpus=nano_cpus(str(limits["cpu"])) if "cpu" in limits else None,
             network=POD_NETWORK, networking_config={POD_NETWORK: node.client().api.create_endpoint_config(
                 ipv4_address=address)}, extra_hosts=self.dns(),
             user=f"{security.get('runAsUser', 1000)}:{security.get('runAsGroup', 1000)}",
@@ -173,35 +189,52 @@ class Operator:
         self.pods.append((node, pod_name))
         return started
 
-    def ready(self, address: str, container, probe: dict, timeout: float = 120) -> float:
-        """The readiness probe (tcpSocket) from outside the pod, as the kubelet makes it."""
-        started = time.monotonic()
-        while True:
-            try:
-                with socket.create_connection((address, probe["tcpSocket"]["port"]), timeout=2):
-                    return time.monotonic() - started
-            except OSError as error:
-                container.reload()
-                if container.status != "running" or time.monotonic() - started > timeout:
-                    raise AssertionError(f"{container.name}: the worker's readiness probe never passed ({error}; "
-                                         f"{container.status}): {container.logs().decode()[-3000:]}") from None
-                time.sleep(probe.get("periodSeconds", 10) / 2)
+    @staticmethod
+    def probe(container, probe: dict) -> bool:
+        """The readiness probe (exec), as the kubelet runs it: its command in the container, as its user."""
+        try:
+            return container.exec_run(probe["exec"]["command"]).exit_code == 0
+        except docker.errors.APIError:  # the container is not running (any more): ready() says how it ended
+            return False
 
-    def run(self, timeout: float = 600) -> tuple[int, str, list[tuple[str, int, str]]]:
-        """The MPIJob: workers, then (WaitForWorkersReady) the launcher; its exit status and log, and how each worker
-        ended (cleanPodPolicy Running: one still running once the launcher ended is removed)."""
-        worker_probe = self.spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["readinessProbe"]
-        workers = [self.run_pod(self.cluster.nodes[i], "Worker", f"{self.name}-worker-{i}", self.worker_address(i))
-                   for i in range(self.workers)]
-        assert self.spec["launcherCreationPolicy"] == "WaitForWorkersReady"
-        for index in range(self.workers):
-            self.ready(self.worker_address(index), workers[index], worker_probe)
+    def ready(self, container, probe: dict, timeout: float = 120) -> float:
+        """Seconds until the worker's readiness probe passes."""
+        started = time.monotonic()
+        while not self.probe(container, probe):
+            container.reload()
+            if container.status != "running" or time.monotonic() - started > timeout:
+                raise AssertionError(f"{container.name}: the worker's readiness probe never passed "
+                                     f"({container.status}): {container.logs().decode()[-3000:]}")
+            time.sleep(probe.get("periodSeconds", 10) / 2)
+        return time.monotonic() - started
+
+    def run(self, timeout: float = 600, late: dict[int, float] | None = None,
+            while_late=None) -> tuple[int, str, list[tuple[str, int, str]]]:
+        """The MPIJob: the workers and the launcher at once (AtStartup), worker i `late[i]` seconds later (never, for
+        math.inf); `while_late(workers, launcher)` runs meanwhile. The launcher's exit status and log, and how each
+        worker that started ended (cleanPodPolicy Running: one still running once the launcher ended is removed)."""
+        late, started = late or {}, time.monotonic()
+        probe = self.spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["readinessProbe"]
+        assert self.spec["launcherCreationPolicy"] == "AtStartup"
+        on_time = [i for i in range(self.workers) if i not in late]
+        workers = {i: self.run_pod(self.cluster.nodes[i], "Worker", f"{self.name}-worker-{i}", self.worker_address(i))
+                   for i in on_time}
         launcher = self.run_pod(self.cluster.nodes[0], "Launcher", f"{self.name}-launcher", LAUNCHER_POD_ADDRESS)
+        for index in on_time:
+            self.ready(workers[index], probe)
+        if while_late:
+            while_late(workers, launcher)
+        for index, seconds in sorted(late.items(), key=lambda item: item[1]):
+            if seconds != math.inf:
+                time.sleep(max(0.0, seconds - (time.monotonic() - started)))
+                workers[index] = self.run_pod(self.cluster.nodes[index], "Worker", f"{self.name}-worker-{index}",
+                                              self.worker_address(index))
+                self.ready(workers[index], probe)
         status = launcher.wait(timeout=timeout)["StatusCode"]
         log = launcher.logs().decode(errors="replace")
         ended = []
         deadline = time.monotonic() + 30  # the workers stop by themselves once told that the job ended
-        for worker in workers:
+        for worker in workers.values():
             try:
                 code = worker.wait(timeout=max(1.0, deadline - time.monotonic()))["StatusCode"]
             except Exception:  # still running: the operator's cleanPodPolicy Running removes it
@@ -234,18 +267,44 @@ def operator(cluster, pod_network):
     assert leftover == {node.name: [] for node in cluster.nodes}
 
 
+def sshd_lines(container) -> list[str]:
+    return [line for line in container.logs().decode(errors="replace").splitlines() if not line.startswith("[")]
+
+
 def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with_the_jobs_status(operator):
+    """Worker 1's pod starts LATE_SECONDS after the others (its node busy, a queue): worker 0 waits for its claim
+    unclaimed all that while, and its exec readiness probe leaves no line in its log."""
     document = export("conformance", "--workers", "2", "--", "--dataset", "digits", "--epochs", "5",
                       "--summary-file", "/shared/summary.json")
     job = operator(document)
+    quiet: list[tuple[list[str], list[str]]] = []
+
+    def probe_worker_0(workers, launcher):
+        deadline = time.monotonic() + 60
+        while "conformance-worker-0: sshd answers" not in launcher.logs().decode(errors="replace"):
+            assert time.monotonic() < deadline, launcher.logs().decode(errors="replace")[-3000:]
+            time.sleep(0.5)
+        probe = document["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["readinessProbe"]
+        before, settled = sshd_lines(workers[0]), time.monotonic() + 10
+        while time.monotonic() < settled:  # the agent's ssh session's last lines (a disconnect) come just after it
+            time.sleep(1)
+            if (now := sshd_lines(workers[0])) == before:
+                break
+            before = now
+        assert all(job.probe(workers[0], probe) for _ in range(5))
+        quiet.append((before, sshd_lines(workers[0])))
+
     started = time.monotonic()
-    status, log, workers = job.run()
-    print(f"\nMPIJob conformance: launcher exit status {status} after {time.monotonic() - started:.0f} s\n"
-          + "\n".join(line for line in log.splitlines() if line.startswith("[agent ")))
+    status, log, workers = job.run(late={1: LATE_SECONDS}, while_late=probe_worker_0)
+    print(f"\nMPIJob conformance: worker 1 started {LATE_SECONDS} s late; launcher exit status {status} after "
+          f"{time.monotonic() - started:.0f} s\n" + "\n".join(line for line in log.splitlines()
+                                                              if line.startswith("[agent ")))
     assert status == 0, log[-6000:]
+    [(before, after)] = quiet
+    assert after == before, f"the readiness probe left sshd lines: {after[len(before):]}"
     hosts = "conformance-worker-0.conformance.default.svc:1 conformance-worker-1.conformance.default.svc:1"
-    for line in ("conformance-worker-0: sshd answers on port 12345", "conformance-worker-1: sshd answers on port 12345",
-                 f"hostfile: {hosts}",
+    for line in ("conformance-worker-0: sshd answers on port 12345 (1/2 workers",
+                 "conformance-worker-1: sshd answers on port 12345 (2/2 workers", f"hostfile: {hosts}",
                  "running: mpirun -np 2 --hostfile /home/mpiuser/hostfile", "parameters identical on all 2 ranks",
                  "job succeeded (exit status 0)", "results: /shared/runs/conformance-"):
         assert line in log, log[-6000:]
@@ -257,7 +316,24 @@ def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with
     assert "latest" in runs and any(name.startswith("conformance-") for name in runs)
     for name, code, worker_log in workers:
         assert code == 0, f"{name}: {worker_log[-2000:]}"
+        assert "waiting for a job's claim" in worker_log and "no job claimed" not in worker_log
         assert "the job ended (exit status 0); stopping" in worker_log
+
+
+def test_a_worker_that_never_starts_fails_the_job_after_its_schedule_timeout(operator):
+    """--schedule-timeout: the launcher pod's agent gives up on a worker pod that never starts (a GPU queue that
+    never frees one), so the launcher's Job fails and the MPIJob with it, instead of waiting in Created for good."""
+    document = export("conformance-late", "--workers", "2", "--schedule-timeout", "15", "--", "python", "-c", "pass")
+    started = time.monotonic()
+    status, log, workers = operator(document).run(timeout=300, late={1: math.inf})
+    print(f"\nMPIJob conformance (a worker that never starts, --schedule-timeout 15): launcher exit status {status} "
+          f"after {time.monotonic() - started:.0f} s\n"
+          + "\n".join(line for line in log.splitlines() if line.startswith("[agent ")))
+    assert status == 2, log[-4000:]
+    assert ("only 1 of 2 workers answered ssh on port 12345 within 15 s (still waiting for conformance-late-worker-1)"
+            in log), log[-4000:]
+    assert [code for _, code, _ in workers] == [0]  # worker 0 was told, and stopped
+    assert "the job ended (exit status 2: only 1 of 2 workers" in workers[0][2]
 
 
 def test_a_users_failing_command_is_the_launcher_pods_exit_status(operator):

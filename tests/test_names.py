@@ -7,7 +7,7 @@ import pytest
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError, env_problem, job_command
 from launcher.engine import host_view_argv
-from launcher.k8s import mpijob
+from launcher.k8s import mpijob as mpijob_module
 from launcher.plan import mpi_host
 from tests.conftest import launch_settings
 
@@ -42,16 +42,37 @@ def digests(digest: str) -> None:
     parse_image(f"horovod-stack@{digest}")
 
 
+def mpijob(**where) -> None:
+    mpijob_module.request({"command": job_command(())}, **{"name": "digits", "workers": 2,
+                                                           "image": "registry.example/horovod-stack:1", **where})
+
+
 def mpijob_names(name: str) -> None:
-    mpijob.request({"command": job_command(())}, name=name, workers=2)
+    mpijob(name=name)
 
 
 def mpijob_namespaces(namespace: str) -> None:
-    mpijob.request({"command": job_command(())}, name="digits", workers=2, namespace=namespace)
+    mpijob(namespace=namespace)
 
 
 def mpijob_claims(claim: str) -> None:
-    mpijob.request({"command": job_command(())}, name="digits", workers=2, shared_claim=claim)
+    mpijob(shared_claim=claim)
+
+
+def mpijob_images(image: str) -> None:
+    mpijob(image=image)
+
+
+def mpijob_queues(queue: str) -> None:
+    mpijob(scheduler="volcano", queue=queue)
+
+
+def mpijob_priority_classes(priority_class: str) -> None:
+    mpijob(priority_class=priority_class)
+
+
+def mpijob_quantities(quantity: str) -> None:
+    mpijob(memory=quantity)
 
 
 SHA = "sha256:" + "0123456789abcdef" * 4
@@ -68,6 +89,10 @@ SHA = "sha256:" + "0123456789abcdef" * 4
     (mpijob_names, "digits"),
     (mpijob_namespaces, "team-a"),
     (mpijob_claims, "horovod-stack-shared"),
+    (mpijob_images, "registry.example/horovod-stack:1"),
+    (mpijob_queues, "gpu-team"),
+    (mpijob_priority_classes, "team-high"),
+    (mpijob_quantities, "16Gi"),
 ], ids=lambda value: getattr(value, "__name__", None))
 @pytest.mark.parametrize("suffix", ["", "\n"], ids=["as given", "with a trailing newline"])
 def test_a_name_passes_and_the_same_name_with_a_trailing_newline_does_not(check, good, suffix):

@@ -145,7 +145,7 @@ def test_start_help_still_answers():
     assert result.exit_code == 0 and "--nodes" in result.output
 
 
-EXPORT = ["export", "mpijob", "--name", "digits", "--workers", "2"]
+EXPORT = ["export", "mpijob", "--name", "digits", "--workers", "2", "--image", "registry.example.com/horovod-stack:1"]
 
 
 @pytest.mark.parametrize("args, expected", [

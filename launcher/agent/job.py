@@ -44,7 +44,6 @@ from launcher.core.protocol import (
     SSH_CONFIG,
     SSH_CONNECT_TIMEOUT_SECONDS,
     STACKS,
-    WORKER_CLAIM_TIMEOUT_SECONDS,
     WORKER_CLAIMED,
     JobEnd,
     Signalled,
@@ -399,8 +398,8 @@ class Agent:
             line.wait()
         if pending:
             self.say(
-                f"could not reach {', '.join(worker.name for worker in pending)} to say the job ended; a "
-                f"worker no job claims stops by itself {WORKER_CLAIM_TIMEOUT_SECONDS} s after it started"
+                f"could not reach {', '.join(worker.name for worker in pending)} to say the job ended; "
+                + self.spec.words.unreached_hint
             )
 
     def tell(self, worker: Worker, message: str, timeout: float = SSH_CONNECT_TIMEOUT_SECONDS) -> bool:

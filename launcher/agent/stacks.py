@@ -19,7 +19,10 @@ from pathlib import Path
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")
 """How a process knows it is a rank: Open MPI's variable (mpirun), or Horovod's (elastic horovodrun)."""
 PY_SPY_TIMEOUT_SECONDS = 20
-NO_PTRACE = "no stacks: the workers run without SYS_PTRACE (started with --no-ptrace, or PTRACE=0 in .env)"
+NO_PTRACE = (
+    "no stacks: the workers run without SYS_PTRACE (started with --no-ptrace, or PTRACE=0 in .env; an MPIJob exported "
+    "without --ptrace)"
+)
 LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3")
 """Paths of installed packages and the standard library: a frame elsewhere is the user's own code."""
 

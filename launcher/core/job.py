@@ -30,6 +30,7 @@ from launcher.core.protocol import (
     RANK_NIC,
     SSH_CONNECT_TIMEOUT_SECONDS,
     WORKDIR,
+    WORKER_CLAIM_TIMEOUT_SECONDS,
 )
 
 ELASTIC_GLOO_TIMEOUT_SECONDS = 10
@@ -254,6 +255,8 @@ class DoorWords:
     )
     workers_fix: str = "check that rank 0 reaches those hosts by name and that the port is open between nodes"
     lost_hint: str = "`launcher status` shows how each worker ended"
+    unreached_hint: str = f"a worker no job claims stops by itself {WORKER_CLAIM_TIMEOUT_SECONDS} s after it started"
+    """What becomes of a worker the agent could not tell that the job ended."""
 
 
 @dataclass(frozen=True)

@@ -210,8 +210,11 @@ class JobOptions:
     (CIDR) in which each finds its own; None: each library chooses (virtual NICs left out across hosts)."""
     ssh_port: int = option(SSH_PORT, flag="--ssh-port", key="SSH_PORT", compose="SSH_PORT")
     """The workers' sshd port."""
-    ready_timeout: float = option(READY_TIMEOUT_SECONDS, key="READY_TIMEOUT", compose="READY_TIMEOUT")
-    """How long the job agent waits for every worker's sshd to answer."""
+    ready_timeout: float = option(
+        READY_TIMEOUT_SECONDS, key="READY_TIMEOUT", compose="READY_TIMEOUT", mpijob="--schedule-timeout"
+    )
+    """How long the job agent waits for every worker's sshd to answer (an MPIJob's: inf unless --schedule-timeout,
+    as long as its worker pods may be scheduled)."""
     stall_timeout: int = option(
         STALL_TIMEOUT_SECONDS, flag="--stall-timeout", key="STALL_TIMEOUT", compose="STALL_TIMEOUT"
     )
@@ -233,9 +236,10 @@ class JobOptions:
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
     restart_workers: bool = option(False, flag="--restart-workers")
     """Elastic: a lost worker's container is started again and rejoins at the next discovery."""
-    ptrace: bool = option(True, flag="--no-ptrace", key="PTRACE")
+    ptrace: bool = option(True, flag="--no-ptrace", key="PTRACE", mpijob="--ptrace")
     """Workers get SYS_PTRACE, with which py-spy reads the ranks' stacks (`launcher stacks`, a stall, the time limit);
-    False (--no-ptrace, for clusters that forbid it): no stacks, and no new privileges in the workers."""
+    False (--no-ptrace, for clusters that forbid it; an MPIJob's default, as Pod Security's baseline profile forbids
+    it): no stacks, and no new privileges in the workers."""
     workdir: str | None = option(None, flag="--workdir", compose="WORKDIR")
     """The folder with the user's code, copied or mounted at WORKDIR in every container, the job's working
     directory; None: the image's own code (the launcher checks this machine's folder: LaunchSettings)."""

@@ -37,7 +37,9 @@ WORKER_STOP_GRACE_SECONDS = 2
 `up --exit-code-from launcher` then reports the job's status, not a worker's)."""
 WORKER_CLAIM_TIMEOUT_SECONDS = 900
 """A worker that no job's agent has claimed (no lifeline) this long after it started stops by itself: nothing is
-left running when the client that started it died before the job began."""
+left running when the client that started it died before the job began. Not an MPIJob's workers (role
+mpijob-worker): they wait while the job may be scheduled, and the MPI Operator removes them when the job ends.
+WORKER_CLAIM_TIMEOUT in a worker's environment overrides it (0: never)."""
 
 DEFAULT_IMAGE = "horovod-stack:latest"
 """The image every door runs unless told otherwise (IMAGE, --image)."""
@@ -189,7 +191,7 @@ def shell_settings() -> dict[str, str]:
         "HOSTKEYS_DIR": HOSTKEYS_DIR,
         "WORKER_STOP_GRACE": str(WORKER_STOP_GRACE_SECONDS),
         "LOST_PREFIX": LOST_PREFIX,
-        "WORKER_CLAIM_TIMEOUT": str(WORKER_CLAIM_TIMEOUT_SECONDS),
+        "DEFAULT_CLAIM_TIMEOUT": str(WORKER_CLAIM_TIMEOUT_SECONDS),
     }
 
 

@@ -1,7 +1,12 @@
 """The MPIJob door: a Kubeflow MPIJob's launcher pod (MPI Operator v0.8) as a JobSpec for the job agent.
 
     python -m launcher.k8s.launcher_pod [--job NAME] [--ssh-auth DIR] [--hostfile FILE] [--network-interface NIC]
-                                        [--min-workers M] [--env KEY=VALUE]... -- COMMAND...
+                                        [--schedule-timeout S] [--ptrace] [--min-workers M] [--env KEY=VALUE]...
+                                        -- COMMAND...
+
+The pod starts with the workers (launcherCreationPolicy AtStartup), so the agent's wait for every worker's sshd is
+the wait for the workers to be scheduled: as long as it takes, or --schedule-timeout seconds, after which the job
+fails with the workers still missing named (and the MPIJob with it).
 
 The operator finds the workers and writes them into its hostfile (MPIJOB_HOSTFILE: one
 `<job>-worker-<i>.<job>.<ns>.svc slots=N` line each); everything after that is the agent's, as for the other doors:
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -53,8 +59,10 @@ DRIVER = "the MPIJob's launcher pod"
 WORDS = DoorWords(
     command_fix="use an image FROM horovod-stack:latest that has your code (launcher export mpijob --image), or put "
     "the code on the shared claim and run it from /shared",
-    workers_fix="`kubectl get pods` and `kubectl describe pod` show why a worker pod is not running",
+    workers_fix="`kubectl get pods` and `kubectl describe pod` show why a worker pod is not running (Pending: no "
+    "node has room for it, or the namespace's quota is used up)",
     lost_hint="`kubectl describe pod` shows how the worker pod ended",
+    unreached_hint="the MPI Operator removes the worker pods once the launcher pod has ended (cleanPodPolicy Running)",
 )
 RESULTS_HINT = "the MPIJob's shared claim (/shared in every pod)"
 
@@ -79,10 +87,13 @@ def agent_args(pod: PodArgs) -> list[str]:
         ("--ssh-auth", pod.ssh_auth, MPIJOB_SSH_AUTH_DIR),
         ("--hostfile", pod.hostfile, MPIJOB_HOSTFILE),
         ("--network-interface", options.network_interface, None),
+        ("--schedule-timeout", f"{options.ready_timeout:g}" if options.ready_timeout != math.inf else None, None),
         ("--min-workers", str(options.min_workers) if options.elastic else None, None),
     ):
         if value is not None and value != usual:
             argv += [flag, value]
+    if options.ptrace:  # the workers have SYS_PTRACE: the agent may take the ranks' stacks
+        argv.append("--ptrace")
     for item in options.env:
         argv += ["--env", item]
     for name in options.secrets:  # the name alone: its value is in the pod's environment (a Kubernetes Secret)
@@ -103,7 +114,9 @@ def parse(argv: list[str]) -> PodArgs:
     parser.add_argument("--ssh-auth", default=PodArgs.ssh_auth)
     parser.add_argument("--hostfile", default=PodArgs.hostfile)
     parser.add_argument("--network-interface")
+    parser.add_argument("--schedule-timeout", type=float, default=math.inf)
     parser.add_argument("--min-workers", type=int)
+    parser.add_argument("--ptrace", action="store_true")
     parser.add_argument("--env", action="append", default=[])
     parser.add_argument("--secret", action="append", default=[])
     known = parser.parse_args(argv[:split])
@@ -112,6 +125,8 @@ def parse(argv: list[str]) -> PodArgs:
         env=tuple(known.env),
         secrets=tuple(known.secret),
         network_interface=known.network_interface or None,
+        ready_timeout=known.schedule_timeout,
+        ptrace=known.ptrace,
         elastic=known.min_workers is not None,
         elastic_min_workers=known.min_workers,
         door="mpijob",
