@@ -4,6 +4,7 @@
     peers              Horovod (MPI, Gloo) vs torch DDP, untuned and with the stack's defaults
     allreduce          allreduce algorithm and bus bandwidth, 4 KB to 256 MB, Horovod (MPI, Gloo) and torch (Gloo)
     ps-vs-ring         parameter server vs ring-allreduce, one network namespace and rate-limited link per rank
+    links              fp16, Adasum, fusion and cycle time on tc-shaped links (2 ranks, a namespace each), per rate
     container-vs-host  the trainer on the host vs in the compose cluster
 
 Each takes --short: a run of seconds that only proves the bench works (what CI runs).
@@ -19,6 +20,7 @@ BENCHES = {
     "peers": "app.bench.peers",
     "allreduce": "app.bench.allreduce",
     "ps-vs-ring": "app.bench.ps_vs_ring",
+    "links": "app.bench.links",
     "container-vs-host": "app.bench.container_vs_host",
 }
 

@@ -67,6 +67,30 @@ def build_model(name: str):
     return torchvision.models.resnet18(num_classes=10)
 
 
+def timed_steps(name: str, model, optimizer, batch: int, warmup: int, steps: int, device) -> tuple[list[float], float]:
+    """Trains `model` (MODELS[name]'s input) on one synthetic batch: `warmup` steps, then `steps` timed ones (zero_grad,
+    forward, backward, optimizer step). Returns each timed step's seconds and this process's CPU seconds per step."""
+    import torch
+    import torch.nn.functional as F
+
+    images = torch.randn(batch, *MODELS[name], device=device)
+    labels = torch.randint(0, 10, (batch,), device=device)
+    timings, cpu_started = [], 0.0
+    for index in range(warmup + steps):
+        if index == warmup:
+            cpu_started = time.process_time()  # all of this process's threads: compute, Horovod's, the transport's
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        output = model(images)
+        loss = F.nll_loss(output, labels) if name == "simplenet" else F.cross_entropy(output, labels)
+        loss.backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        timings.append(time.perf_counter() - started)
+    return timings[warmup:], (time.process_time() - cpu_started) / steps
+
+
 def rank_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peer", required=True)
@@ -81,7 +105,6 @@ def rank_main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
 
     import torch
-    import torch.nn.functional as F
 
     torch.set_num_threads(args.threads)
     peer = launch.Peer(args.peer, args.device)
@@ -98,23 +121,8 @@ def rank_main(argv: list[str]) -> None:
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    images = torch.randn(args.batch, *MODELS[args.model], device=peer.device)
-    labels = torch.randint(0, 10, (args.batch,), device=peer.device)
-    timings, cpu_started = [], 0.0
-    for index in range(args.warmup + args.steps):
-        if index == args.warmup:
-            cpu_started = time.process_time()  # all of this process's threads: compute, Horovod's, the transport's
-        started = time.perf_counter()
-        optimizer.zero_grad()
-        output = model(images)
-        loss = F.nll_loss(output, labels) if args.model == "simplenet" else F.cross_entropy(output, labels)
-        loss.backward()
-        optimizer.step()
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        timings.append(time.perf_counter() - started)
-    cpu_per_step = (time.process_time() - cpu_started) / args.steps
-    per_rank = peer.gather((timings[args.warmup :], cpu_per_step))
+    timings, cpu_per_step = timed_steps(args.model, model, optimizer, args.batch, args.warmup, args.steps, peer.device)
+    per_rank = peer.gather((timings, cpu_per_step))
     per_step = [max(steps) for steps in zip(*(steps for steps, _ in per_rank), strict=False)]
     step = statistics.median(per_step)
     peer.finish(

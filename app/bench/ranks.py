@@ -52,15 +52,15 @@ def bench_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return {**base, **(env or {})}
 
 
-def launcher_argv(peer: str, ranks: int, env: dict[str, str]) -> list[str]:
-    """The launcher words before the command, for the Horovod peers."""
+def launcher_argv(peer: str, ranks: int, env: dict[str, str], mpi_args: list[str] | None = None) -> list[str]:
+    """The launcher words before the command, for the Horovod peers (`mpi_args`: more of mpirun's options)."""
     if peer == "hvd-mpi":
         argv = ["mpirun", "-np", str(ranks), "-bind-to", "none", "-map-by", "slot", "-x", "PATH", "-x", "PYTHONPATH"]
         if os.geteuid() == 0:
             argv.insert(1, "--allow-run-as-root")
         for name in env:
             argv += ["-x", name]
-        return argv
+        return argv + list(mpi_args or [])
     if peer == "hvd-gloo":
         return ["horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"]
     raise ValueError(f"unknown peer {peer!r}; one of {', '.join(PEERS)}")
@@ -75,11 +75,14 @@ def run_job(
     timeout: float = 600,
     rank_prefix=None,
     master_addr: str = "127.0.0.1",
+    mpi_args: list[str] | None = None,
+    mpi_rank_wrapper: list[str] | None = None,
 ) -> dict:
     """Runs one multi-rank job to its end; returns rank 0's result. Raises RuntimeError with the output's tail.
 
     For `ddp` only: rank_prefix(rank) gives words to run each rank under (such as `ip netns exec NS`), and
-    master_addr is where rank 0 listens."""
+    master_addr is where rank 0 listens. For `hvd-mpi`: mpi_args are more of mpirun's options, and every rank runs
+    under mpi_rank_wrapper's words (netns.mpi_rank_wrapper: each rank in its own namespace)."""
     env = dict(env or {})
     with tempfile.TemporaryDirectory(prefix="bench-") as work:
         result = Path(work) / "result.json"
@@ -110,7 +113,7 @@ def run_job(
             else:
                 processes = [
                     subprocess.Popen(
-                        launcher_argv(peer, ranks, env) + command,
+                        launcher_argv(peer, ranks, env, mpi_args) + list(mpi_rank_wrapper or []) + command,
                         cwd=REPO,
                         stdout=out,
                         stderr=subprocess.STDOUT,

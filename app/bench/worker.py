@@ -1,6 +1,6 @@
 """The rank side of the multi-rank benches: `python -m app.bench.worker BENCH --peer PEER --result FILE ...`.
 
-Started by app.bench.ranks.run_job on every rank; runs BENCH's `rank_main(argv)` (peers, allreduce, ps-vs-ring).
+Started by app.bench.ranks.run_job on every rank; runs BENCH's `rank_main(argv)` (peers, allreduce, ps-vs-ring, links).
 """
 
 from __future__ import annotations
@@ -8,7 +8,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-RANK_SIDES = {"peers": "app.bench.peers", "allreduce": "app.bench.allreduce", "ps-vs-ring": "app.bench.ps_vs_ring"}
+RANK_SIDES = {
+    "peers": "app.bench.peers",
+    "allreduce": "app.bench.allreduce",
+    "ps-vs-ring": "app.bench.ps_vs_ring",
+    "links": "app.bench.links",
+}
 
 
 def main(argv: list[str] | None = None) -> None:

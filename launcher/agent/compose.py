@@ -13,7 +13,7 @@ from typing import Any
 
 from app.gpu import GPUS_ASKED
 from launcher.core.job import DoorWords, JobSpec, new_run_id
-from launcher.core.options import ENV_NAME, JobOptions, SettingsError, door_names, job_command, option_kind
+from launcher.core.options import ENV_NAME, JobOptions, SettingsError, door_names, job_command, option_kind, switch
 from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
 
 DRIVER = "compose's launcher container"
@@ -61,7 +61,8 @@ def job_options(environ: Mapping[str, str], args: list[str], secrets: tuple[str,
     for name, key in KEYS.items():
         raw = environ.get(key, "").strip()
         if name not in SPECIAL and raw:
-            chosen[name] = _whole(environ, key) if option_kind(name) in (int, float) else raw
+            kind = option_kind(name)
+            chosen[name] = _whole(environ, key) if kind in (int, float) else switch(raw, key) if kind is bool else raw
     return JobOptions(
         command=tuple(command),
         # Passed to every rank when compose sets them: GPUs given (compose.gpu.yaml) and NCCL's verbosity.

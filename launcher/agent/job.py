@@ -17,16 +17,19 @@ containers.
 
 from __future__ import annotations
 
+import json
 import shlex
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from app import autotune, timeline
 from launcher.agent import stacks
 from launcher.agent.transport import Lifeline, Transport
 from launcher.core import stall
 from launcher.core.job import JobSpec, Worker, command_probe, hostfile, pin_known_host, ssh_config
+from launcher.core.options import names_in
 from launcher.core.protocol import (
     AGENT,
     AGENT_PREFIX,
@@ -56,6 +59,9 @@ ELASTIC_CLAIM_INTERVAL = 2
 STALL_POLL_SECONDS = 5
 LIFELINE_POLL_SECONDS = 1
 ELASTIC_RECOVERY_GRACE_SECONDS = 30
+TIMELINE_SUMMARY_BYTES = 256 << 20
+"""A timeline larger than this is named but not summarised at the job's end (its parse would take the agent's
+memory and minutes)."""
 """An elastic job that lost a worker and then shows no progress for its elastic timeout and this long has not
 recovered (Horovod's driver could not go on without the worker, nor fail by itself): the agent ends it."""
 
@@ -142,8 +148,8 @@ class Agent:
             self.transport.make_cluster_key()
         self.transport.write(SSH_CONFIG, ssh_config(self.spec.options.ssh_port), 0o600)
         self.transport.write(KNOWN_HOSTS, "", 0o600)  # pins are per job: a worker's key is new in every container
-        if self.spec.run_dir:
-            self.transport.make_run_dir(self.spec.run_dir)
+        if self.spec.output_dir:
+            self.transport.make_run_dir(self.spec.output_dir)
 
     def wait_until_ready(self) -> list[Worker]:
         """The job's workers once every one's sshd answers, in the candidates' order (rank 0's node first)."""
@@ -352,13 +358,46 @@ class Agent:
         outcome = "succeeded" if end.succeeded else "FAILED"
         stays = "the workers keep running (--keep-running)" if spec.keep_running else "the workers stop now"
         self.say(f"job {outcome} (exit status {end.status}); {stays}")
+        self.horovod_records()
         if spec.run_dir:
             where = f" in {spec.results_hint}" if spec.results_hint else ""
             self.say(f"results: {spec.run_dir} (metrics.jsonl, curves.png, tb/, checkpoints/){where}")
+        elif spec.output_dir:
+            where = f" in {spec.results_hint}" if spec.results_hint else ""
+            self.say(f"results: {spec.output_dir} (Horovod's records){where}")
         elif spec.results_hint:
             self.say(f"results: {spec.results_hint}")
         self.transport.write(JOB_STATUS, end.message() + "\n")
         self.wind_down(end, workers, patience)
+
+    def horovod_records(self) -> None:
+        """Where the run's timeline and autotune log are (--timeline, --autotune), each with what it shows in one
+        line; the autotuner's choice is also written beside its log (autotune.json). A record the user's own --env
+        sent elsewhere is theirs."""
+        spec, folder = self.spec, self.spec.output_dir
+        user_set = names_in(spec.options.env)
+        if not folder:
+            return
+        if spec.options.timeline and "HOROVOD_TIMELINE" not in user_set:
+            path = f"{folder}/{timeline.FILE}"
+            text = self.transport.read(path)
+            if not text:
+                self.say(f"timeline: rank 0 wrote no {path} (the job ended before Horovod started)")
+            else:
+                try:
+                    small = len(text) <= TIMELINE_SUMMARY_BYTES
+                    shows = timeline.summarize(timeline.parse(text)).line() if small else ""
+                except (ValueError, KeyError, TypeError):
+                    shows = ""
+                self.say(
+                    f"timeline: {path}{f': {shows}' if shows else ''}; open it in https://ui.perfetto.dev or "
+                    "chrome://tracing"
+                )
+        if spec.options.autotune and "HOROVOD_AUTOTUNE_LOG" not in user_set:
+            log = self.transport.read(f"{folder}/{autotune.LOG}")
+            record = autotune.read_log(log or "")
+            self.transport.write(f"{folder}/{autotune.RECORD}", json.dumps(record, indent=1) + "\n")
+            self.say(f"{autotune.line(record)}; {folder}/{autotune.RECORD}")
 
     def wind_down(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
         """Tells every worker the job ended, then removes the job's private files (the cluster's key, the secrets, the

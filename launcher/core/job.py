@@ -14,9 +14,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath as Path
 
+from app.autotune import LOG as AUTOTUNE_LOG
 from app.entrypoint import TRAINER
 from app.gpu import GPUS_ASKED
 from app.horovod_defaults import HOROVOD_DEFAULTS
+from app.timeline import FILE as TIMELINE_FILE
 from launcher.core.nics import NIC_VARIABLES, nic_selection, nic_variables, subnet_of
 from launcher.core.options import JobOptions, SettingsError, names_in
 from launcher.core.protocol import (
@@ -130,6 +132,20 @@ def mpirun_argv(
     if workdir:
         argv += ["-wdir", workdir]
     return argv + rank_command(command, network_interface, user_set)
+
+
+def horovod_outputs(timeline: bool, autotune: bool, folder: str | None, user_set: frozenset[str]) -> list[str]:
+    """KEY=VALUE for Horovod's own records of a run, written into its run `folder`: rank 0's timeline
+    (HOROVOD_TIMELINE) and the autotuner's log (HOROVOD_AUTOTUNE, HOROVOD_AUTOTUNE_LOG); a variable the user's --env
+    sets (`user_set`) stays theirs. Nothing without a folder."""
+    if not folder:
+        return []
+    wanted = {}
+    if timeline:
+        wanted["HOROVOD_TIMELINE"] = f"{folder}/{TIMELINE_FILE}"
+    if autotune:
+        wanted.update(HOROVOD_AUTOTUNE="1", HOROVOD_AUTOTUNE_LOG=f"{folder}/{AUTOTUNE_LOG}")
+    return [f"{name}={value}" for name, value in wanted.items() if name not in user_set]
 
 
 def defaults_unless_set(env: tuple[str, ...], extra: dict[str, str] | None = None) -> list[str]:
@@ -326,13 +342,23 @@ class JobSpec:
         return trainer_option(self.command, "--run-dir")
 
     @property
+    def output_dir(self) -> str | None:
+        """The run folder the agent makes: the bundled trainer's, or, for a user's command with --timeline or
+        --autotune, the job's run folder for Horovod's records alone."""
+        options = self.options
+        return self.run_dir or (self.run_folder if options.timeline or options.autotune else None)
+
+    @property
     def cwd(self) -> str:
         return WORKDIR if self.options.workdir else HOME
 
     @property
     def rank_env(self) -> tuple[str, ...]:
-        """KEY=VALUE pairs every rank gets: the user's, and GPUS_ASKED where the workers were given GPUs."""
-        return (*self.options.env, f"{GPUS_ASKED}=1") if self.gpus else self.options.env
+        """KEY=VALUE pairs every rank gets: the user's, Horovod's timeline and autotuning where asked for
+        (horovod_outputs), and GPUS_ASKED where the workers were given GPUs."""
+        options = self.options
+        outputs = horovod_outputs(options.timeline, options.autotune, self.output_dir, names_in(options.env))
+        return (*options.env, *outputs, *([f"{GPUS_ASKED}=1"] if self.gpus else []))
 
     def slots_of(self, worker: Worker) -> int:
         return worker.slots or self.slots

@@ -240,6 +240,11 @@ class JobOptions:
     """Workers get SYS_PTRACE, with which py-spy reads the ranks' stacks (`launcher stacks`, a stall, the time limit);
     False (--no-ptrace, for clusters that forbid it; an MPIJob's default, as Pod Security's baseline profile forbids
     it): no stacks, and no new privileges in the workers."""
+    timeline: bool = option(False, flag="--timeline", key="TIMELINE", compose="TIMELINE")
+    """Rank 0's Horovod timeline (HOROVOD_TIMELINE) written into the run folder as timeline.json."""
+    autotune: bool = option(False, flag="--autotune", key="AUTOTUNE", compose="AUTOTUNE")
+    """Horovod's autotuning (HOROVOD_AUTOTUNE) on, its log in the run folder (autotune.csv) and what it chose beside
+    it (autotune.json)."""
     workdir: str | None = option(None, flag="--workdir", compose="WORKDIR")
     """The folder with the user's code, copied or mounted at WORKDIR in every container, the job's working
     directory; None: the image's own code (the launcher checks this machine's folder: LaunchSettings)."""
@@ -389,6 +394,18 @@ class JobOptions:
     def from_dict(cls, data: Mapping) -> JobOptions:
         known = {item.name for item in fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in known})  # a newer launcher's extras
+
+
+SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def switch(text: str, key: str) -> bool:
+    """A settings file's on/off value (1, true, yes, on; 0, false, no, off; any case); SettingsError naming `key`
+    and the fix for anything else."""
+    value = SWITCH_WORDS.get(text.strip().lower())
+    if value is None:
+        raise SettingsError(f"{key}={text} is neither 1 (on) nor 0 (off); fix it in .env")
+    return value
 
 
 def option_kind(name: str) -> type:
