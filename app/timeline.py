@@ -5,14 +5,15 @@ TIMELINE=1) in Chrome's trace format, one "process" per tensor. Per tensor and s
 
 - the negotiation, `NEGOTIATE_ALLREDUCE` (B .. E), with one instant event per rank, named by its number, when that
   rank said the tensor was ready: the rank that comes last is the one the others wait for;
-- the data, `ALLREDUCE` (B .. E; the end's args give dtype and shape), with its activities inside: `QUEUE`,
-  `MEMCPY_IN_FUSION_BUFFER`, the collective itself (`MPI_ALLREDUCE`, `GLOO_ALLREDUCE`, `NCCL_ALLREDUCE`,
-  `MPI_ADASUM_ALLREDUCE`), `MEMCPY_OUT_FUSION_BUFFER`.
+- the data, `ALLREDUCE` (B .. E; the end's args give dtype and shape), with its activities inside:
+  `WAIT_FOR_DATA`, `MEMCPY_IN_FUSION_BUFFER`, the collective itself (`MPI_ALLREDUCE`, `GLOO_ALLREDUCE`,
+  `NCCL_ALLREDUCE`, `MPI_ADASUM_ALLREDUCE`), `MEMCPY_OUT_FUSION_BUFFER`.
 
 Tensors fused into one buffer share one collective: their collective activities overlap in time, while Horovod's
-background thread runs one collective after another. `summarize` counts per step (a step: one allreduce of the
-tensor allreduced most often) the negotiations, the tensors' data operations and the collectives on the wire, and
-gives each collective's fused size. Stdlib-only, so the launcher's job agent can summarize a run's timeline.
+background thread runs one collective after another. `summarize` counts, for the allreduces (the gradients; not
+broadcasts or allgathers), per step (a step: one allreduce of the tensor allreduced most often) the negotiations, the
+tensors' data operations and the collectives on the wire, and gives each collective's fused size. Stdlib-only, so
+the launcher's job agent can summarize a run's timeline.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from pathlib import Path
 
 FILE = "timeline.json"
 """Its name in a run folder."""
-DATA_OPERATIONS = ("ALLREDUCE", "ADASUM", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
-"""The data phases Horovod names a tensor's operation by (its response types)."""
-COLLECTIVE = re.compile(r"^(MPI|GLOO|NCCL|CCL)_(ADASUM_)?(ALLREDUCE|ALLGATHER|BCAST|ALLTOALL|REDUCESCATTER)$")
+DATA_OPERATIONS = ("ALLREDUCE", "ADASUM")
+"""The data phases of a gradient exchange (Horovod's response types); broadcasts and allgathers are left out."""
+NEGOTIATIONS = tuple(f"NEGOTIATE_{name}" for name in DATA_OPERATIONS)
+COLLECTIVE = re.compile(r"^(MPI|GLOO|NCCL|CCL)_(ADASUM_)?ALLREDUCE$")
 """The activity that is the collective itself (its bytes on the wire), not a copy into or out of the fusion buffer."""
 DTYPE_BYTES = {"FLOAT16": 2, "BFLOAT16": 2, "FLOAT32": 4, "FLOAT64": 8, "INT32": 4, "INT64": 8, "UINT8": 1, "INT8": 1}
 
@@ -38,6 +40,7 @@ DTYPE_BYTES = {"FLOAT16": 2, "BFLOAT16": 2, "FLOAT32": 4, "FLOAT64": 8, "INT32":
 @dataclass
 class Summary:
     tensors: int = 0
+    """Tensors allreduced at least once."""
     steps: int = 0
     negotiations: int = 0
     data_operations: int = 0
@@ -60,8 +63,9 @@ class Summary:
             else "no collective recorded"
         )
         return (
-            f"{self.tensors} tensors over {self.steps} steps; per step {self.per_step(self.negotiations):.1f} "
-            f"negotiations and {self.per_step(self.data_operations):.1f} data operations in "
+            f"{self.tensors} tensors, allreduced over {self.steps} steps; per step "
+            f"{self.per_step(self.negotiations):.1f} negotiations and "
+            f"{self.per_step(self.data_operations):.1f} data operations in "
             f"{self.per_step(len(self.collectives)):.1f} collectives; {fused}; ranks in the negotiations: "
             f"{','.join(map(str, self.ranks)) or 'none'}"
         )
@@ -79,11 +83,6 @@ def tensor_bytes(args: dict) -> int:
 
 def summarize(events: list[dict]) -> Summary:
     """The timeline's events (Horovod's JSON list) in a few numbers (module docstring)."""
-    names = {
-        e["pid"]: e["args"]["name"]
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e.get("args", {})
-    }
     open_phases: dict[int, list[tuple[str, int]]] = {}
     operations: Counter[int] = Counter()
     negotiations = 0
@@ -103,7 +102,7 @@ def summarize(events: list[dict]) -> Summary:
         if phase == "B":
             name = str(event.get("name", ""))
             stack.append((name, ts))
-            if name.startswith("NEGOTIATE_"):
+            if name in NEGOTIATIONS:
                 negotiations += 1
             continue
         if not stack:
@@ -129,7 +128,7 @@ def summarize(events: list[dict]) -> Summary:
     if group_end is not None:
         collectives.append(group_bytes / 1e6)
     return Summary(
-        tensors=len(names),
+        tensors=len(operations),
         steps=max(operations.values(), default=0),
         negotiations=negotiations,
         data_operations=sum(operations.values()),

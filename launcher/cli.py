@@ -216,6 +216,16 @@ def start(
         help="Start the workers without SYS_PTRACE, for clusters that forbid it: no stacks (`launcher stacks`, a "
         "stall, the time limit) (default: PTRACE in .env, else with it).",
     ),
+    timeline: bool = typer.Option(
+        False,
+        help="Rank 0 writes Horovod's timeline into the run folder (timeline.json; `launcher results` brings it home; "
+        "open it in https://ui.perfetto.dev or chrome://tracing). Default: TIMELINE in .env.",
+    ),
+    autotune: bool = typer.Option(
+        False,
+        help="Horovod's autotuning of the fusion threshold, cycle time and more while the job trains; its log and "
+        "what it chose go into the run folder (autotune.csv, autotune.json). Default: AUTOTUNE in .env.",
+    ),
     dry_run: bool = typer.Option(
         False,
         help="Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
@@ -262,6 +272,8 @@ def start(
             "workdir": str(workdir) if workdir else None,
             "mounts": tuple(mount or ()),
             "ptrace": False if no_ptrace else None,
+            "timeline": timeline or None,
+            "autotune": autotune or None,
         },
     )
     if dry_run:
@@ -409,7 +421,7 @@ def doctor_command(
         False,
         help="Also measure every pair of nodes' link both ways (rate and round trip, between host-network containers "
         "of the image, over the job's NIC, on the SSH port) and predict one ring allreduce and one parameter-server "
-        "exchange on the slowest link.",
+        "exchange on the slowest link, with one line of advice against the compute per step.",
     ),
     gradient_mb: float | None = typer.Option(
         None, help="With --links: the gradient to predict for, in MB (default: the bundled trainer's SimpleNet)."
@@ -417,13 +429,18 @@ def doctor_command(
     link_seconds: float | None = typer.Option(
         None, help=f"With --links: the longest each direction of a pair streams (default {LINK_SECONDS:g} s)."
     ),
+    compute_ms: float | None = typer.Option(
+        None,
+        help="With --links: the compute of one training step in ms, for the advice (default: the bundled trainer's, "
+        "measured once on rank 0's node; needed with --gradient-mb).",
+    ),
 ) -> None:
     """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, NIC there, clock skew;
     with --links, the links between them and what they mean for an allreduce.
 
     Example: launcher doctor --nodes node_1,node_2 --network-interface ens5 --links
     """
-    problem = doctor.link_options_problem(links, gradient_mb, link_seconds)
+    problem = doctor.link_options_problem(links, gradient_mb, link_seconds, compute_ms)
     if problem:
         fail(problem, 2)
     settings = settings_from(
@@ -442,7 +459,9 @@ def doctor_command(
         stop_on_signals()
         seconds = link_seconds or LINK_SECONDS
         try:
-            problems = doctor.measure_links(settings, engines, views, gradient_mb, seconds, typer.echo, say)
+            problems = doctor.measure_links(
+                settings, engines, views, gradient_mb, seconds, typer.echo, say, compute_ms=compute_ms
+            )
         except Signalled as stop:
             fail(f"{STOPPED_BY[signal.Signals(stop.signum)]}; the link-test containers were removed", 128 + stop.signum)
     if problems:

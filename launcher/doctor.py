@@ -19,12 +19,15 @@ from launcher.settings import LaunchSettings
 Echo = Callable[[str], None]
 
 
-def link_options_problem(links: bool, gradient_mb: float | None, link_seconds: float | None) -> str | None:
+def link_options_problem(
+    links: bool, gradient_mb: float | None, link_seconds: float | None, compute_ms: float | None = None
+) -> str | None:
     """Why the link test's options do not go together; None if they do."""
-    if (gradient_mb is not None or link_seconds is not None) and not links:
-        return "--gradient-mb and --link-seconds are for the link test: add --links"
-    if (gradient_mb is not None and gradient_mb <= 0) or (link_seconds is not None and link_seconds <= 0):
-        return "--gradient-mb and --link-seconds take a positive number"
+    given = [value for value in (gradient_mb, link_seconds, compute_ms) if value is not None]
+    if given and not links:
+        return "--gradient-mb, --compute-ms and --link-seconds are for the link test: add --links"
+    if any(value <= 0 for value in given):
+        return "--gradient-mb, --compute-ms and --link-seconds take a positive number"
     return None
 
 
@@ -72,6 +75,7 @@ def measure_links(
     seconds: float,
     echo: Echo,
     say: Echo,
+    compute_ms: float | None = None,
 ) -> list[str]:
     """`doctor --links`: prints the matrix and the prediction; returns the problems (unreachable pairs)."""
     names = list(settings.nodes)
@@ -102,4 +106,29 @@ def measure_links(
     prediction = links.predict(good, gradient_mb or SIMPLENET_GRADIENT_MB, ranks)
     for line in links.prediction_lines(prediction, what):
         echo(f"links: {line}")
+    echo(f"links: advice: {advise(settings, engines, prediction, gradient_mb, compute_ms, say)}")
     return []
+
+
+def advise(
+    settings: LaunchSettings,
+    engines: list[NodeEngine],
+    prediction: links.Prediction,
+    gradient_mb: float | None,
+    compute_ms: float | None,
+    say: Echo,
+) -> str:
+    """The advice line (links.advice): the compute per step given (--compute-ms) or, for the bundled trainer, measured
+    once on rank 0's node; a gradient of the user's own needs its compute given."""
+    if compute_ms is not None:
+        return links.advice(prediction.ring_s, compute_ms / 1e3, "--compute-ms")
+    if gradient_mb is not None:
+        return "pass --compute-ms (your model's compute per step, e.g. one rank alone) to hold the exchange against it"
+    rank0 = next((engine for engine in engines if engine.node.name == settings.nodes[0]), None)
+    if rank0 is None:
+        return f"the compute per step was not measured ({settings.nodes[0]} not reached); pass --compute-ms"
+    say(f"links: the bundled trainer's compute per step, alone, on {rank0.node.name}")
+    measured = linkcheck.measure_compute(settings, rank0)
+    if isinstance(measured, str):
+        return f"the compute per step was not measured on {rank0.node.name} ({measured}); pass --compute-ms"
+    return links.advice(prediction.ring_s, measured, f"the bundled trainer's, measured on {rank0.node.name}")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 
-from launcher.core.protocol import LINK_PROBE
+from launcher.core.protocol import LINK_PROBE, STEP_TIME_PROBE
 from launcher.engine import NodeEngine
-from launcher.links import Link, Unreachable, job_address, pairs, read_probe
+from launcher.links import Link, Unreachable, job_address, last_json, pairs, read_probe
 from launcher.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE
 from launcher.preflight import HostView
 from launcher.settings import LaunchSettings
@@ -23,6 +23,8 @@ SERVER_START_S = 60.0
 """How long a server container may take to start listening (an engine over ssh, a loaded node)."""
 ACCEPT_S = 30.0
 CONNECT_S = 5.0
+STEP_TIME_S = 300.0
+"""How long the compute measure may take (torch's import on a loaded node is most of it)."""
 
 
 def measure(
@@ -69,3 +71,23 @@ def measure(
         for engine in engines:
             engine.remove_cluster(cluster)
     return results
+
+
+def measure_compute(settings: LaunchSettings, engine: NodeEngine) -> float | str:
+    """The bundled trainer's compute per step on `engine`'s node (app/step_time.py, in a short-lived container of the
+    image, removed before this returns), in seconds; or, where it could not be measured, why."""
+    cluster = f"links-{secrets.token_hex(4)}"
+    try:
+        container = engine.start_probe(
+            settings.image,
+            list(STEP_TIME_PROBE),
+            name=f"horovod-stack-{cluster}-{engine.node.name}-compute",
+            labels={LABEL_CLUSTER: cluster, LABEL_ROLE: "links-compute", LABEL_NODE: engine.node.name},
+        )
+        output = engine.finish(container, timeout=STEP_TIME_S)
+    finally:
+        engine.remove_cluster(cluster)
+    step = last_json(output).get("step_s")
+    if isinstance(step, (int, float)) and step > 0:
+        return float(step)
+    return (output.strip().splitlines() or ["no output"])[-1][:200]

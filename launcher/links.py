@@ -12,6 +12,11 @@ rate. With ranks placed node by node, as mpirun's hostfile places them, a flat r
 once each way, so every NIC carries 2(N-1)/N·M per allreduce, as in the one-rank-per-host model; for the parameter
 server (rank 0 serving, the other N-1 ranks pushing through its link) ranks that share rank 0's node make the figure an
 upper bound.
+
+The advice holds the predicted ring allreduce against the compute of one step (`advice`): a step's exchange that
+takes longer than its compute sets the pace however well Horovod overlaps it with the backward pass, and fp16
+compression halves it; one far below the compute costs nothing to leave as it is. `python -m app.bench links`
+measures both sides of that on shaped links (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -206,3 +211,38 @@ def prediction_lines(prediction: Prediction, gradient_name: str) -> list[str]:
             "not bandwidth, sets the exchange time"
         )
     return lines
+
+
+BALANCED = 0.25
+"""An exchange below this share of the compute is left as it is (compute-bound); from it up to the compute it shows
+in the step (partly hidden by the backward pass); above the compute it sets the pace (communication-bound)."""
+FP16 = "fp16 compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16)"
+
+
+def duration(seconds: float) -> str:
+    """0.37 s from 0.1 s up, else milliseconds."""
+    return f"{seconds:.2f} s" if seconds >= 0.1 else milliseconds(seconds)
+
+
+def advice(exchange_s: float, compute_s: float, compute_source: str) -> str:
+    """One line: the predicted exchange against the compute per step (measured where `compute_source` says), and
+    what to do about it."""
+    ratio = exchange_s / compute_s
+    head = (
+        f"exchange {duration(exchange_s)} vs compute {duration(compute_s)} per step ({compute_source}) on the "
+        "slowest link"
+    )
+    if ratio >= 1:
+        more = (
+            "; halved it still exceeds the compute: a faster link, or more compute per exchange (a larger batch "
+            "per rank)"
+            if ratio >= 2
+            else ""
+        )
+        return f"{head}: communication-bound; {FP16}{more}"
+    if ratio >= BALANCED:
+        return (
+            f"{head}: the exchange is {ratio:.0%} of the compute, partly hidden behind the backward pass; {FP16}, if "
+            "the step time matters"
+        )
+    return f"{head}: compute-bound: nothing to gain from compression or tuning"

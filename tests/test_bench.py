@@ -12,6 +12,7 @@ import pytest
 
 from app.bench import netns
 from app.bench.allreduce import bus_bandwidth, parse_size, size_label
+from app.bench import links
 from app.bench.container_vs_host import round_rows
 from app.bench.peers import ALONE, parse_variant, peer_rows
 from app.bench.ps_vs_ring import model_ratio, model_seconds, within_tolerance
@@ -88,6 +89,49 @@ def test_container_vs_host_rounds_take_the_ratio_within_each_round():
     assert containers["val_accuracy"] == 0.93
 
 
+@pytest.mark.parametrize("text, mbit, label", [
+    ("1gbit", 1000.0, "1gbit"), ("200mbit", 200.0, "200mbit"), ("200", 200.0, "200mbit"), ("500kbit", 0.5, "0.5mbit"),
+    ("2.5Gbit", 2500.0, "2500mbit"), ("10gbit", 10000.0, "10gbit")])
+def test_link_rates(text, mbit, label):
+    assert links.parse_rate(text) == mbit
+    assert links.rate_label(mbit) == label
+
+
+@pytest.mark.parametrize("text", ["fast", "0mbit", "-1gbit", "1 tbit"])
+def test_link_rates_refused(text):
+    with pytest.raises(Exception, match="is not a link rate: e.g. 200mbit or 1gbit"):
+        links.parse_rate(text)
+
+
+@pytest.mark.parametrize("setting, rate, seconds", [
+    ("fp32", 200.0, 46.8 * 8 / 200),  # the ring on 2 ranks: M/B
+    ("fp16", 200.0, 46.8 * 8 / 200 / 2),
+    ("adasum", 1000.0, 46.8 * 8 / 1000),
+    ("fusion-0", 1000.0, 46.8 * 8 / 1000)])
+def test_predicted_exchange_is_the_ring_model_for_the_bytes_on_the_wire(setting, rate, seconds):
+    assert links.predicted_exchange_s(46.8, setting, rate) == pytest.approx(seconds)
+
+
+def test_link_rows_hold_each_setting_against_fp32_within_each_round_and_the_prediction_against_the_measure():
+    def jobs(*rates, exchange=1.0):
+        return [{"samples_per_sec": r, "step_s": 128 / r, "exchange_s": exchange, "gradient_mb": 46.8} for r in rates]
+
+    results = {(200.0, "resnet18", links.COMPUTE): [{"step_s": 0.25}, {"step_s": 0.27}],
+               (200.0, "resnet18", "fp32"): jobs(60, 40, exchange=2.0),
+               (200.0, "resnet18", "fp16"): jobs(90, 80, exchange=1.0)}
+    rows = links.link_rows(results)
+    assert [row["setting"] for row in rows] == ["fp32", "fp16"]
+    fp32, fp16 = rows
+    assert set(fp16) >= {"rate", "model", "setting", "samples_per_s", "predicted_exchange_s", "measured_exchange_s"}
+    assert (fp16["rate"], fp16["model"], fp16["rate_mbit"]) == ("200mbit", "resnet18", 200.0)
+    assert fp16["vs_fp32"] == pytest.approx((90 / 60 + 80 / 40) / 2)  # 1.5 and 2.0, per round
+    assert (fp16["samples_per_s"], fp16["samples_min"], fp16["samples_max"]) == (85, 80, 90)
+    assert fp32["predicted_exchange_s"] == pytest.approx(1.872) and fp32["measured_exchange_s"] == 2.0
+    assert fp32["prediction_error"] == pytest.approx(1.872 / 2.0 - 1)
+    assert fp32["compute_s"] == pytest.approx(0.26) and fp32["exposed_exchange_s"] == pytest.approx((128 / 60 + 128 / 40) / 2 - 0.26)
+    json.dumps(rows)  # the --json file's rows
+
+
 def test_markdown_table_right_aligns_numbers_and_marks_missing_values():
     table = markdown_table([("name", "name", ""), ("ms", "ms", ".1f")], [{"name": "a", "ms": 1.25}, {"name": "b"}])
     assert table.splitlines() == ["| name | ms |", "|---|---:|", "| a | 1.2 |", "| b | - |"]
@@ -152,6 +196,20 @@ def test_ps_vs_ring_in_namespaces_short(tmp_path):
                                                   "within_tolerance"])
     assert [row["ranks"] for row in rows] == [2, 3]
     assert not any(line.startswith(netns.NAMESPACE_PREFIX) for line in
+                   subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines())
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(netns.unavailable() is not None, reason=f"links in namespaces {netns.unavailable()}")
+def test_links_short(tmp_path):
+    """SimpleNet at 20 Mbit/s, fp32 and fp16, one round of a few steps: the table, the JSON rows, the plot."""
+    result = run_bench("links", tmp_path, "--json", str(tmp_path / "rows.json"))
+    print(result.stdout[result.stdout.find("###"):])
+    rows = assert_report(tmp_path, "links", ["rate", "model", "setting", "samples_per_s", "predicted_exchange_s",
+                                             "measured_exchange_s"])
+    assert [(row["rate"], row["setting"]) for row in rows] == [("20mbit", "fp32"), ("20mbit", "fp16")]
+    assert json.loads((tmp_path / "rows.json").read_text()) == rows
+    assert not any(line.startswith(netns.LINKS.namespace_prefix) for line in
                    subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines())
 
 

@@ -22,6 +22,7 @@ from launcher.cli import app
 from tests.conftest import StandInEngine, launch_settings
 from launcher.links import (
     Link,
+    advice,
     Unreachable,
     format_matrix,
     job_address,
@@ -171,11 +172,72 @@ def test_the_launcher_with_its_link_test_imports_no_torch():
     assert result.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("args", [["--gradient-mb", "8"], ["--link-seconds", "5"]])
+@pytest.mark.parametrize("args", [["--gradient-mb", "8"], ["--link-seconds", "5"], ["--compute-ms", "200"]])
 def test_link_options_need_links(args):
     result = CliRunner().invoke(app, ["doctor", "--nodes", "a,b", *args])
     assert result.exit_code == 2
-    assert "--gradient-mb and --link-seconds are for the link test: add --links" in result.output
+    assert "--gradient-mb, --compute-ms and --link-seconds are for the link test: add --links" in result.output
+
+
+def test_link_options_take_positive_numbers():
+    from launcher.doctor import link_options_problem
+
+    assert link_options_problem(True, 8, None, 0) == "--gradient-mb, --compute-ms and --link-seconds take a positive " \
+                                                     "number"
+    assert link_options_problem(True, 8, 1, 200) is None
+
+
+@pytest.mark.parametrize("exchange_s, compute_s, words", [
+    (0.37, 0.20, "exchange 0.37 s vs compute 0.20 s per step (X) on the slowest link: communication-bound; fp16 "
+                 "compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16)"),
+    (1.87, 0.23, "exchange 1.87 s vs compute 0.23 s per step (X) on the slowest link: communication-bound; fp16 "
+                 "compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16); halved it still exceeds "
+                 "the compute: a faster link, or more compute per exchange (a larger batch per rank)"),
+    (0.10, 0.20, "exchange 0.10 s vs compute 0.20 s per step (X) on the slowest link: the exchange is 50% of the "
+                 "compute, partly hidden behind the backward pass; fp16 compression halves the exchange "
+                 "(--fp16-allreduce / hvd.Compression.fp16), if the step time matters"),
+    (0.011e-3, 7.2e-3, "exchange 0.011 ms vs compute 7.200 ms per step (X) on the slowest link: compute-bound: "
+                       "nothing to gain from compression or tuning"),
+    (0.049, 0.2, "exchange 49.0 ms vs compute 0.20 s per step (X) on the slowest link: compute-bound: nothing to "
+                 "gain from compression or tuning"),
+])
+def test_advice_holds_the_exchange_against_the_compute(exchange_s, compute_s, words):
+    assert advice(exchange_s, compute_s, "X") == words
+
+
+def advise_with(probe_output: str, gradient_mb=None, compute_ms=None) -> tuple[str, StandInEngine]:
+    from launcher.doctor import advise
+
+    node_1 = StandInEngine("node_1", probe_output=probe_output)
+    prediction = predict([Link("node_1", "node_2", "x", 0.2, 200.0, 200.0)], 46.8, 2)
+    line = advise(stand_in_settings("hst0"), [node_1, StandInEngine("node_2")], prediction, gradient_mb, compute_ms,
+                  lambda _: None)
+    return line, node_1
+
+
+def test_doctor_measures_the_trainers_compute_on_rank_0s_node_in_a_container_it_removes():
+    line, node_1 = advise_with('{"step_s": 0.2, "batch": 32}\n')
+    assert line == ("exchange 1.87 s vs compute 0.20 s per step (the bundled trainer's, measured on node_1) on the "
+                    "slowest link: communication-bound; fp16 compression halves the exchange (--fp16-allreduce / "
+                    "hvd.Compression.fp16); halved it still exceeds the compute: a faster link, or more compute per "
+                    "exchange (a larger batch per rank)")
+    [(argv, labels)] = node_1.probes
+    assert argv == ["python", "-m", "app.step_time"] and node_1.removed == [labels["horovod-stack.cluster"]]
+
+
+@pytest.mark.parametrize("output, gradient_mb, compute_ms, words", [
+    ("", None, 2000.0, "exchange 1.87 s vs compute 2.00 s per step (--compute-ms) on the slowest link: the exchange "
+                       "is 94% of the compute"),
+    ("", 46.8, None, "pass --compute-ms (your model's compute per step, e.g. one rank alone) to hold the exchange "
+                     "against it"),
+    ("Traceback\nModuleNotFoundError: No module named 'app.step_time'\n", None, None,
+     "the compute per step was not measured on node_1 (ModuleNotFoundError: No module named 'app.step_time'); pass "
+     "--compute-ms"),
+])
+def test_doctor_advice_with_the_compute_given_missing_or_unmeasured(output, gradient_mb, compute_ms, words):
+    line, node_1 = advise_with(output, gradient_mb, compute_ms)
+    assert line.startswith(words)
+    assert bool(node_1.probes) == (gradient_mb is None and compute_ms is None)
 
 
 def free_port() -> int:

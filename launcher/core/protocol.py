@@ -125,6 +125,9 @@ DISCOVERY_SCRIPT = "/opt/horovod-stack/docker/discover-hosts.sh"
 
 LINK_PROBE = ("python", "-m", "launcher.agent.linkprobe")
 """`launcher doctor --links`' two ends, each in a short-lived host-network container of the image."""
+STEP_TIME_PROBE = ("python", "-m", "app.step_time")
+"""`launcher doctor --links`' measure of the bundled trainer's compute per step, in a short-lived container of the
+image on rank 0's node."""
 LINK_SECONDS = 2.0
 """How long each direction of a node pair streams in the link test, unless --link-seconds says otherwise."""
 
