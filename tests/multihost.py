@@ -235,6 +235,21 @@ class Cluster:
         finally:
             sh("ip", "-n", node.namespace, "link", "set", NIC, "up")
 
+    @contextlib.contextmanager
+    def shaped(self, mbit: float) -> Iterator[None]:
+        """Every node's link limited to `mbit` each way for the block (tc token buckets on both ends of its veth, as
+        app.bench.netns shapes the benches' links: a slow LAN), then unshaped again."""
+        ends = [(["tc"], f"hstv{node.index}") for node in self.nodes]
+        ends += [(["tc", "-n", node.namespace], NIC) for node in self.nodes]
+        for tc, device in ends:
+            sh(*tc, "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb",
+               "limit", "32mb")
+        try:
+            yield
+        finally:
+            for tc, device in ends:
+                sh(*tc, "qdisc", "del", "dev", device, "root", check=False)
+
     def listen_on(self, node: TestNode, port: int) -> subprocess.Popen:
         process = subprocess.Popen(node.in_namespace("python3", "-m", "http.server", str(port)),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -566,7 +566,20 @@ def test_doctor_links_prints_the_matrix_and_the_prediction_on_the_slowest_link(c
     assert any(line.startswith("links: predicted ring allreduce: ") for line in lines)
     assert f"links: {cluster.nodes[0].name} <-> {cluster.nodes[1].name} ({cluster.nodes[1].address}:12345, 1 s each " \
            "way)" in result.stderr
+    advice = next(line for line in lines if line.startswith("links: advice: "))
+    assert "per step (the bundled trainer's, measured on node_1) on the slowest link: compute-bound" in advice, advice
     assert "all nodes ready" in lines
+    assert_nothing_left(cluster)
+
+    # A slow LAN: every node's link shaped to 10 Mbit/s each way; the trainer's 34 KB gradient now outweighs its compute.
+    with cluster.shaped(10):
+        shaped = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--links", "--link-seconds", "1")
+    print(f"\n$ launcher doctor --env-file launcher.env --links --link-seconds 1   # links shaped to 10 Mbit/s\n"
+          f"{shaped.stdout}")
+    assert shaped.returncode == 0, shaped.stdout + shaped.stderr
+    advice = next(line for line in shaped.stdout.splitlines() if line.startswith("links: advice: "))
+    assert ": communication-bound; fp16 compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16)" \
+        in advice, advice
     assert_nothing_left(cluster)
 
     by_subnet = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--links", "--link-seconds", "0.5",
@@ -574,6 +587,7 @@ def test_doctor_links_prints_the_matrix_and_the_prediction_on_the_slowest_link(c
                          "--gradient-mb", "100")
     assert by_subnet.returncode == 0, by_subnet.stdout + by_subnet.stderr
     assert "links: gradient: 100 MB (--gradient-mb); N = 2 ranks" in by_subnet.stdout
+    assert "links: advice: pass --compute-ms (your model's compute per step" in by_subnet.stdout
     assert_nothing_left(cluster)
 
 
@@ -812,9 +826,19 @@ def test_a_shared_folder_lets_a_job_resume_with_rank_0_on_the_other_node(cluster
     assert_nothing_left(cluster)
 
 
+AUTOTUNE_QUICKLY = ["--env", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES=1", "--env", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=2",
+                    "--env", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=3"]
+"""Horovod's tuning in a few samples of a few steps, so a 2-epoch run scores some."""
+
+
 def test_results_come_home_after_the_cluster_is_gone(cluster, tmp_path):
-    result = launcher(cluster, *start_args(cluster), "--", "--dataset", "digits", "--epochs", "2")
+    """With --timeline and --autotune: rank 0's timeline and the autotuner's choice come home with the run."""
+    result = launcher(cluster, *start_args(cluster, "--timeline", "--autotune", *AUTOTUNE_QUICKLY), "--", "--dataset",
+                      "digits", "--epochs", "2")
     assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stdout + result.stderr
+    assert re.search(r"timeline: /shared/runs/\w+/timeline.json: \d+ tensors, allreduced over \d+ steps; per step", said)
+    assert re.search(r"autotune: (chose|not finished after \d+ samples)", said), said[-3000:]
     cluster_id = re.search(r"launcher results --cluster (\w+) --to results", result.stderr).group(1)
     assert_nothing_left(cluster)
     home = launcher(cluster, "results", "--env-file", str(cluster.env_file()), "--to", str(tmp_path))
@@ -828,6 +852,16 @@ def test_results_come_home_after_the_cluster_is_gone(cluster, tmp_path):
     events = EventAccumulator(str(run / "tb"))
     events.Reload()
     assert events.Tags()["scalars"], events.Tags()
+    from app import timeline
+
+    trace = json.loads((run / "timeline.json").read_text())  # valid JSON, as Perfetto and chrome://tracing read it
+    summary = timeline.summarize(trace)
+    print(f"\ntimeline of a 2-epoch digits run: {summary.line()}")
+    assert summary.ranks == [0, 1] and summary.steps >= 2 and summary.collectives  # every rank's allreduces
+    record = json.loads((run / "autotune.json").read_text())
+    print(f"autotune.json: {record}")
+    assert record["samples"] >= 1 and record["chosen"]["fusion_threshold_mb"] >= 0
+    assert (run / "autotune.csv").read_text().startswith("hierarchical_allreduce,")
     unknown = launcher(cluster, "results", "--env-file", str(cluster.env_file()), "--cluster", "00000000")
     assert unknown.returncode == 1
     assert error_lines(unknown)[0].startswith("error: no run 00000000 in the shared folder of these nodes; the runs "

@@ -27,6 +27,7 @@ import json
 import re
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,7 @@ STEPS = {"simplenet": (5, 30), "resnet18": (2, 4)}
 EXCHANGES = {"simplenet": 5, "resnet18": 3}
 """Timed exchanges of the whole gradient per job (after one untimed)."""
 UNITS = {"kbit": 1e-3, "mbit": 1.0, "gbit": 1e3}
+QUEUE = "32mb"
 
 
 def parse_rate(text: str) -> float:
@@ -170,6 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=64, help="per rank")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all settings, per rate")
     parser.add_argument("--steps-scale", type=float, default=1.0, help="multiplies each model's step counts")
+    parser.add_argument("--queue", default=QUEUE, help=f"each link's queue, as tc's tbf limit (default {QUEUE})")
     parser.add_argument("--json", type=Path, help="also write the rows here, a JSON list of objects")
     parser.add_argument("--short", action="store_true", help="CI: SimpleNet at 20 Mbit/s, fp32 and fp16, few steps")
     parser.add_argument("--out", default="bench-out")
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"links {reason}")
 
     results: dict[tuple[float, str, str], list[dict]] = {}
-    with netns.Network(RANKS, args.rates[0], names=netns.LINKS) as network:
+    with netns.Network(RANKS, args.rates[0], names=netns.LINKS, queue=args.queue) as network:
         for rate in args.rates:
             network.shape(rate)
             for round_ in range(args.repeats):
@@ -216,11 +219,11 @@ COMPUTE = "compute"
 """The plain process's label in results: the model trained alone, no Horovod."""
 
 
-def measure_round(model: str, args, rate: float) -> list[tuple[str, dict]]:
-    """One round at one rate: the plain process, then every setting, back to back."""
+def measure_round(model: str, args, rate: float) -> Iterator[tuple[str, dict]]:
+    """One round at one rate: the plain process, then every setting, back to back (each as it ends)."""
     warmup, steps = (max(1, round(n * args.steps_scale)) for n in STEPS[model])
     common = ["--model", model, "--batch", str(args.batch), "--warmup", str(warmup), "--steps", str(steps)]
-    jobs = [(COMPUTE, launch.run_job("ddp", 1, "peers", [*common, "--threads", "1", "--alone"]))]
+    yield COMPUTE, launch.run_job("ddp", 1, "peers", [*common, "--threads", "1", "--alone"])
     exchanges = max(1, round(EXCHANGES[model] * min(1.0, args.steps_scale * 2)))
     for setting in args.settings:
         job = launch.run_job(
@@ -232,8 +235,7 @@ def measure_round(model: str, args, rate: float) -> list[tuple[str, dict]]:
             mpi_args=netns.MPI_OVER_NIC,
             mpi_rank_wrapper=netns.mpi_rank_wrapper(netns.LINKS),
         )
-        jobs.append((setting, job))
-    return jobs
+        yield setting, job
 
 
 def link_rows(results: dict[tuple[float, str, str], list[dict]]) -> list[dict]:

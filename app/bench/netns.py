@@ -81,10 +81,13 @@ def unavailable() -> str | None:
     return None
 
 
-def shaping(device: str, mbit: float) -> list[str]:
-    """tc arguments for a token bucket of `mbit` on device's egress; a queue deep enough that the many-to-one
-    traffic of a parameter server waits rather than being dropped."""
-    return ["qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb", "limit", "32mb"]
+DEEP_QUEUE = "32mb"
+
+
+def shaping(device: str, mbit: float, queue: str = DEEP_QUEUE) -> list[str]:
+    """tc arguments for a token bucket of `mbit` on device's egress, its queue `queue` deep (by default deep enough
+    that the many-to-one traffic of a parameter server waits rather than being dropped)."""
+    return ["qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb", "limit", queue]
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,8 @@ class RankHost:
 class Network:
     """`with Network(8, link_mbit=200) as net:` then net.hosts[r].prefix() runs a command as rank r's host."""
 
-    def __init__(self, count: int, link_mbit: float | None, names: Names = PS_VS_RING):
-        self.names = names
+    def __init__(self, count: int, link_mbit: float | None, names: Names = PS_VS_RING, queue: str = DEEP_QUEUE):
+        self.names, self.queue = names, queue
         self.hosts = [RankHost(index, names) for index in range(count)]
         self.link_mbit = link_mbit
         self.forward_rule = False
@@ -144,8 +147,8 @@ class Network:
     def shape(self, mbit: float) -> None:
         """Every rank's link limited to `mbit` each way (replacing any earlier rate): one network, several rates."""
         for host in self.hosts:
-            sh("tc", *shaping(host.veth, mbit))
-            sh("tc", "-n", host.namespace, *shaping(NIC, mbit))
+            sh("tc", *shaping(host.veth, mbit, self.queue))
+            sh("tc", "-n", host.namespace, *shaping(NIC, mbit, self.queue))
         self.link_mbit = mbit
 
     def __exit__(self, *exc) -> None:
