@@ -112,6 +112,11 @@ def test_predicted_exchange_is_the_ring_model_for_the_bytes_on_the_wire(setting,
     assert links.predicted_exchange_s(46.8, setting, rate) == pytest.approx(seconds)
 
 
+@pytest.mark.parametrize("round_, order", [(0, ["a", "b", "c"]), (1, ["b", "c", "a"]), (4, ["b", "c", "a"])])
+def test_each_round_starts_one_setting_further_on(round_, order):
+    assert links.rotated(["a", "b", "c"], round_) == order
+
+
 def test_link_rows_hold_each_setting_against_fp32_within_each_round_and_the_prediction_against_the_measure():
     def jobs(*rates, exchange=1.0):
         return [{"samples_per_sec": r, "step_s": 128 / r, "exchange_s": exchange, "gradient_mb": 46.8} for r in rates]
