@@ -186,6 +186,8 @@ class Cluster:
         lines = [f"NODES={','.join(n.name for n in self.nodes)}", "READY_TIMEOUT=120"]
         lines += [f"NODE_NETWORK_INTERFACE={NIC}"] if pin_nic else []
         lines += [f"DOCKER_HOST_{node.name.upper()}={node.engine_url}" for node in self.nodes[1:]]
+        # The image the tests load and push (IMAGE, e.g. a branch's build), not whatever horovod-stack:latest is now.
+        lines += [f"IMAGE={os.environ['IMAGE']}"] if os.environ.get("IMAGE") else []
         path.write_text("\n".join(lines) + "\n")
         return path
 
