@@ -919,7 +919,8 @@ def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, 
                 stream, info = container.get_archive(change["Path"])
                 if not info["mode"] & (1 << 31) and value.encode() in b"".join(stream):  # Go's ModeDir: a folder
                     leaks.append(f"{change['Path']} in {container.name}")
-    mpijob = run("export", "mpijob", "--name", "digits", "--workers", "2", "--secret", "API_KEY=tracker/api-key")
+    mpijob = run("export", "mpijob", "--name", "digits", "--workers", "2", "--secret", "API_KEY=tracker/api-key",
+                 "--image", "registry.example.com/horovod-stack:1")
     assert mpijob.returncode == 0 and "secretKeyRef" in mpijob.stdout and value not in mpijob.stdout
     print(f"\n--secret: every rank's digest {expected[:12]}... is the value's; places searched: {sorted(seen)}, ps in "
           f"{sum(map(len, processes.values()))} containers, every changed file and `docker inspect` of each; leaks: "

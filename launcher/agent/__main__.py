@@ -175,7 +175,7 @@ def main(argv: list[str]) -> int:
     if options.command == "follow":
         return follow(sys.stdout.buffer, options.start)
     if options.command == "discover":
-        sys.stdout.write("".join(f"{line}\n" for line in discover(SshTransport(reuse_connections=True))))
+        sys.stdout.write("".join(f"{line}\n" for line in discover(SshTransport())))
         return 0
     return lifeline(options.driver, sys.stdin)
 

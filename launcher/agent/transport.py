@@ -25,7 +25,6 @@ from launcher.core.protocol import (
     COMPOSE_SECRETS_DIR,
     SECRETS_FILE,
     SSH_CONNECT_TIMEOUT_SECONDS,
-    SSH_REUSED_CONNECTIONS,
     STOP_SIGNALS,
     Signalled,
 )
@@ -157,15 +156,7 @@ class SshLifeline:
 
 
 class SshTransport:
-    def __init__(self, reuse_connections: bool = False) -> None:
-        """`reuse_connections`: each worker's first ssh stays open a while and later ones run over it (OpenSSH's
-        ControlMaster), for elastic host discovery, which asks every worker once a second: one login each, not a
-        login a second in every worker's log."""
-        self.ssh_options = (
-            ["-o", "ControlMaster=auto", "-o", f"ControlPath={SSH_REUSED_CONNECTIONS}", "-o", "ControlPersist=60"]
-            if reuse_connections
-            else []
-        )
+    def __init__(self) -> None:
         self.child: subprocess.Popen | None = None
         self.job_over = False
         self.last_output = time.monotonic()
@@ -194,7 +185,7 @@ class SshTransport:
     def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
         try:
             done = subprocess.run(
-                ["ssh", "-o", f"ConnectTimeout={max(1, int(timeout))}", *self.ssh_options, address, command],
+                ["ssh", "-o", f"ConnectTimeout={max(1, int(timeout))}", address, command],
                 input=stdin,
                 capture_output=True,
                 text=True,
