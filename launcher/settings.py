@@ -18,7 +18,7 @@ from dotenv import dotenv_values
 from launcher import access
 from launcher.access import EngineTls, engine_override_key
 from launcher.core.imageref import parse_image
-from launcher.core.options import JobOptions, SettingsError, option_kind
+from launcher.core.options import SWITCH_WORDS, JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
 from launcher.reach import CONNECT_TIMEOUT_S
 from launcher.workdir import IgnoreFileError, payload_bytes
@@ -242,15 +242,12 @@ def _as_number(values: Mapping[str, str], key: str, fix: str, kind: type[int] | 
         raise SettingsError(f"{key}={raw!r} in the .env file is not {what}: {fix}") from None
 
 
-TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
 def as_bool(key: str, raw: str, fix: str) -> bool:
-    """A yes/no .env value (1/0, true/false, yes/no, on/off, any case)."""
-    word = raw.strip().lower()
-    if word not in (*TRUE_WORDS, *FALSE_WORDS):
+    """A yes/no .env value, in the words every door takes (options.SWITCH_WORDS)."""
+    value = SWITCH_WORDS.get(raw.strip().lower())
+    if value is None:
         raise SettingsError(f"{key}={raw!r} in the .env file is not 1 or 0 (true or false): {fix}")
-    return word in TRUE_WORDS
+    return value
 
 
 def split_list(text: str) -> tuple[str, ...]:
