@@ -10,6 +10,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+import pytest
+
 from app import gpu
 from launcher.agent import stacks
 from launcher.core.job import JobSpec
@@ -49,6 +51,18 @@ def job_spec(**fields) -> JobSpec:
     """A JobSpec from flat keywords, JobOptions' fields to its options."""
     options = job_options_of(fields)
     return JobSpec(**{"job_id": "j1", "expected_workers": 2, **fields, "options": options})
+
+
+# --- the test hosts -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def test_hosts():
+    """The two test hosts of tests/multihost.py, shared by every multi-host module: started once, on first use (a
+    run of the unit tests alone starts none), removed when the run ends. Each module's own fixture puts the images it
+    needs on them and leaves no container behind."""
+    from tests.multihost import started_cluster  # the harness needs root and a Docker engine: only when asked
+
+    with started_cluster(2) as harness:
+        yield harness
 
 
 # --- the host side's engine -------------------------------------------------------------------------------------

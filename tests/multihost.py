@@ -192,11 +192,24 @@ class Cluster:
         return path
 
     def load_image(self, image: str, node: TestNode) -> float:
+        """Copies `image` from this machine's engine to the node's (docker save | docker load); returns the seconds."""
         started = time.monotonic()
         save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
         sh("docker", "-H", node.engine_url, "load", stdin=save.stdout)
         save.wait()
         return time.monotonic() - started
+
+    def has_image(self, image: str, node: TestNode) -> bool:
+        """Whether the node holds the very build of `image` that this machine's engine has."""
+        try:
+            return node.client().images.get(image).id == docker.from_env().images.get(image).id
+        except docker.errors.ImageNotFound:
+            return False
+
+    def ensure_image(self, image: str, node: TestNode) -> None:
+        """The node gets `image` unless it has it already (from an earlier module on these shared hosts)."""
+        if not self.has_image(image, node):
+            print(f"\nimage loaded on {node.name} in {self.load_image(image, node):.0f} s")
 
     def project_containers(self) -> dict[str, list[str]]:
         return {node.name: [c.name for c in node.client().containers.list(

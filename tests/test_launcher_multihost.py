@@ -21,7 +21,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.multihost import SHARED_HOST_NAME, Cluster, started_cluster
+from tests.multihost import SHARED_HOST_NAME, Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -33,11 +33,12 @@ USER_SCRIPT = Path(__file__).parent / "user_script"
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with started_cluster(2) as harness:
-        seconds = harness.load_image(IMAGE, harness.nodes[0])
-        print(f"\nimage loaded on node_1 in {seconds:.0f} s")
-        yield harness
+def cluster(test_hosts: Cluster):
+    """The shared test hosts with the image on node_1 alone: the first tests refuse node_2 for lacking it, then push."""
+    test_hosts.ensure_image(IMAGE, test_hosts.nodes[0])
+    if test_hosts.has_image(IMAGE, test_hosts.nodes[1]):  # another module ran first on these hosts
+        test_hosts.nodes[1].client().images.remove(IMAGE, force=True)
+    return test_hosts
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -29,7 +29,7 @@ import docker
 import pytest
 import yaml
 
-from tests.multihost import NIC, SUBNET, Cluster, TestNode, started_cluster
+from tests.multihost import NIC, SUBNET, Cluster, TestNode
 
 pytestmark = pytest.mark.integration
 
@@ -47,12 +47,12 @@ LAUNCHER_POD_ADDRESS = f"{SUBNET}.130"
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with started_cluster(2) as harness:
-        for node in harness.nodes:
-            print(f"\nimage loaded on {node.name} in {harness.load_image(IMAGE, node):.0f} s")
-            node.client().images.get(IMAGE).tag(REGISTRY_IMAGE)
-        yield harness
+def cluster(test_hosts: Cluster):
+    """The shared test hosts, each with the image, also under the name the export gives it."""
+    for node in test_hosts.nodes:
+        test_hosts.ensure_image(IMAGE, node)
+        node.client().images.get(IMAGE).tag(REGISTRY_IMAGE)
+    return test_hosts
 
 
 @pytest.fixture(scope="module")
