@@ -1,6 +1,6 @@
 """The `launcher` command line: parses flags and .env into settings, calls one function, prints. No logic of its own:
-the checks are launcher/preflight.py's, a launch launcher/session.py's, the doctor launcher/doctor.py's, the
-clusters already started launcher/clusters.py's, the MPIJob document launcher/k8s/mpijob.py's.
+the checks are launcher/host/preflight.py's, a launch launcher/host/launch.py's, the doctor launcher/host/doctor.py's, the
+clusters already started launcher/host/clusters.py's, the MPIJob document launcher/k8s/mpijob.py's.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, NoReturn
 
 import typer
 
-from launcher import access, clusters, doctor, session
 from launcher.core.nics import NIC_SETTING
 from launcher.core.options import SettingsError, job_command
 from launcher.core.protocol import LINK_SECONDS, STOP_SIGNALS, Signalled
-from launcher.core.trainer import trainer_problem
-from launcher.engine import NodeEngine, NodeError
-from launcher.settings import LaunchSettings, load_env_file, resolve_settings
+from launcher.host import access, clusters, doctor, launch
+from launcher.host.engines import NodeEngine, NodeError
+from launcher.host.settings import LaunchSettings, load_env_file, resolve_settings
+from launcher.host.trainer import trainer_problem
 
 app = typer.Typer(
     add_completion=False,
@@ -127,8 +127,8 @@ def checked_command(ctx: typer.Context) -> tuple[str, ...]:
 
 def engines_of(settings: LaunchSettings) -> list[NodeEngine]:
     try:
-        return session.connect_all(settings, lambda _: None)
-    except session.LaunchError as error:
+        return launch.connect_all(settings, lambda _: None)
+    except launch.LaunchError as error:
         fail(str(error))
 
 
@@ -278,14 +278,14 @@ def start(
     )
     if dry_run:
         try:
-            session.dry_run(settings, say=say)
-        except (session.LaunchError, NodeError) as error:
+            launch.dry_run(settings, say=say)
+        except (launch.LaunchError, NodeError) as error:
             fail(str(error))
         raise typer.Exit(0)
     stop_on_signals()
     try:
-        status = session.launch(settings, say=say, relay=echo_to_stderr)
-    except (session.LaunchError, NodeError) as error:
+        status = launch.launch(settings, say=say, relay=echo_to_stderr)
+    except (launch.LaunchError, NodeError) as error:
         fail(str(error))
     except Signalled as stop:
         fail(f"{STOPPED_BY[signal.Signals(stop.signum)]}; the cluster's containers were removed", 128 + stop.signum)

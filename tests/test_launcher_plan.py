@@ -3,23 +3,37 @@
 import dataclasses
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
-import subprocess
-
 from app.horovod_defaults import HOROVOD_DEFAULTS
-from launcher import workdir
 from launcher.agent import compose
-from launcher.core.job import (JobSpec, Worker, command_probe, hostfile, horovodrun_argv, mpirun_argv, pin_known_host,
-                               ssh_config, trainer_option, with_run_dir)
+from launcher.core.job import (
+    JobSpec,
+    Worker,
+    command_probe,
+    horovodrun_argv,
+    hostfile,
+    mpirun_argv,
+    pin_known_host,
+    ssh_config,
+    trainer_option,
+    with_run_dir,
+)
 from launcher.core.nics import nic_problem, nic_selection, virtual_subnets
 from launcher.core.options import JobOptions, SettingsError, job_command
-from launcher.core.protocol import (GPU_WORKER_ULIMITS, KEEPALIVE_COUNT, KEEPALIVE_INTERVAL_SECONDS, SILENCE_SECONDS,
-                                    WORKER_ULIMITS)
-from launcher.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
-from launcher.settings import LaunchSettings, engine_override_key, load_env_file, parse_gpus, resolve_settings
+from launcher.core.protocol import (
+    GPU_WORKER_ULIMITS,
+    KEEPALIVE_COUNT,
+    KEEPALIVE_INTERVAL_SECONDS,
+    SILENCE_SECONDS,
+    WORKER_ULIMITS,
+)
+from launcher.host import workdir
+from launcher.host.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
+from launcher.host.settings import LaunchSettings, engine_override_key, load_env_file, parse_gpus, resolve_settings
 from tests.conftest import container, launch_settings
 from tests.conftest import plan_of as make_plan
 
@@ -320,7 +334,7 @@ def test_env_example_is_a_valid_settings_file():
 
 
 def test_workdir_too_big_to_copy_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr("launcher.settings.WORKDIR_LIMIT_BYTES", 1000)
+    monkeypatch.setattr("launcher.host.settings.WORKDIR_LIMIT_BYTES", 1000)
     (tmp_path / "data.bin").write_bytes(b"0" * 5000)
     with pytest.raises(SettingsError, match="more than the 0 MB copied to every node: put data in SHARED_DIR"):
         launch_settings(nodes=("node_1",), workdir=tmp_path)
@@ -526,7 +540,7 @@ def test_unpinned_nics_are_left_out_of_a_multi_host_job_and_survive_json():
     ("node_1:", "'node_1:' has no whole rank count"),
 ])
 def test_nodes_are_hosts_with_optional_rank_counts(text, expected):
-    from launcher.settings import parse_node_list
+    from launcher.host.settings import parse_node_list
 
     if isinstance(expected, str):
         with pytest.raises(SettingsError, match=expected):
@@ -544,7 +558,7 @@ def test_nodes_are_hosts_with_optional_rank_counts(text, expected):
     ("# nothing\n", "lists no host"),
 ])
 def test_hostfiles_in_open_mpis_format(text, expected):
-    from launcher.settings import parse_hostfile
+    from launcher.host.settings import parse_hostfile
 
     if isinstance(expected, str):
         with pytest.raises(SettingsError, match=expected):
@@ -812,8 +826,8 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     import json
     import tarfile
 
-    from launcher import session
     from launcher.core.sshtrust import KeyPair
+    from launcher.host import launch
 
     class Recorder:
         def __init__(self, name: str) -> None:
@@ -831,7 +845,7 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     plan = ClusterPlan.of(settings, cluster_id="c0ffee00")
     engines = [Recorder("node-1"), Recorder("node-2")]
     containers = [container("w1", "c0ffee00"), container("w2", "c0ffee00", role="worker")]
-    session.hand_over_trust(plan, engines, containers, KeyPair(b"PRIVATE", "ssh-ed25519 PUBLIC"), 0, lambda _: None)
+    launch.hand_over_trust(plan, engines, containers, KeyPair(b"PRIVATE", "ssh-ed25519 PUBLIC"), 0, lambda _: None)
     secrets = [(mode, content) for path, mode, content in engines[0].put if path == "/cluster/ssh/secrets.json"]
     assert secrets == [(0o600, json.dumps({"API_KEY": "sk-SECRET123"}).encode())]
     assert not any(b"sk-SECRET123" in content for _, _, content in engines[1].put)
@@ -881,7 +895,7 @@ def test_where_a_workers_sshd_listens_with_a_nic_pinned(addresses, nic, reached_
 
 
 def test_a_pinned_nic_tells_each_worker_where_to_listen():
-    from launcher.plan import Found
+    from launcher.host.plan import Found
 
     settings = resolve_settings({}, nodes="a,b", job={"network_interface": "eno1"})
     plan = ClusterPlan.of(settings, cluster_id="c0ffee00",

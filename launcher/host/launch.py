@@ -25,7 +25,6 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from launcher import images, preflight, workdir
 from launcher.core import sshtrust
 from launcher.core.imageref import parse_image
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
@@ -45,10 +44,11 @@ from launcher.core.protocol import (
     Signalled,
     parse_job_end,
 )
-from launcher.engine import Connect, Container, NodeDriver, NodeEngine, NodeError, connecting_line
-from launcher.plan import LABEL_CLUSTER, ClusterPlan, Node
-from launcher.preflight import Finding, NodeFacts, Severity
-from launcher.settings import LaunchSettings
+from launcher.host import images, preflight, workdir
+from launcher.host.engines import Connect, Container, NodeDriver, NodeEngine, NodeError, connecting_line
+from launcher.host.plan import LABEL_CLUSTER, ClusterPlan, Node
+from launcher.host.preflight import Finding, NodeFacts, Severity
+from launcher.host.settings import LaunchSettings
 
 Say = Callable[[str], None]
 

@@ -1,6 +1,6 @@
-"""`launcher doctor`: the checks a start makes (launcher.preflight), on every node, printed in full whatever they
-find, plus the clock skew; with --links, every pair of nodes' link measured (launcher.linkcheck) and what it means
-for one allreduce (launcher.links).
+"""`launcher doctor`: the checks a start makes (launcher.host.preflight), on every node, printed in full whatever they
+find, plus the clock skew; with --links, every pair of nodes' link measured (launcher.host.linkcheck) and what it means
+for one allreduce (launcher.host.links).
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
-from launcher import linkcheck, links, preflight
-from launcher.engine import Connect, NodeDriver, NodeEngine, NodeError, connecting_line
-from launcher.plan import ClusterPlan
-from launcher.preflight import HostView, NodeFacts
-from launcher.session import engine_facts, host_facts
-from launcher.settings import LaunchSettings
+from launcher.host import linkcheck, links, preflight
+from launcher.host.engines import Connect, NodeDriver, NodeEngine, NodeError, connecting_line
+from launcher.host.launch import engine_facts, host_facts
+from launcher.host.plan import ClusterPlan
+from launcher.host.preflight import HostView, NodeFacts
+from launcher.host.settings import LaunchSettings
 
 Echo = Callable[[str], None]
 

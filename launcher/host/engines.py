@@ -1,9 +1,9 @@
-"""One node's Docker engine, as the host side sees it: the NodeEngine protocol (what session, preflight, doctor, status,
+"""One node's Docker engine, as the host side sees it: the NodeEngine protocol (what launch, preflight, doctor, status,
 logs, stacks and results ask of a node) and NodeDriver, its Docker SDK implementation. Nothing outside this module
 touches a docker-py object: containers are Container records, found again by ID, and every exception of the SDK's
 becomes a NodeError (what happened: Failure, unreachable, refused, not found or failed; the node; one line with the
 fix), the ones a method does not word itself through _translated. Tests use a stand-in of NodeEngine
-(tests/conftest.py). The order of a launch lives in session.py.
+(tests/conftest.py). The order of a launch lives in launch.py.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, gpu_problem
-from launcher import access, reach, streams
 from launcher.core.imageref import parse_image
 from launcher.core.options import Bind
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
-from launcher.jobstate import ContainerState
-from launcher.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, WorkerContainer
-from launcher.preflight import HostView
+from launcher.host import access, reach, streams
+from launcher.host.jobstate import ContainerState
+from launcher.host.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, WorkerContainer
+from launcher.host.preflight import HostView
 
 PUSH_TIMEOUT_S = 3600
 
@@ -278,7 +278,7 @@ class NodeDriver:
 
     @classmethod
     def connect(cls, node: Node, timeout: float = 30) -> NodeDriver:
-        """The node's engine (its address and TLS as launcher.access reads them), or one NodeError (unreachable)
+        """The node's engine (its address and TLS as launcher.host.access reads them), or one NodeError (unreachable)
         within about node.connect_timeout seconds."""
         options = access.client_options(node.engine_url, node.tls)
         folder = node.tls.folder()[0] if node.tls is not None and options.get("tls") else None
