@@ -1,6 +1,7 @@
 """The user's machine: everything `launcher` does before and around a job, the job itself being the agent's
 (launcher/agent/); launcher/cli.py, on top, only parses flags and prints what these return.
 
+    flags.py      what each flag means: its help text, and what start's and export's flags turn into
     settings.py   .env, the environment and the flags as LaunchSettings (one core/options.JobOptions inside)
     access.py     how each node's engine is reached (ssh://, TLS, DOCKER_HOST_<NODE>), and who could read it
     reach.py      whether a node's engine answers at all, in bounded time, before the Docker SDK connects
@@ -10,6 +11,7 @@
     images.py     the same image on every node (pulled, or pushed from this machine)
     workdir.py    what of --workdir travels, and its archive
     launch.py     one launch in order: connect, check, start the workers, hand over trust, follow, clean up
+    signals.py    which signals end an attached launch or a link test, how each is worded, its exit status
     clusters.py   the clusters already started: status, logs, stacks, results, stop
     jobstate.py   a cluster's job state from what its containers hold (pure)
     results.py    a run folder copied home

@@ -1,10 +1,10 @@
 """`launcher doctor --links`, its Docker side: for each pair of nodes, one at a time (so no two transfers share a link
 or this machine's CPU), a short-lived host-network container of the image on the later node serves
 launcher/agent/linkprobe.py and one on the earlier node probes it, over the addresses the job would use
-(launcher/host/links.py job_address; with no NIC pinned, the node's name, as the hostfile has it). Every container
-is removed when its pair is done and, whatever stops the run (an error, Ctrl-C, SIGTERM), before this returns; if this process dies
-outright, each still ends by itself (the probe's bounds and timeouts), and carries the stack's cluster label, so
-`launcher stop` removes it.
+(launcher/host/links.py job_address; with no NIC pinned, the node's name, as the hostfile has it). Every container is
+removed when its pair is done and, whatever stops the run (an error, Ctrl-C, SIGTERM), before this returns; if this
+process dies outright, each still ends by itself (the probe's bounds and timeouts), and carries the stack's cluster
+label, so `launcher stop` removes it.
 """
 
 from __future__ import annotations

@@ -348,3 +348,11 @@ def resolve_settings(
         keep_running=keep_running,
         **{key: value for key, value in chosen.items() if value is not None},
     )
+
+
+def read_settings(env_file: Path | None, **flags: Any) -> tuple[LaunchSettings, str | None]:
+    """A command's settings from the .env file (`env_file`, else ./.env), the environment and its flags
+    (resolve_settings's keyword arguments), and the one warning it gives where --insecure-engine allowed engines
+    others could read (None where it allowed none); raises SettingsError on a bad setting."""
+    settings = resolve_settings(load_env_file(env_file), **flags)
+    return settings, access.warning(settings.exposed_engines())
