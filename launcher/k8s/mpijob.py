@@ -2,8 +2,8 @@
 
 Pure: from an MpiJobRequest (what `launcher export mpijob` was given: where to run, plus the JobOptions every door
 builds) to the MPIJob as a dict, then YAML. Nothing here talks to a cluster. The launcher pod runs the job agent
-(launcher/k8s/launcher_pod.py, the pod's arguments written by its agent_args); every worker pod runs the image's
-sshd as mpiuser on the stack's port.
+(launcher/agent/mpijob_pod.py; the pod's arguments are the pod contract's, launcher/core/pod_contract.py agent_args);
+every worker pod runs the image's sshd as mpiuser on the stack's port.
 
 What the document says, and why:
 - the same image, command and Horovod defaults as the other doors, the user's --env, slots per worker; the image
@@ -41,6 +41,7 @@ from app.gpu import GPUS_ASKED
 from launcher.core.imageref import parse_image
 from launcher.core.job import defaults_unless_set
 from launcher.core.options import ENV_NAME, JobOptions, SettingsError
+from launcher.core.pod_contract import PodArgs, agent_args
 from launcher.core.protocol import (
     MPIJOB_SSH_AUTH_DIR,
     MPIUSER_UID,
@@ -52,7 +53,6 @@ from launcher.core.protocol import (
     WORKER_CAPABILITIES,
 )
 from launcher.k8s import podsecurity
-from launcher.k8s.launcher_pod import PodArgs, agent_args
 from launcher.k8s.resources import Amount, parse_amount, resources, times
 
 API_VERSION = "kubeflow.org/v2beta1"
@@ -347,7 +347,7 @@ def rank_env(request: MpiJobRequest) -> tuple[str, ...]:
 
 
 def pod_args(request: MpiJobRequest) -> PodArgs:
-    """The launcher pod's arguments (launcher/k8s/launcher_pod.py): the job, with every rank's environment."""
+    """The launcher pod's arguments (launcher/core/pod_contract.py): the job, with every rank's environment."""
     return PodArgs(options=replace(request.job, env=rank_env(request)), name=request.name)
 
 
