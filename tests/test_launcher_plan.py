@@ -627,11 +627,33 @@ def test_an_elastic_job_over_a_subnet_serves_on_rank0s_nic_and_ranks_find_their_
      "with a subnet every node has an address in"),
 ])
 def test_the_nic_in_a_subnet(addresses, subnet, nic, problem):
-    from launcher.core.nics import nic_in_subnet, subnet_problem
+    from launcher.core.nics import own_nic, subnet_problem
 
-    assert nic_in_subnet(addresses, subnet) == nic
+    assert own_nic(subnet, addresses) == nic
     found = subnet_problem(subnet, addresses)
     assert (found is None) if problem is None else found.startswith(problem)
+
+
+HOST_ADDRESSES = (("lo", "127.0.0.1/8"), ("docker0", "172.17.0.1/16"), ("ens5", "10.0.0.2/24"),
+                  ("ens6", "10.1.0.2/16"), ("ens6", "192.0.2.7/24"))
+
+
+@pytest.mark.parametrize("network_interface, addresses, nic", [
+    (None, HOST_ADDRESSES, None),                 # none pinned: Open MPI and NCCL leave the virtual NICs out
+    ("", HOST_ADDRESSES, None),
+    ("ens5", HOST_ADDRESSES, "ens5"),             # a name: that NIC, as named
+    ("eth9", HOST_ADDRESSES, "eth9"),             # even one the host lacks: nic_problem refuses it, not this
+    ("10.0.0.0/24", HOST_ADDRESSES, "ens5"),      # a subnet: the NIC holding an address in it
+    ("192.0.2.0/24", HOST_ADDRESSES, "ens6"),     # a NIC's second address counts
+    ("10.1.0.0/24", HOST_ADDRESSES, "ens6"),      # a /16 address whose IP is in the /24: its IP decides
+    ("10.9.0.0/16", HOST_ADDRESSES, None),        # no address in it
+    ("10.0.0.0/8", HOST_ADDRESSES, "ens5"),       # two NICs in it: the first, in the host's order
+    ("10.0.0.0/24", (), None),
+])
+def test_which_nic_is_mine_here(network_interface, addresses, nic):
+    from launcher.core.nics import own_nic
+
+    assert own_nic(network_interface, addresses) == nic
 
 
 def test_the_dry_run_report_shows_each_container_the_hostfile_and_the_command_but_no_key():

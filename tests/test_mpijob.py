@@ -23,6 +23,7 @@ from launcher.agent import mpijob_pod
 from launcher.agent.mpijob_pod import OperatorAgent
 from launcher.core import pod_contract
 from launcher.core.job import JobSpec, Worker
+from launcher.core.nics import parse_ip_addresses
 from launcher.core.options import JobOptions, SettingsError, job_command
 from launcher.core.pod_contract import PodArgs
 from launcher.core.protocol import CLUSTER_KEY, HOSTKEYS_DIR, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR
@@ -445,7 +446,7 @@ def test_bad_launcher_arguments_are_refused_before_any_worker_is_claimed():
 def test_ip_addresses_are_read_from_ip_o_addr():
     text = ("1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n"
             "2: eth0    inet 10.0.3.7/24 brd 10.0.3.255 scope global eth0\\       valid_lft forever\n")
-    assert mpijob_pod.parse_ip_addresses(text) == [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24")]
+    assert parse_ip_addresses(text) == [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24")]
 
 
 def operator_transport(keys: dict[str, str]) -> StandInTransport:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from launcher.agent.job import Agent, JobError
 from launcher.agent.transport import SshTransport, Transport, stop_on_signals
 from launcher.core.job import DoorWords, JobSpec, Worker, new_run_id
-from launcher.core.nics import nic_in_subnet, subnet_of, virtual_subnets
+from launcher.core.nics import IP_ADDRESSES, own_nic, parse_ip_addresses, subnet_of, virtual_subnets
 from launcher.core.options import JobOptions, SettingsError, one_line
 from launcher.core.pod_contract import PodArgs, parse
 from launcher.core.protocol import (
@@ -86,16 +86,6 @@ def hostfile_workers(text: str, path: str = MPIJOB_HOSTFILE) -> list[Worker]:
     return workers
 
 
-def parse_ip_addresses(text: str) -> list[tuple[str, str]]:
-    """(NIC, address/prefix) pairs from `ip -o -4 addr show`."""
-    pairs = []
-    for line in text.splitlines():
-        words = line.split()
-        if len(words) >= 4 and words[2] == "inet":
-            pairs.append((words[1], words[3]))
-    return pairs
-
-
 def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]], now: float | None = None) -> JobSpec:
     """The job a launcher pod runs: the operator's workers with their slots; the bundled trainer writes into a run
     folder of its own on the shared claim (RUNS_DIR/<job>-<time>-<random>), so a second run never overwrites the
@@ -106,7 +96,7 @@ def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]],
     options = pod.options
     nic = options.network_interface
     subnet = subnet_of(nic)
-    driver_nic = nic_in_subnet(addresses, subnet) if subnet else None
+    driver_nic = own_nic(nic, addresses) if subnet else None
     if subnet and options.elastic and not driver_nic:
         raise SettingsError(
             f"elastic training over the subnet {nic} needs an address in it in {DRIVER} (it has "
@@ -180,9 +170,7 @@ class OperatorAgent(Agent):
 
 def own_addresses() -> list[tuple[str, str]]:
     try:
-        return parse_ip_addresses(
-            subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
-        )
+        return parse_ip_addresses(subprocess.run(IP_ADDRESSES, capture_output=True, text=True).stdout)
     except OSError:
         return []
 

@@ -26,6 +26,7 @@ from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, gpu_problem
 from launcher.core.imageref import parse_image
+from launcher.core.nics import IP_ADDRESSES
 from launcher.core.options import Bind
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
 from launcher.host import access, reach, streams
@@ -262,7 +263,7 @@ def host_view_argv(port: int, resolve: tuple[str, ...]) -> list[str]:
         # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
         f"(exec 3<>/dev/tcp/127.0.0.1/{int(port)}) 2>/dev/null && echo taken || echo free; "
         "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print \"nic\", $2}'; "
-        "ip -o -4 addr show | awk '{print \"address\", $2, $4}'; "
+        f"{' '.join(IP_ADDRESSES)} | awk '{{print \"address\", $2, $4}}'; "
         'for name in "$@"; do '
         "address=$(getent ahostsv4 \"$name\" | awk '{print $1; exit}'); "
         '[ -n "$address" ] && printf \'resolved %s %s\\n\' "$name" "$address"; '
