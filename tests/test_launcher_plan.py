@@ -41,7 +41,8 @@ from tests.conftest import plan_of as make_plan
 @pytest.mark.parametrize("settings, expected", [
     ({}, "gpu-a slots=1\ngpu-b slots=1\n"),
     ({"slots": 3}, "gpu-a slots=3\ngpu-b slots=3\n"),
-    ({"gpus_per_node": 4, "slots": 2}, "gpu-a slots=4\ngpu-b slots=4\n"),  # one rank per GPU
+    ({"gpus_per_node": 4}, "gpu-a slots=4\ngpu-b slots=4\n"),  # one rank per GPU
+    ({"gpus_per_node": 4, "slots": 4}, "gpu-a slots=4\ngpu-b slots=4\n"),  # slots given beside GPUs: the same count
     ({"nodes": ("a.lan",)}, "a.lan slots=1\n"),
 ])
 def test_hostfile(settings, expected):

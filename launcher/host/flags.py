@@ -22,7 +22,7 @@ GPUS = (
     "GPUs per node, one rank each (NVIDIA Container Toolkit): a count, or GPU IDs such as 0,1 (device=1 for one "
     "GPU by ID); default: GPUS_PER_NODE in .env."
 )
-SLOTS = "Ranks per node on CPUs (default 1)."
+SLOTS = "Ranks per node on CPUs (default 1); with --gpus, one rank per GPU: leave it out or give the same count."
 INSECURE = (
     "Allow engines off this machine that others could read: plain tcp://, or TLS without DOCKER_TLS_VERIFY (or "
     "INSECURE_ENGINES=1 in .env); the cluster's private key, job settings, registry credentials and the workdir "
@@ -85,7 +85,7 @@ EXPORT = {
     "kind": "What to write: mpijob (a Kubeflow MPIJob, kubeflow.org/v2beta1).",
     "name": "The MPIJob's name (a DNS-1035 label); pods are NAME-launcher, NAME-worker-I.",
     "workers": "Worker pods, one rank per slot each.",
-    "slots": "Ranks per worker on CPUs (default 1).",
+    "slots": "Ranks per worker on CPUs (default 1); with GPUs, one rank per GPU: leave it out or give the same count.",
     "gpus_per_node": "GPUs per worker (nvidia.com/gpu), one rank each; 0: CPU ranks.",
     "image": "The image as the nodes pull it, REGISTRY/NAME:TAG or @DIGEST (default: IMAGE in .env); required.",
     "namespace": "The namespace (default: default).",

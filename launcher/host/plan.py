@@ -176,8 +176,8 @@ class ClusterPlan:
 
     @property
     def slots_per_node(self) -> int:
-        """Ranks on a node without a count of its own (Node.slots): one per GPU, or the CPU slots."""
-        return self.settings.gpus_per_node or self.settings.slots
+        """Ranks on a node without a count of its own (Node.slots): LaunchSettings.ranks_per_node."""
+        return self.settings.ranks_per_node
 
     def slots(self, node: Node) -> int:
         return node.slots or self.slots_per_node

@@ -18,6 +18,7 @@ from dotenv import dotenv_values
 from launcher.core.imageref import parse_image
 from launcher.core.options import SWITCH_WORDS, JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
+from launcher.core.ranks import LAUNCHER, ranks_per_node
 from launcher.host import access
 from launcher.host.access import EngineTls, engine_override_key
 from launcher.host.reach import CONNECT_TIMEOUT_S
@@ -92,12 +93,13 @@ class LaunchSettings:
     """Hosts to run on, rank 0 first. Each must resolve to its host on every node."""
     job: JobOptions = field(default_factory=JobOptions)
     """What runs there: the command, its environment, the NIC, the port, the timeouts, the elastic settings."""
-    slots: int = 1
-    """Ranks per node (CPU) for nodes without a count of their own."""
+    slots: int | None = None
+    """Ranks per node for nodes without a count of their own, as given (--slots, SLOTS_PER_WORKER); None: not given.
+    The ranks themselves are ranks_per_node's."""
     node_slots: dict[str, int] = field(default_factory=dict)
     """Nodes' own rank counts (--nodes HOST:SLOTS, --hostfile); with GPUs, each such node's GPUs."""
     gpus_per_node: int = 0
-    """Ranks per node, one GPU each through the NVIDIA Container Toolkit; replaces slots when set."""
+    """GPUs per node, one rank each, through the NVIDIA Container Toolkit (core/ranks.py: slots given must agree)."""
     gpu_ids: tuple[str, ...] = ()
     """The GPUs each worker gets, by index or UUID (--gpus 0,1); empty: any gpus_per_node of the node's."""
     image: str = DEFAULT_IMAGE
@@ -148,10 +150,7 @@ class LaunchSettings:
             raise SettingsError(
                 f"CONNECT_TIMEOUT in .env must be a positive number of seconds (got {self.connect_timeout})"
             )
-        if self.slots < 1:
-            raise SettingsError(f"--slots must be at least 1 (got {self.slots})")
-        if self.gpus_per_node < 0:
-            raise SettingsError(f"--gpus must be 0 or more (got {self.gpus_per_node}): {GPUS_FIX}")
+        ranks_per_node(self.slots, self.gpus_per_node, LAUNCHER)
         if self.gpu_ids and len(self.gpu_ids) != self.gpus_per_node:
             raise SettingsError(f"--gpus names {len(self.gpu_ids)} GPU(s) for {self.gpus_per_node} ranks: {GPUS_FIX}")
         for device in self.devices:
@@ -186,6 +185,11 @@ class LaunchSettings:
             )
         if self.job.workdir is not None:
             self._check_workdir(Path(self.job.workdir))
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on a node without a count of its own: one per GPU, else the slots, else 1 (core/ranks.py)."""
+        return ranks_per_node(self.slots, self.gpus_per_node, LAUNCHER)
 
     @staticmethod
     def _check_workdir(folder: Path) -> None:
