@@ -145,25 +145,18 @@ def start_settings(given: Mapping[str, Any], command: tuple[str, ...]) -> dict[s
     }
 
 
-EXPORT_WHERE = (
-    "name",
-    "workers",
-    "slots",
-    "gpus_per_node",
-    "namespace",
-    "shared_claim",
-    "cpu",
-    "memory",
-    "pod_security",
-    "rdma",
-    "run_as_user",
-    "deadline",
-    "scheduler",
-    "queue",
-    "priority_class",
-    "suspend",
-)
-"""export mpijob's flags that set the MpiJobRequest field of their own name, as given."""
+EXPORT_JOB = {
+    "env": "env",
+    "elastic": "elastic",
+    "min_workers": "elastic_min_workers",
+    "network_interface": "network_interface",
+    "schedule_timeout": "ready_timeout",
+    "ptrace": "ptrace",
+}
+"""export mpijob's flags that set a job option, and the JobOptions field each sets."""
+EXPORT_NOT_WHERE = ("ctx", "kind", "env_file", "output", "image", "secret", *EXPORT_JOB)
+"""export mpijob's flags that are not an MpiJobRequest field of their own name: the command line's own, the job's,
+and those export_request words itself. Every other flag sets the field of its name, as given."""
 
 
 def export_request(
@@ -171,17 +164,10 @@ def export_request(
 ) -> dict[str, Any]:
     """mpijob.request's keyword arguments from `launcher export mpijob`'s flags as given, by name; `env_image` reads
     IMAGE in .env, for want of --image (the .env file is read only then)."""
+    job = {option: given[flag] for flag, option in EXPORT_JOB.items()}
     return {
-        **{name: given[name] for name in EXPORT_WHERE},
-        "job": {
-            "command": command,
-            "env": tuple(given["env"] or ()),
-            "elastic": given["elastic"],
-            "elastic_min_workers": given["min_workers"],
-            "network_interface": given["network_interface"],
-            "ready_timeout": given["schedule_timeout"],
-            "ptrace": given["ptrace"],
-        },
+        **{name: value for name, value in given.items() if name not in EXPORT_NOT_WHERE},
+        "job": {**job, "command": command, "env": tuple(given["env"] or ())},
         "image": given["image"] or env_image(),
         "secret_refs": tuple(given["secret"] or ()),
     }
