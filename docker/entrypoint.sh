@@ -9,10 +9,10 @@
 #                       the MPI Operator's authorized_keys from DIR (the MPIJob's sshAuthMountPath), copied where
 #                       it checks them with the modes StrictModes wants (the operator's files are root-owned, mode
 #                       0644, in a folder others may write); its host key is not published (pods share no such
-#                       folder): the launcher pod's agent learns it at first contact (launcher/k8s/launcher_pod.py);
+#                       folder): the launcher pod's agent learns it at first contact (launcher/agent/mpijob_pod.py);
 #                       it waits for its claim as long as the job may be scheduled (no claim timeout: the operator
 #                       removes the workers when the job ends, and the launcher pod's agent holds the clock)
-#   mpijob-launcher ARGS  an MPIJob's launcher pod: the job agent (python -m launcher.k8s.launcher_pod ARGS)
+#   mpijob-launcher ARGS  an MPIJob's launcher pod: the job agent (python -m launcher.agent.mpijob_pod ARGS)
 #                       runs the job against the operator's /etc/mpi/hostfile and exits with its status
 #   smoke [OPTIONS] [-- COMMAND]  a CI runner's check (python -m launcher.smoke): COMMAND, or the bundled trainer,
 #                       on N ranks in this container over Gloo; the exit status is the job's. It runs as the owner of
@@ -127,7 +127,7 @@ case "$ROLE" in
   worker) run_worker ;;
   launcher) shift; exec python -m launcher.agent compose "$@" ;;
   mpijob-worker) run_worker "${2:?mpijob-worker needs the sshAuthMountPath of the MPIJob, as launcher export mpijob writes it}" ;;
-  mpijob-launcher) shift; exec python -m launcher.k8s.launcher_pod "$@" ;;
+  mpijob-launcher) shift; exec python -m launcher.agent.mpijob_pod "$@" ;;
   smoke) shift; run_smoke "$@" ;;
   healthcheck) port=$(cat "$HOME/.sshd/port") && ss -Hltn "sport = :$port" | grep -q LISTEN ;;
   *) exec "$@" ;;

@@ -1,18 +1,24 @@
 """`launcher`: runs a Horovod job across Docker hosts, and the job agent that every door's job runs under.
 
-One launch, in order: settings (.env, flags: settings.py, a LaunchSettings holding one core/options.JobOptions)
--> the node checks (preflight.py, fed by each node's engine: engine.py) -> a plan and its job spec (plan.py,
-core/job.py; pure) -> a worker container on every node, the cluster's SSH trust handed over (session.py,
-core/sshtrust.py) -> the job agent in the rank-0 container (agent/job.py): readiness, a lifeline to every worker,
-mpirun, the exit status and root cause, every worker stopped.
+One launch, in order: settings (.env, flags: host/flags.py, host/settings.py, a LaunchSettings holding one
+core/options.JobOptions) -> the node checks (host/preflight.py, fed by each node's engine: host/engines.py) -> a
+plan and its job spec (host/plan.py, core/job.py; pure) -> a worker container on every node, the cluster's SSH
+trust handed over (host/launch.py, core/sshtrust.py) -> the job agent in the rank-0 container (agent/job.py):
+readiness, a lifeline to every worker, mpirun, the exit status and root cause, every worker stopped.
 
-The sides, by folder:
-- launcher/*.py, the user's machine: cli (parses and prints), settings, plan, preflight, engine, session, doctor,
-  clusters (status, logs, stacks, results, stop), images, results, links and linkcheck (doctor --links), workdir,
-  jobstate;
-- launcher/core/, what both sides read: options, job, nics, protocol, stall, sshtrust;
-- launcher/agent/, what runs in the containers: the agent and its transport, compose's door, stacks, rank_nic,
-  linkprobe;
-- launcher/k8s/, the Kubernetes door: the MPIJob document and its launcher pod.
-Imports run one way: core <- agent <- k8s <- the host side (cli's export), and core <- the host side.
+The rooms, by folder:
+- cli.py, the face on top: declares the commands and flags, calls the host side, prints; no logic of its own;
+- launcher/host/, the user's machine: flags, settings, access and reach (the engines' addresses), engines,
+  preflight, plan, images, workdir, launch and its signal policy (signals), clusters (status, logs, stacks,
+  results, stop), jobstate, results, streams, doctor, links and linkcheck (doctor --links), trainer (the bundled
+  trainer's options, checked before any node is contacted);
+- launcher/core/, what every side reads: options, job, nics (which NIC is mine here), ranks (ranks per node),
+  protocol, pod_contract (an MPIJob launcher pod's arguments), stall, sshtrust, imageref;
+- launcher/agent/, what runs in the containers: the agent and its transport, compose's door, the MPIJob launcher
+  pod's door (mpijob_pod), stacks, rank_nic, linkprobe;
+- launcher/k8s/, the Kubernetes door's document: the MPIJob, its pods' resources and Pod Security checks;
+- launcher/smoke/, the image's `smoke` role: a script on N ranks in one container, for a CI runner.
+Imports run one way: core <- agent <- smoke, core <- k8s, core <- host, and cli on top of host and k8s (export):
+the agent and smoke never import the host side, k8s reads only core, nothing imports cli, app/ never imports
+launcher, and no module imports itself by way of others (tests/test_import_rules.py holds these).
 """

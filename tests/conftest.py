@@ -1,5 +1,5 @@
-"""The stand-ins every unit test shares: one of the host side's NodeEngine (launcher/engine.py), one of the agent's
-Transport (launcher/agent/transport.py), and builders of settings, plans and job specs from flat keyword arguments.
+"""The stand-ins every unit test shares: one of the host side's NodeEngine (launcher/host/engines.py), one of the
+agent's Transport (launcher/agent/transport.py), and builders of settings, plans and job specs from flat keyword arguments.
 The integration tests use the real things (Docker engines, sshd, mpirun) instead.
 """
 
@@ -17,11 +17,11 @@ from launcher.agent import stacks
 from launcher.core.job import JobSpec
 from launcher.core.options import JobOptions
 from launcher.core.protocol import HOSTKEYS_DIR, JOB_LOST, KNOWN_HOSTS
-from launcher.engine import Container, Loss, NodeEngine, NodeError, pull_failure
-from launcher.jobstate import ContainerState
-from launcher.plan import ClusterPlan, Found, Node, WorkerContainer
-from launcher.preflight import HostView
-from launcher.settings import LaunchSettings
+from launcher.host.engines import Container, Loss, NodeEngine, NodeError, pull_failure
+from launcher.host.jobstate import ContainerState
+from launcher.host.plan import ClusterPlan, Found, Node, WorkerContainer
+from launcher.host.preflight import HostView
+from launcher.host.settings import LaunchSettings
 
 JOB_OPTIONS = {field.name for field in dataclasses.fields(JobOptions)}
 

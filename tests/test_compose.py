@@ -535,5 +535,6 @@ def test_gpu_variant_gives_one_worker_every_gpu_and_a_rank_per_gpu(compose_run):
     [device] = worker["deploy"]["resources"]["reservations"]["devices"]
     assert device["count"] == 4 and device["capabilities"] == ["gpu"]
     assert worker["ulimits"]["memlock"] == -1 and worker["ulimits"]["stack"] == 64 * 1024**2
-    assert launcher["environment"]["WORKERS"] == "1" and launcher["environment"]["SLOTS_PER_WORKER"] == "4"
+    assert launcher["environment"]["WORKERS"] == "1" and launcher["environment"]["GPUS"] == "4"
+    assert launcher["environment"]["SLOTS_PER_WORKER"] == ""  # the GPUs imply the slots (launcher/core/ranks.py)
     assert launcher["environment"]["HOROVOD_STACK_GPUS"] == "1"

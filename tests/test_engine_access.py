@@ -1,4 +1,4 @@
-"""How the launcher reaches a node's engine (launcher/access.py): the per-node keys, TLS from the Docker CLI's
+"""How the launcher reaches a node's engine (launcher/host/access.py): the per-node keys, TLS from the Docker CLI's
 variables through docker-py, an engine others could read refused unless allowed, and the one line of each TLS
 failure; then the real thing: `launcher status` through a TLS front of this machine's engine (tests/tlsengine.py)
 with this machine's client certificate, and with one of another CA, which the engine refuses."""
@@ -15,11 +15,11 @@ import pytest
 from docker.api.client import APIClient
 from docker.tls import TLSConfig
 
-from launcher import access, reach
-from launcher.access import EngineTls, Setting, exposure, insecure_allowed, node_key, node_setting
 from launcher.core.options import SettingsError
-from launcher.plan import ClusterPlan
-from launcher.settings import resolve_settings
+from launcher.host import access, reach
+from launcher.host.access import EngineTls, Setting, exposure, insecure_allowed, node_key, node_setting
+from launcher.host.plan import ClusterPlan
+from launcher.host.settings import resolve_settings
 from tests import tlsengine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -194,7 +194,7 @@ def test_each_tls_failure_is_one_line_with_its_fix(said, folder, expected):
 
 
 def test_the_engines_ca_wins_over_requests_ca_bundle_variables(monkeypatch):
-    import launcher.engine  # noqa: F401  (patches docker-py's client)
+    import launcher.host.engines  # noqa: F401  (patches docker-py's client)
 
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
     client = APIClient(base_url="tcp://127.0.0.1:1", version="1.41", tls=False)

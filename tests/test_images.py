@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from launcher import images
+from launcher.host import images
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError
-from launcher.settings import resolve_settings
-from launcher.engine import NodeError, pull_failure
+from launcher.host.settings import resolve_settings
+from launcher.host.engines import NodeError, pull_failure
 from tests.conftest import StandInEngine as Engine
 
 

@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from launcher.jobstate import ContainerState, describe
+from launcher.host.jobstate import ContainerState, describe
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
 LOG = ("12:00 [rank 0] epoch 1/2: train loss 0.9, val loss 0.5, val accuracy 0.8100, 6100 samples/s, 0.3 s\n"

@@ -3,23 +3,37 @@
 import dataclasses
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
-import subprocess
-
 from app.horovod_defaults import HOROVOD_DEFAULTS
-from launcher import workdir
 from launcher.agent import compose
-from launcher.core.job import (JobSpec, Worker, command_probe, hostfile, horovodrun_argv, mpirun_argv, pin_known_host,
-                               ssh_config, trainer_option, with_run_dir)
+from launcher.core.job import (
+    JobSpec,
+    Worker,
+    command_probe,
+    horovodrun_argv,
+    hostfile,
+    mpirun_argv,
+    pin_known_host,
+    ssh_config,
+    trainer_option,
+    with_run_dir,
+)
 from launcher.core.nics import nic_problem, nic_selection, virtual_subnets
 from launcher.core.options import JobOptions, SettingsError, job_command
-from launcher.core.protocol import (GPU_WORKER_ULIMITS, KEEPALIVE_COUNT, KEEPALIVE_INTERVAL_SECONDS, SILENCE_SECONDS,
-                                    WORKER_ULIMITS)
-from launcher.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
-from launcher.settings import LaunchSettings, engine_override_key, load_env_file, parse_gpus, resolve_settings
+from launcher.core.protocol import (
+    GPU_WORKER_ULIMITS,
+    KEEPALIVE_COUNT,
+    KEEPALIVE_INTERVAL_SECONDS,
+    SILENCE_SECONDS,
+    WORKER_ULIMITS,
+)
+from launcher.host import workdir
+from launcher.host.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
+from launcher.host.settings import LaunchSettings, engine_override_key, load_env_file, parse_gpus, resolve_settings
 from tests.conftest import container, launch_settings
 from tests.conftest import plan_of as make_plan
 
@@ -27,7 +41,8 @@ from tests.conftest import plan_of as make_plan
 @pytest.mark.parametrize("settings, expected", [
     ({}, "gpu-a slots=1\ngpu-b slots=1\n"),
     ({"slots": 3}, "gpu-a slots=3\ngpu-b slots=3\n"),
-    ({"gpus_per_node": 4, "slots": 2}, "gpu-a slots=4\ngpu-b slots=4\n"),  # one rank per GPU
+    ({"gpus_per_node": 4}, "gpu-a slots=4\ngpu-b slots=4\n"),  # one rank per GPU
+    ({"gpus_per_node": 4, "slots": 4}, "gpu-a slots=4\ngpu-b slots=4\n"),  # slots given beside GPUs: the same count
     ({"nodes": ("a.lan",)}, "a.lan slots=1\n"),
 ])
 def test_hostfile(settings, expected):
@@ -320,7 +335,7 @@ def test_env_example_is_a_valid_settings_file():
 
 
 def test_workdir_too_big_to_copy_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr("launcher.settings.WORKDIR_LIMIT_BYTES", 1000)
+    monkeypatch.setattr("launcher.host.settings.WORKDIR_LIMIT_BYTES", 1000)
     (tmp_path / "data.bin").write_bytes(b"0" * 5000)
     with pytest.raises(SettingsError, match="more than the 0 MB copied to every node: put data in SHARED_DIR"):
         launch_settings(nodes=("node_1",), workdir=tmp_path)
@@ -526,7 +541,7 @@ def test_unpinned_nics_are_left_out_of_a_multi_host_job_and_survive_json():
     ("node_1:", "'node_1:' has no whole rank count"),
 ])
 def test_nodes_are_hosts_with_optional_rank_counts(text, expected):
-    from launcher.settings import parse_node_list
+    from launcher.host.settings import parse_node_list
 
     if isinstance(expected, str):
         with pytest.raises(SettingsError, match=expected):
@@ -544,7 +559,7 @@ def test_nodes_are_hosts_with_optional_rank_counts(text, expected):
     ("# nothing\n", "lists no host"),
 ])
 def test_hostfiles_in_open_mpis_format(text, expected):
-    from launcher.settings import parse_hostfile
+    from launcher.host.settings import parse_hostfile
 
     if isinstance(expected, str):
         with pytest.raises(SettingsError, match=expected):
@@ -613,11 +628,33 @@ def test_an_elastic_job_over_a_subnet_serves_on_rank0s_nic_and_ranks_find_their_
      "with a subnet every node has an address in"),
 ])
 def test_the_nic_in_a_subnet(addresses, subnet, nic, problem):
-    from launcher.core.nics import nic_in_subnet, subnet_problem
+    from launcher.core.nics import own_nic, subnet_problem
 
-    assert nic_in_subnet(addresses, subnet) == nic
+    assert own_nic(subnet, addresses) == nic
     found = subnet_problem(subnet, addresses)
     assert (found is None) if problem is None else found.startswith(problem)
+
+
+HOST_ADDRESSES = (("lo", "127.0.0.1/8"), ("docker0", "172.17.0.1/16"), ("ens5", "10.0.0.2/24"),
+                  ("ens6", "10.1.0.2/16"), ("ens6", "192.0.2.7/24"))
+
+
+@pytest.mark.parametrize("network_interface, addresses, nic", [
+    (None, HOST_ADDRESSES, None),                 # none pinned: Open MPI and NCCL leave the virtual NICs out
+    ("", HOST_ADDRESSES, None),
+    ("ens5", HOST_ADDRESSES, "ens5"),             # a name: that NIC, as named
+    ("eth9", HOST_ADDRESSES, "eth9"),             # even one the host lacks: nic_problem refuses it, not this
+    ("10.0.0.0/24", HOST_ADDRESSES, "ens5"),      # a subnet: the NIC holding an address in it
+    ("192.0.2.0/24", HOST_ADDRESSES, "ens6"),     # a NIC's second address counts
+    ("10.1.0.0/24", HOST_ADDRESSES, "ens6"),      # a /16 address whose IP is in the /24: its IP decides
+    ("10.9.0.0/16", HOST_ADDRESSES, None),        # no address in it
+    ("10.0.0.0/8", HOST_ADDRESSES, "ens5"),       # two NICs in it: the first, in the host's order
+    ("10.0.0.0/24", (), None),
+])
+def test_which_nic_is_mine_here(network_interface, addresses, nic):
+    from launcher.core.nics import own_nic
+
+    assert own_nic(network_interface, addresses) == nic
 
 
 def test_the_dry_run_report_shows_each_container_the_hostfile_and_the_command_but_no_key():
@@ -812,8 +849,8 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     import json
     import tarfile
 
-    from launcher import session
     from launcher.core.sshtrust import KeyPair
+    from launcher.host import launch
 
     class Recorder:
         def __init__(self, name: str) -> None:
@@ -831,7 +868,7 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     plan = ClusterPlan.of(settings, cluster_id="c0ffee00")
     engines = [Recorder("node-1"), Recorder("node-2")]
     containers = [container("w1", "c0ffee00"), container("w2", "c0ffee00", role="worker")]
-    session.hand_over_trust(plan, engines, containers, KeyPair(b"PRIVATE", "ssh-ed25519 PUBLIC"), 0, lambda _: None)
+    launch.hand_over_trust(plan, engines, containers, KeyPair(b"PRIVATE", "ssh-ed25519 PUBLIC"), 0, lambda _: None)
     secrets = [(mode, content) for path, mode, content in engines[0].put if path == "/cluster/ssh/secrets.json"]
     assert secrets == [(0o600, json.dumps({"API_KEY": "sk-SECRET123"}).encode())]
     assert not any(b"sk-SECRET123" in content for _, _, content in engines[1].put)
@@ -881,7 +918,7 @@ def test_where_a_workers_sshd_listens_with_a_nic_pinned(addresses, nic, reached_
 
 
 def test_a_pinned_nic_tells_each_worker_where_to_listen():
-    from launcher.plan import Found
+    from launcher.host.plan import Found
 
     settings = resolve_settings({}, nodes="a,b", job={"network_interface": "eno1"})
     plan = ClusterPlan.of(settings, cluster_id="c0ffee00",

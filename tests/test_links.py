@@ -20,7 +20,7 @@ from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
 from launcher.agent import linkprobe
 from launcher.cli import app
 from tests.conftest import StandInEngine, launch_settings
-from launcher.links import (
+from launcher.host.links import (
     Link,
     advice,
     Unreachable,
@@ -167,7 +167,7 @@ def test_the_bundled_trainers_gradient_size_is_simplenets():
 
 
 def test_the_launcher_with_its_link_test_imports_no_torch():
-    code = "import sys, launcher.cli, launcher.linkcheck, launcher.agent.linkprobe; print('torch' in sys.modules)"
+    code = "import sys, launcher.cli, launcher.host.linkcheck, launcher.agent.linkprobe; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stdout.strip() == "False"
 
@@ -180,7 +180,7 @@ def test_link_options_need_links(args):
 
 
 def test_link_options_take_positive_numbers():
-    from launcher.doctor import link_options_problem
+    from launcher.host.doctor import link_options_problem
 
     assert link_options_problem(True, 8, None, 0) == "--gradient-mb, --compute-ms and --link-seconds take a positive " \
                                                      "number"
@@ -206,7 +206,7 @@ def test_advice_holds_the_exchange_against_the_compute(exchange_s, compute_s, wo
 
 
 def advise_with(probe_output: str, gradient_mb=None, compute_ms=None) -> tuple[str, StandInEngine]:
-    from launcher.doctor import advise
+    from launcher.host.doctor import advise
 
     node_1 = StandInEngine("node_1", probe_output=probe_output)
     prediction = predict([Link("node_1", "node_2", "x", 0.2, 200.0, 200.0)], 46.8, 2)
@@ -351,7 +351,7 @@ VIEWS = {"node_1": SimpleNamespace(addresses=(("hst0", "10.0.0.1/24"),)),
 ])
 def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_addresses(network_interface, bind,
                                                                                          target, source):
-    from launcher import linkcheck
+    from launcher.host import linkcheck
 
     node_1, node_2 = StandInEngine("node_1", probe_output=probe_output()), StandInEngine("node_2")
     results = linkcheck.measure(stand_in_settings(network_interface), [node_1, node_2], VIEWS, 1.0, lambda _: None)
@@ -366,7 +366,7 @@ def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_
 
 
 def test_measure_removes_every_container_when_interrupted():
-    from launcher import linkcheck
+    from launcher.host import linkcheck
 
     node_1, node_2 = StandInEngine("node_1", interrupt=True), StandInEngine("node_2")
     with pytest.raises(KeyboardInterrupt):

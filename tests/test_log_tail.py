@@ -8,10 +8,10 @@ import tarfile
 
 import pytest
 
-from launcher import clusters, streams
 from launcher.core.protocol import JOB_LOG, JOB_STATUS
-from launcher.engine import _file_in_archive
-from launcher.plan import Node
+from launcher.host import clusters, streams
+from launcher.host.engines import _file_in_archive
+from launcher.host.plan import Node
 from tests.conftest import container
 
 

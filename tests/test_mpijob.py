@@ -19,12 +19,15 @@ import pytest
 import yaml
 
 from app.horovod_defaults import HOROVOD_DEFAULTS
+from launcher.agent import mpijob_pod
+from launcher.agent.mpijob_pod import OperatorAgent
+from launcher.core import pod_contract
 from launcher.core.job import JobSpec, Worker
+from launcher.core.nics import parse_ip_addresses
 from launcher.core.options import JobOptions, SettingsError, job_command
+from launcher.core.pod_contract import PodArgs
 from launcher.core.protocol import CLUSTER_KEY, HOSTKEYS_DIR, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR
-from launcher.k8s import launcher_pod
 from launcher.k8s import mpijob, podsecurity, resources
-from launcher.k8s.launcher_pod import OperatorAgent, PodArgs
 from tests.conftest import JOB_OPTIONS, StandInTransport, job_spec
 
 SCHEMA = Path(__file__).parent / "k8s" / "mpijob-v2beta1.schema.json"
@@ -125,7 +128,7 @@ def launcher_options(document: dict) -> JobOptions:
 def pod_args(document: dict) -> PodArgs:
     args = pods(document)[0]["containers"][0]["args"]
     assert args[0] == mpijob.LAUNCHER_ROLE
-    return launcher_pod.parse(args[1:])
+    return pod_contract.parse(args[1:])
 
 
 CASES = {
@@ -394,31 +397,31 @@ def test_agent_args_and_parse_agree():
     pod = PodArgs(name="j", options=JobOptions(network_interface="eth0", elastic=True, elastic_min_workers=2,
                                               env=("A=1", "B=x y"), command=("python", "-m", "app.train", "--epochs",
                                                                              "1")))
-    assert launcher_pod.parse(launcher_pod.agent_args(pod)) == pod
+    assert pod_contract.parse(pod_contract.agent_args(pod)) == pod
     unlimited = PodArgs(name="j", options=JobOptions(command=("true",), ready_timeout=math.inf, ptrace=False))
-    assert launcher_pod.agent_args(unlimited) == ["--job", "j", "--", "true"]
-    assert launcher_pod.parse(["--job", "j", "--", "true"]) == unlimited
+    assert pod_contract.agent_args(unlimited) == ["--job", "j", "--", "true"]
+    assert pod_contract.parse(["--job", "j", "--", "true"]) == unlimited
     limited = PodArgs(name="j", options=JobOptions(command=("true",), ready_timeout=600))
-    assert launcher_pod.agent_args(limited) == ["--job", "j", "--schedule-timeout", "600", "--ptrace", "--", "true"]
-    assert launcher_pod.parse(launcher_pod.agent_args(limited)) == limited
+    assert pod_contract.agent_args(limited) == ["--job", "j", "--schedule-timeout", "600", "--ptrace", "--", "true"]
+    assert pod_contract.parse(pod_contract.agent_args(limited)) == limited
     with pytest.raises(SettingsError, match="written by `launcher export mpijob`"):
-        launcher_pod.parse(["--nope", "--", "true"])
+        pod_contract.parse(["--nope", "--", "true"])
 
 
 def test_the_operators_hostfile_gives_the_workers_in_order_with_their_slots():
-    assert launcher_pod.hostfile_workers("# by the operator\n" + HOSTFILE) == [
+    assert mpijob_pod.hostfile_workers("# by the operator\n" + HOSTFILE) == [
         Worker("digits-worker-0", "digits-worker-0.digits.default.svc", 2),
         Worker("digits-worker-1", "digits-worker-1.digits.default.svc", 2)]
     with pytest.raises(SettingsError, match="lists no workers"):
-        launcher_pod.hostfile_workers("\n")
+        mpijob_pod.hostfile_workers("\n")
     with pytest.raises(SettingsError, match="line 1: 'slots=two' is not slots=N"):
-        launcher_pod.hostfile_workers("w slots=two\n")
+        mpijob_pod.hostfile_workers("w slots=two\n")
 
 
 def test_the_job_runs_mpirun_over_the_operators_workers_with_a_run_folder_of_its_own():
-    options = launcher_pod.parse(["--job", "digits", "--env", "A=1", "--", "python", "-m", "app.train", *TRAIN])
+    options = pod_contract.parse(["--job", "digits", "--env", "A=1", "--", "python", "-m", "app.train", *TRAIN])
     addresses = [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24"), ("docker0", "172.17.0.1/16")]
-    spec = launcher_pod.job_spec(options, HOSTFILE, addresses, now=0)
+    spec = mpijob_pod.job_spec(options, HOSTFILE, addresses, now=0)
     assert spec.expected_workers == 2 and spec.slots == 2 and spec.agent_host is None
     assert spec.excluded_subnets == ("172.17.0.0/16",)  # a pod with host networking sees its node's docker0
     assert spec.run_dir and spec.run_dir.startswith("/shared/runs/digits-19700101-000000-")
@@ -426,23 +429,24 @@ def test_the_job_runs_mpirun_over_the_operators_workers_with_a_run_folder_of_its
     assert argv[:5] == ["mpirun", "-np", "4", "--hostfile", "/home/mpiuser/hostfile"]
     assert "A=1" in argv and "--run-dir" in argv
     assert JobSpec.from_json(spec.to_json()) == spec
-    user = launcher_pod.job_spec(launcher_pod.parse(["--", "python", "t.py"]), HOSTFILE, [], now=0)
+    user = mpijob_pod.job_spec(pod_contract.parse(["--", "python", "t.py"]), HOSTFILE, [], now=0)
     assert user.command == ("python", "t.py") and user.run_dir is None
 
 
 def test_bad_launcher_arguments_are_refused_before_any_worker_is_claimed():
     with pytest.raises(SettingsError, match=re.escape("--min-workers 3 is not from 1 to the 2 worker pods (--workers)")):
-        launcher_pod.job_spec(launcher_pod.parse(["--min-workers", "3", "--network-interface", "eth0"]), HOSTFILE, [])
+        pod = pod_contract.parse(["--min-workers", "3", "--network-interface", "eth0"])
+        mpijob_pod.job_spec(pod, HOSTFILE, [])
     with pytest.raises(SettingsError, match="elastic training needs the NIC"):
-        launcher_pod.job_spec(launcher_pod.parse(["--min-workers", "1"]), HOSTFILE, [])
+        mpijob_pod.job_spec(pod_contract.parse(["--min-workers", "1"]), HOSTFILE, [])
     with pytest.raises(ValueError, match="is not KEY=VALUE"):
-        launcher_pod.parse(["--env", "oops"])
+        pod_contract.parse(["--env", "oops"])
 
 
 def test_ip_addresses_are_read_from_ip_o_addr():
     text = ("1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n"
             "2: eth0    inet 10.0.3.7/24 brd 10.0.3.255 scope global eth0\\       valid_lft forever\n")
-    assert launcher_pod.parse_ip_addresses(text) == [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24")]
+    assert parse_ip_addresses(text) == [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24")]
 
 
 def operator_transport(keys: dict[str, str]) -> StandInTransport:
@@ -482,9 +486,9 @@ def test_without_the_operators_key_the_job_is_refused_naming_the_mount():
 
 
 def test_an_elastic_job_discovers_its_workers_with_the_operators_script():
-    options = launcher_pod.parse(["--job", "digits", "--min-workers", "1", "--network-interface", "eth0", "--", "python",
-                                "-m", "app.train"])
-    argv = " ".join(launcher_pod.job_spec(options, HOSTFILE, [], now=0).job_argv())
+    options = pod_contract.parse(["--job", "digits", "--min-workers", "1", "--network-interface", "eth0", "--",
+                                  "python", "-m", "app.train"])
+    argv = " ".join(mpijob_pod.job_spec(options, HOSTFILE, [], now=0).job_argv())
     assert "horovodrun --gloo" in argv and "--host-discovery-script /etc/mpi/discover_hosts.sh " in argv
     assert "--slots-per-host 2 " in argv  # the operator's script names hosts without slots: the hostfile's
 

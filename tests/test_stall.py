@@ -9,14 +9,14 @@ import threading
 
 import pytest
 
-from launcher import jobstate
 from launcher.agent import stacks
 from launcher.agent.job import Agent, StallWatch
 from launcher.agent.stacks import Frame, RankStack
 from launcher.core import stall
 from launcher.core.job import Worker
 from launcher.core.protocol import JOB_STALL
-from launcher.jobstate import ContainerState
+from launcher.host import jobstate
+from launcher.host.jobstate import ContainerState
 from tests.conftest import StandInTransport, job_spec
 
 SITE = "/opt/venv/lib/python3.11/site-packages"

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from app.entrypoint import TRAINER
 from launcher import cli
 from launcher.cli import app
-from launcher.core.trainer import trainer_problem
+from launcher.host.trainer import trainer_problem
 
 REPO = Path(__file__).resolve().parents[1]
 START_OPTIONS = ["--nodes", "--gpus", "--gpus-per-node", "--slots", "--push-image", "--no-push-image", "--env"]
@@ -89,7 +89,7 @@ def test_the_check_imports_neither_torch_nor_horovod():
         "for name in ('torch', 'torchvision', 'horovod', 'horovod.torch', 'sklearn', 'tensorboard'):\n"
         "    sys.modules[name] = None\n"
         "import launcher.cli\n"
-        "from launcher.core.trainer import trainer_problem\n"
+        "from launcher.host.trainer import trainer_problem\n"
         "print(trainer_problem(('python', '-m', 'app.train', '--epochs', 'x')))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
@@ -100,11 +100,11 @@ def test_the_check_imports_neither_torch_nor_horovod():
 # --- the launcher's commands ----------------------------------------------------------------------------------------
 @pytest.fixture
 def reached(monkeypatch, tmp_path) -> list:
-    """What reached the nodes' side of `launcher start` (session.launch, session.dry_run): their settings."""
+    """What reached the nodes' side of `launcher start` (launch.launch, launch.dry_run): their settings."""
     monkeypatch.chdir(tmp_path)  # no .env of the checkout's
     calls: list = []
-    monkeypatch.setattr(cli.session, "launch", lambda settings, **_: calls.append(settings) or 0)
-    monkeypatch.setattr(cli.session, "dry_run", lambda settings, **_: calls.append(settings))
+    monkeypatch.setattr(cli.launch, "launch", lambda settings, **_: calls.append(settings) or 0)
+    monkeypatch.setattr(cli.launch, "dry_run", lambda settings, **_: calls.append(settings))
     monkeypatch.setattr(cli, "stop_on_signals", lambda: None)
     return calls
 

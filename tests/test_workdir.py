@@ -9,9 +9,9 @@ import tarfile
 
 import pytest
 
-from launcher import workdir
 from launcher.core.options import SettingsError
-from launcher.workdir import Skip
+from launcher.host import workdir
+from launcher.host.workdir import Skip
 from tests.conftest import launch_settings
 
 
@@ -167,7 +167,7 @@ def test_a_socket_stays_behind(tmp_path):
 
 
 def test_the_size_check_counts_only_what_travels(tmp_path, monkeypatch):
-    monkeypatch.setattr("launcher.settings.WORKDIR_LIMIT_BYTES", 1000)
+    monkeypatch.setattr("launcher.host.settings.WORKDIR_LIMIT_BYTES", 1000)
     (tmp_path / "train.py").write_text("print(1)\n")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "big.bin").write_bytes(b"0" * 5000)

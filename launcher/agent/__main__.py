@@ -7,7 +7,7 @@
     python -m launcher.agent lifeline --driver D  on a worker, over ssh: hold the line, record how the job ended
     python -m launcher.agent stacks [--native]    every rank's stack now, on every worker, grouped
 
-An MPIJob's launcher pod runs its own door, `python -m launcher.k8s.launcher_pod` (launcher/k8s/launcher_pod.py).
+An MPIJob's launcher pod runs its own door, `python -m launcher.agent.mpijob_pod` (launcher/agent/mpijob_pod.py).
 """
 
 from __future__ import annotations

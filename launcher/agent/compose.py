@@ -15,6 +15,7 @@ from app.gpu import GPUS_ASKED
 from launcher.core.job import DoorWords, JobSpec, new_run_id
 from launcher.core.options import ENV_NAME, JobOptions, SettingsError, door_names, job_command, option_kind, switch
 from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
+from launcher.core.ranks import COMPOSE, ranks_per_node
 
 DRIVER = "compose's launcher container"
 WORDS = DoorWords(
@@ -81,14 +82,15 @@ def secret_names(files: list[str]) -> tuple[str, ...]:
 
 
 def job_spec(environ: Mapping[str, str], args: list[str], secrets: tuple[str, ...] = ()) -> JobSpec:
-    """The job that compose's launcher service describes (job_options), run by WORKERS workers of the service."""
+    """The job that compose's launcher service describes (job_options), run by WORKERS workers of the service, each
+    with the ranks core/ranks.py makes of SLOTS_PER_WORKER and GPUS (compose.gpu.yaml's, one rank per GPU)."""
     options = job_options(environ, args, secrets)
     return JobSpec(
         job_id=f"compose-{new_run_id()}",
         options=options,
         run_folder=f"{RUNS_DIR}/{environ.get('RUN_ID', '').strip() or new_run_id()}",
         expected_workers=_count(environ, "WORKERS", 2),
-        slots=_count(environ, "SLOTS_PER_WORKER", 1),
+        slots=ranks_per_node(_whole(environ, "SLOTS_PER_WORKER"), _whole(environ, "GPUS") or 0, COMPOSE),
         worker_service=_worker_service(environ),
         driver=DRIVER,
         make_key=True,

@@ -1,6 +1,6 @@
 """`python -m launcher.agent.linkprobe serve|probe`: one node pair's link, both ways, over one TCP connection,
 bounded in bytes and time; each side prints one JSON line. `launcher doctor --links` runs it in short-lived host-network
-containers of the image on the two nodes (launcher/linkcheck.py); the namespace test runs it in namespaces.
+containers of the image on the two nodes (launcher/host/linkcheck.py); the namespace test runs it in namespaces.
 
 On one connection, the probe (client) side:
 1. round trips: PINGS one-byte messages the server echoes; the median is the RTT;

@@ -12,13 +12,12 @@ import os
 import subprocess
 import sys
 
-from launcher.core.nics import nic_in_subnet, nic_variables
+from launcher.core.nics import IP_ADDRESSES, nic_variables, own_nic, parse_ip_addresses
 
 
 def host_addresses() -> list[tuple[str, str]]:
     """(NIC, address/prefix) for each IPv4 address of this host, from iproute2."""
-    output = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
-    return [(fields[1], fields[3]) for fields in (line.split() for line in output.splitlines()) if len(fields) > 3]
+    return parse_ip_addresses(subprocess.run(IP_ADDRESSES, capture_output=True, text=True, check=True).stdout)
 
 
 def main(argv: list[str]) -> int:
@@ -28,7 +27,7 @@ def main(argv: list[str]) -> int:
     options, command = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     subnet, keep = options[0], set(options[2].split(",")) if options[1:2] == ["--keep"] else set()
     addresses = host_addresses()
-    nic = nic_in_subnet(addresses, subnet)
+    nic = own_nic(subnet, addresses)
     if nic is None:
         listing = ", ".join(f"{name} {address}" for name, address in addresses)
         print(f"rank_nic: this host has no address in {subnet} (it has {listing})", file=sys.stderr)

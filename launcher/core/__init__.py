@@ -1,4 +1,5 @@
-"""The code both sides read: a job's options, the job spec and its command lines, the NIC rules, the protocol the
-stack's processes share, the stall record and the cluster's SSH trust. It imports nothing from the host side
-(launcher/*.py), the agent (launcher/agent/) or the Kubernetes door (launcher/k8s/).
+"""The code every side reads: a job's options, the job spec and its command lines, the NIC rules, the ranks per node,
+the protocol the stack's processes share, the pod contract of an MPIJob's launcher pod, the stall record and the
+cluster's SSH trust. It imports nothing from the host side (launcher/host/, launcher/cli.py), the agent
+(launcher/agent/), the Kubernetes door (launcher/k8s/) or the smoke role (launcher/smoke/).
 """

@@ -191,13 +191,13 @@ def horovodrun_argv(
     finds its own (rank_command)."""
     # Rank 0's NIC in the subnet is a fact its node's check finds (a start refuses a node without an address in the
     # subnet); before that fact is known, as in a dry run of a node without the image, the line says what goes there.
-    own_nic = (
+    rank0_nic = (
         (driver_nic or f"<rank 0's NIC in {network_interface}>") if subnet_of(network_interface) else network_interface
     )
     command = trainer_with(command, "--elastic")  # the bundled trainer's loop; a user's script brings its own
     defaults = defaults_unless_set(env, {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS)})
     user_set = names_in(env)
-    variables = [*nic_variables(own_nic), *defaults, *env]
+    variables = [*nic_variables(rank0_nic), *defaults, *env]
     return [
         "env",
         *(["-C", workdir] if workdir else []),
@@ -215,7 +215,7 @@ def horovodrun_argv(
         "--host-discovery-script",
         discovery_script,
         "--network-interface",
-        own_nic,
+        rank0_nic,
         "--ssh-port",
         str(ssh_port),
         "--elastic-timeout",

@@ -1,11 +1,13 @@
-"""The job's network interfaces: which NIC a --network-interface value names on a node, why a node cannot use it,
-and the mpirun arguments and rank variables that pin Open MPI, NCCL and Gloo to it (or leave the virtual NICs out
-when none is pinned). Pure functions of what the node checks found; no network access.
+"""The job's network interfaces: which NIC a --network-interface value names on a host (own_nic: the one place every
+side asks "which NIC is mine here"), why a node cannot use it, and the mpirun arguments and rank variables that pin
+Open MPI, NCCL and Gloo to it (or leave the virtual NICs out when none is pinned). Pure functions of a host's
+addresses (parse_ip_addresses reads them from `ip -o -4 addr show`, IP_ADDRESSES); no network access.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 
 NIC_SETTING = "NODE_NETWORK_INTERFACE"
 """The launcher's .env key for the NIC; compose's NETWORK_INTERFACE names a NIC of its containers, not the nodes'."""
@@ -15,28 +17,44 @@ a rank that picks it "reaches" its own host) and their veth ends, libvirt's brid
 pinned, Open MPI and NCCL are told to leave them out rather than left to pick one and hang."""
 
 
+Addresses = Sequence[tuple[str, str]]
+"""A host's (NIC, IPv4 address/prefix) pairs."""
+IP_ADDRESSES = ("ip", "-o", "-4", "addr", "show")
+"""iproute2's one line per IPv4 address of the host: `N: NIC inet ADDRESS/PREFIX ...` (parse_ip_addresses)."""
+
+
+def parse_ip_addresses(text: str) -> list[tuple[str, str]]:
+    """(NIC, address/prefix) pairs from IP_ADDRESSES's output, in its order."""
+    pairs = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 4 and words[2] == "inet":
+            pairs.append((words[1], words[3]))
+    return pairs
+
+
 def subnet_of(network_interface: str | None) -> str | None:
     """The subnet (CIDR) a --network-interface value names, or None where it names a NIC (or nothing)."""
     return network_interface if network_interface and "/" in network_interface else None
 
 
-def nic_in_subnet(addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...], subnet: str) -> str | None:
-    """The NIC that holds an address in `subnet`, among (NIC, address/prefix) pairs; None if none does."""
+def own_nic(network_interface: str | None, addresses: Addresses) -> str | None:
+    """Which NIC is this host's for a job's --network-interface value, given the host's addresses: the NIC named, as
+    named (whether the host has it is nic_problem's question), or the first that holds an address in the subnet
+    named; None where no NIC is pinned, or no address is in the subnet. The node checks and the plan, each worker's
+    sshd, the link test, every rank (launcher.agent.rank_nic) and an MPIJob's launcher pod all ask it here."""
+    subnet = subnet_of(network_interface)
+    if not subnet:
+        return network_interface or None
     network = ipaddress.ip_network(subnet)
-    for nic, address in addresses:
-        if ipaddress.ip_interface(address).ip in network:
-            return nic
-    return None
+    return next((nic for nic, address in addresses if ipaddress.ip_interface(address).ip in network), None)
 
 
-def listen_addresses(
-    addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...], network_interface: str, reached_at: str | None
-) -> tuple[str, ...]:
+def listen_addresses(addresses: Addresses, network_interface: str, reached_at: str | None) -> tuple[str, ...]:
     """Where a node's worker sshd listens when the job's NIC is pinned: that NIC's addresses (by name, or the one in
     the subnet), and the node's own address that rank 0 reaches it at (its name's), among (NIC, address/prefix)
     pairs; an address the node does not hold is left out (sshd could not bind it)."""
-    subnet = subnet_of(network_interface)
-    nic = nic_in_subnet(addresses, subnet) if subnet else network_interface
+    nic = own_nic(network_interface, addresses)
     own = [str(ipaddress.ip_interface(address).ip) for _, address in addresses]
     chosen = [str(ipaddress.ip_interface(address).ip) for name, address in addresses if name == nic]
     if reached_at in own:
@@ -44,9 +62,9 @@ def listen_addresses(
     return tuple(dict.fromkeys(chosen))
 
 
-def subnet_problem(subnet: str, addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str | None:
+def subnet_problem(subnet: str, addresses: Addresses) -> str | None:
     """Why a node cannot use `subnet` (no address in it), naming the addresses it has; None if it can."""
-    if nic_in_subnet(addresses, subnet):
+    if own_nic(subnet, addresses):
         return None
     listing = ", ".join(f"{nic} {address}" for nic, address in addresses if not address.startswith("127."))
     return (
@@ -66,7 +84,7 @@ def nic_problem(wanted: str | None, nics: list[str] | tuple[str, ...]) -> str | 
     )
 
 
-def virtual_subnets(addresses: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> list[str]:
+def virtual_subnets(addresses: Addresses) -> list[str]:
     """The IPv4 subnets (CIDR) of the virtual NICs (VIRTUAL_NIC_PREFIXES) among (NIC, address/prefix) pairs, sorted;
     loopback's is Open MPI's default and left out."""
     subnets = {

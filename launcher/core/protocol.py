@@ -208,7 +208,7 @@ def main(argv: list[str]) -> int:
     return 2
 
 
-# --- the MPIJob door (launcher/k8s/mpijob.py writes these paths into the document; k8s/launcher_pod.py reads them) --
+# --- the MPIJob door (launcher/k8s/mpijob.py writes these paths into the document; agent/mpijob_pod.py reads them) --
 MPIJOB_SSH_AUTH_DIR = "/cluster/mpi-operator-ssh"
 """The MPIJob's sshAuthMountPath: where the MPI Operator mounts its Secret (id_rsa, id_rsa.pub, authorized_keys;
 root-owned, mode 0644) in the launcher and every worker. The entrypoint and the agent copy from there to the

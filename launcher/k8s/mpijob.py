@@ -2,8 +2,8 @@
 
 Pure: from an MpiJobRequest (what `launcher export mpijob` was given: where to run, plus the JobOptions every door
 builds) to the MPIJob as a dict, then YAML. Nothing here talks to a cluster. The launcher pod runs the job agent
-(launcher/k8s/launcher_pod.py, the pod's arguments written by its agent_args); every worker pod runs the image's
-sshd as mpiuser on the stack's port.
+(launcher/agent/mpijob_pod.py; the pod's arguments are the pod contract's, launcher/core/pod_contract.py agent_args);
+every worker pod runs the image's sshd as mpiuser on the stack's port.
 
 What the document says, and why:
 - the same image, command and Horovod defaults as the other doors, the user's --env, slots per worker; the image
@@ -41,6 +41,7 @@ from app.gpu import GPUS_ASKED
 from launcher.core.imageref import parse_image
 from launcher.core.job import defaults_unless_set
 from launcher.core.options import ENV_NAME, JobOptions, SettingsError
+from launcher.core.pod_contract import PodArgs, agent_args
 from launcher.core.protocol import (
     MPIJOB_SSH_AUTH_DIR,
     MPIUSER_UID,
@@ -51,8 +52,8 @@ from launcher.core.protocol import (
     SSH_PORT,
     WORKER_CAPABILITIES,
 )
+from launcher.core.ranks import MPIJOB, ranks_per_node, ranks_problem
 from launcher.k8s import podsecurity
-from launcher.k8s.launcher_pod import PodArgs, agent_args
 from launcher.k8s.resources import Amount, parse_amount, resources, times
 
 API_VERSION = "kubeflow.org/v2beta1"
@@ -107,9 +108,9 @@ class MpiJobRequest:
     image: str | None = None
     """REGISTRY/NAME:TAG or REGISTRY/NAME@DIGEST, as the cluster's nodes pull it (required)."""
     slots: int | None = None
-    """Ranks per worker on CPUs (default 1)."""
+    """Ranks per worker as given (--slots); None: not given. The ranks themselves are slots_per_worker."""
     gpus_per_node: int = 0
-    """GPUs per worker, one rank each; replaces slots when set."""
+    """GPUs per worker, one rank each (core/ranks.py: slots given too must agree)."""
     namespace: str = DEFAULT_NAMESPACE
     shared_claim: str = SHARED_VOLUME
     """The claim's name is the other doors' shared volume's name."""
@@ -135,7 +136,8 @@ class MpiJobRequest:
 
     @property
     def slots_per_worker(self) -> int:
-        return self.gpus_per_node or self.slots or 1
+        """A worker's ranks: one per GPU, else the slots, else 1 (core/ranks.py)."""
+        return ranks_per_node(self.slots, self.gpus_per_node, MPIJOB)
 
     def worker_pod(self, index: int) -> str:
         return f"{self.name}-worker-{index}"
@@ -224,16 +226,11 @@ def _size_problems(request: MpiJobRequest) -> list[str]:
     found = []
     if request.workers < 1:
         found.append(f"--workers {request.workers}: an MPIJob needs at least 1 worker; pass --workers 1 or more")
-    if request.slots is not None and request.slots < 1:
-        found.append(f"--slots {request.slots}: each worker needs at least 1 rank; pass --slots 1 or more")
-    if request.gpus_per_node < 0:
-        found.append(f"--gpus-per-node {request.gpus_per_node}: pass 0 (CPU ranks) or more")
-    if request.gpus_per_node and request.slots and request.slots != request.gpus_per_node:
-        found.append(
-            f"--slots {request.slots} with --gpus-per-node {request.gpus_per_node}: a GPU worker runs one rank per "
-            "GPU; drop --slots"
-        )
-    for getter in (request.worker_cpu, request.worker_memory):
+    ranks = ranks_problem(request.slots, request.gpus_per_node, MPIJOB)
+    if ranks:
+        found.append(ranks)
+    # A worker's CPU and memory default to so much per rank: not worked out from ranks that do not go together.
+    for getter in () if ranks else (request.worker_cpu, request.worker_memory):
         try:
             getter()
         except ValueError as error:
@@ -347,7 +344,7 @@ def rank_env(request: MpiJobRequest) -> tuple[str, ...]:
 
 
 def pod_args(request: MpiJobRequest) -> PodArgs:
-    """The launcher pod's arguments (launcher/k8s/launcher_pod.py): the job, with every rank's environment."""
+    """The launcher pod's arguments (launcher/core/pod_contract.py): the job, with every rank's environment."""
     return PodArgs(options=replace(request.job, env=rank_env(request)), name=request.name)
 
 

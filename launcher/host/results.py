@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from launcher import streams
-from launcher.engine import NodeEngine
+from launcher.host import streams
+from launcher.host.engines import NodeEngine
 
 CHECKPOINTS = "checkpoints"
 

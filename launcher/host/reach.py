@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from launcher.access import CERT_PATH, INSECURE_FLAG, TLS_DOCS, TLS_VERIFY, engine_override_key, node_key
+from launcher.host.access import CERT_PATH, INSECURE_FLAG, TLS_DOCS, TLS_VERIFY, engine_override_key, node_key
 
 CONNECT_TIMEOUT_S = 10.0
 """How long a connection to a node may take before the launcher gives up on it (CONNECT_TIMEOUT in .env)."""

@@ -1,6 +1,6 @@
-"""`launcher doctor`: the checks a start makes (launcher.preflight), on every node, printed in full whatever they
-find, plus the clock skew; with --links, every pair of nodes' link measured (launcher.linkcheck) and what it means
-for one allreduce (launcher.links).
+"""`launcher doctor`: the checks a start makes (launcher.host.preflight), on every node, printed in full whatever they
+find, plus the clock skew; with --links, every pair of nodes' link measured (launcher.host.linkcheck) and what it means
+for one allreduce (launcher.host.links).
 """
 
 from __future__ import annotations
@@ -9,14 +9,17 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
-from launcher import linkcheck, links, preflight
-from launcher.engine import Connect, NodeDriver, NodeEngine, NodeError, connecting_line
-from launcher.plan import ClusterPlan
-from launcher.preflight import HostView, NodeFacts
-from launcher.session import engine_facts, host_facts
-from launcher.settings import LaunchSettings
+from launcher.core.protocol import LINK_SECONDS
+from launcher.host import linkcheck, links, preflight
+from launcher.host.engines import Connect, NodeDriver, NodeEngine, NodeError, connecting_line
+from launcher.host.launch import engine_facts, host_facts
+from launcher.host.plan import ClusterPlan
+from launcher.host.preflight import HostView, NodeFacts
+from launcher.host.settings import LaunchSettings
+from launcher.host.signals import stop_on_signals
 
 Echo = Callable[[str], None]
+READY = "all nodes ready"
 
 
 def link_options_problem(
@@ -132,3 +135,33 @@ def advise(
     if isinstance(measured, str):
         return f"the compute per step was not measured on {rank0.node.name} ({measured}); pass --compute-ms"
     return links.advice(prediction.ring_s, measured, f"the bundled trainer's, measured on {rank0.node.name}")
+
+
+def examine(
+    settings: LaunchSettings,
+    echo: Echo,
+    say: Echo,
+    *,
+    with_links: bool = False,
+    gradient_mb: float | None = None,
+    link_seconds: float | None = None,
+    compute_ms: float | None = None,
+) -> list[str]:
+    """`launcher doctor`, start to end: every node's findings printed (check), then, with links asked for and no
+    problem so far, the links measured between host-network containers (measure_links; a signal meanwhile raises
+    Signalled, once linkcheck has removed its containers); returns the problems, one line each."""
+    problems, engines, views = check(settings, echo)
+    if with_links and problems:
+        echo("links: not measured: fix the problems above first")
+    elif with_links:
+        stop_on_signals()
+        seconds = link_seconds or LINK_SECONDS
+        problems = measure_links(settings, engines, views, gradient_mb, seconds, echo, say, compute_ms=compute_ms)
+    return problems
+
+
+def verdict(problems: list[str]) -> tuple[str, int]:
+    """Doctor's last line and exit status: every node ready (0), or how many problems and which (1)."""
+    if problems:
+        return f"{len(problems)} problem(s): {'; '.join(problems)}", 1
+    return READY, 0

@@ -1,9 +1,10 @@
 """Byte streams from the engines (a run folder's archive, a job's log) read as they arrive, never whole in memory:
-a file over an iterator of chunks, and the tail of one.
+a file over an iterator of chunks, the tail of one, and one decoded as text for a terminal.
 """
 
 from __future__ import annotations
 
+import codecs
 import io
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -63,3 +64,12 @@ def tail_lines(chunks: Iterable[bytes], count: int) -> bytes:
     if pending and count > 0:
         lines.append(pending)
     return b"".join(lines)
+
+
+def decoded(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The stream as UTF-8 text, piece by piece as it arrives: a character split between two chunks is still one
+    character, and bytes that are not UTF-8 become U+FFFD rather than an error."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in chunks:
+        yield decoder.decode(chunk)
+    yield decoder.decode(b"", final=True)

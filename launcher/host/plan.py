@@ -2,7 +2,7 @@
 containers to start, the labels that find them again, and the job spec the agent in rank 0's container runs.
 
 Pure: no Docker or network access, so every container and every line mpirun will see is unit-tested. The plan is
-made once the node checks have run (launcher.preflight), with what they found (Found); before that, the settings
+made once the node checks have run (launcher.host.preflight), with what they found (Found); before that, the settings
 alone describe the job.
 """
 
@@ -12,7 +12,6 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from launcher.access import EngineTls
 from launcher.core.job import JobSpec, Worker
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.core.options import Bind
@@ -28,8 +27,9 @@ from launcher.core.protocol import (
     WORKER_ULIMITS,
     WORKER_USER,
 )
-from launcher.reach import CONNECT_TIMEOUT_S
-from launcher.settings import LaunchSettings
+from launcher.host.access import EngineTls
+from launcher.host.reach import CONNECT_TIMEOUT_S
+from launcher.host.settings import LaunchSettings
 
 LABEL_CLUSTER = "horovod-stack.cluster"
 LABEL_NODE = "horovod-stack.node"
@@ -84,7 +84,7 @@ class Node:
     connect_timeout: float = CONNECT_TIMEOUT_S
     """How long reaching its engine may take before the launcher gives up on the node."""
     tls: EngineTls | None = None
-    """The Docker CLI's TLS variables for its engine (launcher.access); None: none set."""
+    """The Docker CLI's TLS variables for its engine (launcher.host.access); None: none set."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class WorkerContainer:
 
 @dataclass(frozen=True)
 class Found:
-    """What the node checks found that the job needs (launcher.preflight.found)."""
+    """What the node checks found that the job needs (launcher.host.preflight.found)."""
 
     node_nics: tuple[tuple[str, str], ...] = ()
     """(node name, NIC) in the subnet the job's NIC names."""
@@ -176,8 +176,8 @@ class ClusterPlan:
 
     @property
     def slots_per_node(self) -> int:
-        """Ranks on a node without a count of its own (Node.slots): one per GPU, or the CPU slots."""
-        return self.settings.gpus_per_node or self.settings.slots
+        """Ranks on a node without a count of its own (Node.slots): LaunchSettings.ranks_per_node."""
+        return self.settings.ranks_per_node
 
     def slots(self, node: Node) -> int:
         return node.slots or self.slots_per_node

@@ -15,13 +15,14 @@ from typing import Any
 
 from dotenv import dotenv_values
 
-from launcher import access
-from launcher.access import EngineTls, engine_override_key
 from launcher.core.imageref import parse_image
 from launcher.core.options import SWITCH_WORDS, JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
-from launcher.reach import CONNECT_TIMEOUT_S
-from launcher.workdir import IgnoreFileError, payload_bytes
+from launcher.core.ranks import LAUNCHER, ranks_per_node
+from launcher.host import access
+from launcher.host.access import EngineTls, engine_override_key
+from launcher.host.reach import CONNECT_TIMEOUT_S
+from launcher.host.workdir import IgnoreFileError, payload_bytes
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -92,12 +93,13 @@ class LaunchSettings:
     """Hosts to run on, rank 0 first. Each must resolve to its host on every node."""
     job: JobOptions = field(default_factory=JobOptions)
     """What runs there: the command, its environment, the NIC, the port, the timeouts, the elastic settings."""
-    slots: int = 1
-    """Ranks per node (CPU) for nodes without a count of their own."""
+    slots: int | None = None
+    """Ranks per node for nodes without a count of their own, as given (--slots, SLOTS_PER_WORKER); None: not given.
+    The ranks themselves are ranks_per_node's."""
     node_slots: dict[str, int] = field(default_factory=dict)
     """Nodes' own rank counts (--nodes HOST:SLOTS, --hostfile); with GPUs, each such node's GPUs."""
     gpus_per_node: int = 0
-    """Ranks per node, one GPU each through the NVIDIA Container Toolkit; replaces slots when set."""
+    """GPUs per node, one rank each, through the NVIDIA Container Toolkit (core/ranks.py: slots given must agree)."""
     gpu_ids: tuple[str, ...] = ()
     """The GPUs each worker gets, by index or UUID (--gpus 0,1); empty: any gpus_per_node of the node's."""
     image: str = DEFAULT_IMAGE
@@ -108,7 +110,7 @@ class LaunchSettings:
     engines: dict[str, str] = field(default_factory=dict)
     """Per-node engine address overrides (tcp://, unix://, ssh://USER@HOST); default ssh://NODE."""
     engine_tls: dict[str, EngineTls] = field(default_factory=dict)
-    """Per-node TLS of tcp:// engines, the Docker CLI's variables (launcher.access); a node without: none set."""
+    """Per-node TLS of tcp:// engines, the Docker CLI's variables (launcher.host.access); a node without: none set."""
     insecure_engines: bool = False
     """Engines others could read (plain tcp:// off this machine) are allowed (--insecure-engine, INSECURE_ENGINES)."""
     devices: tuple[str, ...] = ()
@@ -148,10 +150,7 @@ class LaunchSettings:
             raise SettingsError(
                 f"CONNECT_TIMEOUT in .env must be a positive number of seconds (got {self.connect_timeout})"
             )
-        if self.slots < 1:
-            raise SettingsError(f"--slots must be at least 1 (got {self.slots})")
-        if self.gpus_per_node < 0:
-            raise SettingsError(f"--gpus must be 0 or more (got {self.gpus_per_node}): {GPUS_FIX}")
+        ranks_per_node(self.slots, self.gpus_per_node, LAUNCHER)
         if self.gpu_ids and len(self.gpu_ids) != self.gpus_per_node:
             raise SettingsError(f"--gpus names {len(self.gpu_ids)} GPU(s) for {self.gpus_per_node} ranks: {GPUS_FIX}")
         for device in self.devices:
@@ -187,6 +186,11 @@ class LaunchSettings:
         if self.job.workdir is not None:
             self._check_workdir(Path(self.job.workdir))
 
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on a node without a count of its own: one per GPU, else the slots, else 1 (core/ranks.py)."""
+        return ranks_per_node(self.slots, self.gpus_per_node, LAUNCHER)
+
     @staticmethod
     def _check_workdir(folder: Path) -> None:
         """This machine's code folder, which the launcher copies to every node (compose mounts its own)."""
@@ -206,7 +210,7 @@ class LaunchSettings:
             )
 
     def _check_engine(self, node: str) -> None:
-        """The node's engine as the launcher will reach it (launcher.access): TLS files there, and an engine others
+        """The node's engine as the launcher will reach it (launcher.host.access): TLS files there, and an engine others
         could read only where allowed."""
         url, tls = self.engine_url(node), self.engine_tls.get(node)
         problem = access.misplaced(node, url, tls) if tls else None
@@ -306,8 +310,8 @@ def resolve_settings(
 ) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults. `job` holds the job options' flags, by their
     JobOptions names (None: not given). A secret setting's value, and the engines' keys (DOCKER_HOST_<NODE>, the TLS
-    variables, INSECURE_ENGINES: launcher.access), come from `environ` (this process's environment by default), else
-    from the .env file."""
+    variables, INSECURE_ENGINES: launcher.host.access), come from `environ` (this process's environment by default),
+    else from the .env file."""
     if hostfile is not None and nodes:
         raise SettingsError("--hostfile and --nodes both list the nodes: pass one of them")
     if hostfile is not None:
@@ -348,3 +352,11 @@ def resolve_settings(
         keep_running=keep_running,
         **{key: value for key, value in chosen.items() if value is not None},
     )
+
+
+def read_settings(env_file: Path | None, **flags: Any) -> tuple[LaunchSettings, str | None]:
+    """A command's settings from the .env file (`env_file`, else ./.env), the environment and its flags
+    (resolve_settings's keyword arguments), and the one warning it gives where --insecure-engine allowed engines
+    others could read (None where it allowed none); raises SettingsError on a bad setting."""
+    settings = resolve_settings(load_env_file(env_file), **flags)
+    return settings, access.warning(settings.exposed_engines())

@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 
 from app.cost_model import model_seconds
-from launcher.core.nics import nic_in_subnet, subnet_of
+from launcher.core.nics import own_nic, subnet_of
 
 Addresses = list[tuple[str, str]] | tuple[tuple[str, str], ...]
 
@@ -80,7 +80,7 @@ def job_address(addresses: Addresses, network_interface: str | None) -> str | No
     if not network_interface:
         return None
     subnet = subnet_of(network_interface)
-    nic = nic_in_subnet(addresses, subnet) if subnet else network_interface
+    nic = own_nic(network_interface, addresses)
     for name, address in addresses:
         ip = ipaddress.ip_interface(address).ip
         if name == nic and (not subnet or ip in ipaddress.ip_network(subnet)):

@@ -1,9 +1,9 @@
-"""One node's Docker engine, as the host side sees it: the NodeEngine protocol (what session, preflight, doctor, status,
+"""One node's Docker engine, as the host side sees it: the NodeEngine protocol (what launch, preflight, doctor, status,
 logs, stacks and results ask of a node) and NodeDriver, its Docker SDK implementation. Nothing outside this module
 touches a docker-py object: containers are Container records, found again by ID, and every exception of the SDK's
 becomes a NodeError (what happened: Failure, unreachable, refused, not found or failed; the node; one line with the
 fix), the ones a method does not word itself through _translated. Tests use a stand-in of NodeEngine
-(tests/conftest.py). The order of a launch lives in session.py.
+(tests/conftest.py). The order of a launch lives in launch.py.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, gpu_problem
-from launcher import access, reach, streams
 from launcher.core.imageref import parse_image
+from launcher.core.nics import IP_ADDRESSES
 from launcher.core.options import Bind
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
-from launcher.jobstate import ContainerState
-from launcher.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, WorkerContainer
-from launcher.preflight import HostView
+from launcher.host import access, reach, streams
+from launcher.host.jobstate import ContainerState
+from launcher.host.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, WorkerContainer
+from launcher.host.preflight import HostView
 
 PUSH_TIMEOUT_S = 3600
 
@@ -262,7 +263,7 @@ def host_view_argv(port: int, resolve: tuple[str, ...]) -> list[str]:
         # NICs over netlink: the container's /sys may be the engine's mount of another network namespace.
         f"(exec 3<>/dev/tcp/127.0.0.1/{int(port)}) 2>/dev/null && echo taken || echo free; "
         "ip -o link show | awk -F': ' '{sub(/@.*/, \"\", $2); print \"nic\", $2}'; "
-        "ip -o -4 addr show | awk '{print \"address\", $2, $4}'; "
+        f"{' '.join(IP_ADDRESSES)} | awk '{{print \"address\", $2, $4}}'; "
         'for name in "$@"; do '
         "address=$(getent ahostsv4 \"$name\" | awk '{print $1; exit}'); "
         '[ -n "$address" ] && printf \'resolved %s %s\\n\' "$name" "$address"; '
@@ -278,7 +279,7 @@ class NodeDriver:
 
     @classmethod
     def connect(cls, node: Node, timeout: float = 30) -> NodeDriver:
-        """The node's engine (its address and TLS as launcher.access reads them), or one NodeError (unreachable)
+        """The node's engine (its address and TLS as launcher.host.access reads them), or one NodeError (unreachable)
         within about node.connect_timeout seconds."""
         options = access.client_options(node.engine_url, node.tls)
         folder = node.tls.folder()[0] if node.tls is not None and options.get("tls") else None

@@ -13,9 +13,20 @@ from collections.abc import Iterable, Sequence
 
 from app.config import ConfigError, check_options, option_names
 from app.entrypoint import TRAINER
+from launcher.core.options import SettingsError, job_command
 
 CLOSE = 0.6
 """How alike an unknown option and a real one must be for the real one to be offered (difflib's ratio)."""
+
+
+def checked_command(words: Sequence[str], launcher_options: Iterable[str]) -> tuple[str, ...]:
+    """The job's command from the words a launcher command did not take (job_command), the bundled trainer's options
+    checked (trainer_problem); raises SettingsError with the one line where it would refuse them."""
+    command = job_command(list(words))
+    problem = trainer_problem(command, launcher_options)
+    if problem:
+        raise SettingsError(problem)
+    return command
 
 
 def trainer_problem(command: Sequence[str], launcher_options: Iterable[str] = ()) -> str | None:

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import jobstate, results, streams
 from launcher.core.protocol import AGENT, JOB_LOG, JOB_STALL, JOB_STATUS
-from launcher.engine import Container, NodeEngine
-from launcher.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, run_dir
-from launcher.settings import LaunchSettings
+from launcher.host import jobstate, results, streams
+from launcher.host.engines import Container, NodeEngine
+from launcher.host.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, run_dir
+from launcher.host.settings import LaunchSettings
 
 
 class ClusterError(RuntimeError):

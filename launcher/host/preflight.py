@@ -3,7 +3,7 @@ what each node's engine reported (NodeFacts) to typed Findings, and from the fac
 
 `start` refuses on the first blocking finding (a warning it only says), `doctor` prints every finding and fails on
 any blocking one or warning (so a cluster still running there fails it too), `--dry-run` prints them all with the
-plan and refuses as a start would. Gathering the facts (the engine's side effects) is session.py's.
+plan and refuses as a start would. Gathering the facts (the engine's side effects) is launch.py's.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from enum import Enum
 
 from launcher.core.nics import (
     listen_addresses,
-    nic_in_subnet,
     nic_problem,
+    own_nic,
     subnet_of,
     subnet_problem,
     virtual_subnets,
 )
-from launcher.plan import Found, GpuRequest, worker_host_names
-from launcher.settings import LaunchSettings
+from launcher.host.plan import Found, GpuRequest, worker_host_names
+from launcher.host.settings import LaunchSettings
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def host_findings(settings: LaunchSettings, facts: NodeFacts) -> list[Finding]:
     if problem:
         findings.append(Finding(node, "network iface", Severity.BLOCKING, problem))
     elif subnet:
-        own = nic_in_subnet(view.addresses, subnet)
+        own = own_nic(subnet, view.addresses)
         listed = ", ".join(f"{name} {address}" for name, address in view.addresses if name == own)
         findings.append(Finding(node, "network iface", Severity.OK, f"({listed or subnet})"))
     elif nic:
@@ -294,9 +294,7 @@ def found_in(settings: LaunchSettings, facts: list[NodeFacts]) -> Found:
     nic = settings.job.network_interface
     subnet = subnet_of(nic)
     views = [(fact, fact.view) for fact in facts if fact.view is not None]
-    node_nics = tuple(
-        (fact.node, own) for fact, view in views if subnet and (own := nic_in_subnet(view.addresses, subnet))
-    )
+    node_nics = tuple((fact.node, own) for fact, view in views if subnet and (own := own_nic(subnet, view.addresses)))
     addresses = next((view.resolved for fact, view in views if fact.rank0), ())
     excluded: tuple[str, ...] = ()
     if not nic and len(settings.nodes) > 1:

@@ -1,6 +1,6 @@
 """A cluster's job state, from what its containers hold: pure parsing, for `launcher status`.
 
-Inputs are read through each node's engine (launcher/engine.py): rank 0's container state, JOB_STATUS and the tail
+Inputs are read through each node's engine (launcher/host/engines.py): rank 0's container state, JOB_STATUS and the tail
 of JOB_LOG, each worker's state, and the bundled trainer's metrics file in the cluster's run folder when there is
 one; this module only decides what they mean and words it in one line.
 """

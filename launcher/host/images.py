@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from launcher.engine import NodeEngine, NodeError
+from launcher.host.engines import NodeEngine, NodeError
 
 Say = Callable[[str], None]
 CHUNKS_AHEAD = 4

@@ -1,5 +1,5 @@
 """How the launcher reaches each node's engine; every command that connects (start, stop, status, results, stacks,
-logs, doctor) goes through here and engine.NodeDriver.connect. The address is ssh://NODE unless DOCKER_HOST_<NODE>
+logs, doctor) goes through here and engines.NodeDriver.connect. The address is ssh://NODE unless DOCKER_HOST_<NODE>
 overrides it; a tcp:// engine takes the Docker CLI's TLS variables, DOCKER_TLS_VERIFY and DOCKER_CERT_PATH (a
 folder with ca.pem, cert.pem and key.pem; ~/.docker by default), each also per node where the nodes differ
 (DOCKER_TLS_VERIFY_<NODE>, DOCKER_CERT_PATH_<NODE>; the node's own key wins, even empty), from this machine's

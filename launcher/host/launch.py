@@ -14,18 +14,15 @@ a NodeEngine reached through `connect` (NodeDriver.connect, a stand-in in the te
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from launcher import images, preflight, workdir
 from launcher.core import sshtrust
 from launcher.core.imageref import parse_image
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
@@ -39,16 +36,17 @@ from launcher.core.protocol import (
     JOB_SPEC,
     JOB_STATUS,
     SECRETS_FILE,
-    STOP_SIGNALS,
     WORKDIR,
     JobEnd,
     Signalled,
     parse_job_end,
 )
-from launcher.engine import Connect, Container, NodeDriver, NodeEngine, NodeError, connecting_line
-from launcher.plan import LABEL_CLUSTER, ClusterPlan, Node
-from launcher.preflight import Finding, NodeFacts, Severity
-from launcher.settings import LaunchSettings
+from launcher.host import images, preflight, workdir
+from launcher.host.engines import Connect, Container, NodeDriver, NodeEngine, NodeError, connecting_line
+from launcher.host.plan import LABEL_CLUSTER, ClusterPlan, Node
+from launcher.host.preflight import Finding, NodeFacts, Severity
+from launcher.host.settings import LaunchSettings
+from launcher.host.signals import signals_ignored
 
 Say = Callable[[str], None]
 
@@ -57,16 +55,9 @@ class LaunchError(RuntimeError):
     """The launch stopped; the message is the one root cause, naming the fix."""
 
 
-@contextmanager
-def signals_ignored() -> Iterator[None]:
-    saved = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
+def unforeseen(error: Exception) -> str:
+    """One line for an error no part of the launch words itself: its type and its message's first line."""
+    return f"unexpected {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
 def connect_all(settings: LaunchSettings, say: Say, connect: Connect = NodeDriver.connect) -> list[NodeEngine]:

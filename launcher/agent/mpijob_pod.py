@@ -1,6 +1,6 @@
 """The MPIJob door: a Kubeflow MPIJob's launcher pod (MPI Operator v0.8) as a JobSpec for the job agent.
 
-    python -m launcher.k8s.launcher_pod [--job NAME] [--ssh-auth DIR] [--hostfile FILE] [--network-interface NIC]
+    python -m launcher.agent.mpijob_pod [--job NAME] [--ssh-auth DIR] [--hostfile FILE] [--network-interface NIC]
                                         [--schedule-timeout S] [--ptrace] [--min-workers M] [--env KEY=VALUE]...
                                         -- COMMAND...
 
@@ -11,9 +11,9 @@ fails with the workers still missing named (and the MPIJob with it).
 The operator finds the workers and writes them into its hostfile (MPIJOB_HOSTFILE: one
 `<job>-worker-<i>.<job>.<ns>.svc slots=N` line each); everything after that is the agent's, as for the other doors:
 readiness, lifelines, mpirun over a hostfile of those same names and slots (given with --hostfile: Open MPI 5
-ignores the operator's ORTE variables), the exit status and root cause. `launcher export mpijob` (launcher/k8s/
-mpijob.py) writes the pod's arguments with agent_args, which this module parses into the same JobOptions every door
-builds.
+ignores the operator's ORTE variables), the exit status and root cause. The pod's arguments are the pod contract's
+(launcher/core/pod_contract.py): `launcher export mpijob` (launcher/k8s/mpijob.py) writes them with agent_args, and
+this module reads them with parse into the same JobOptions every door builds.
 
 Keys: the operator mounts its Secret at sshAuthMountPath (MPIJOB_SSH_AUTH_DIR): id_rsa, id_rsa.pub and
 authorized_keys, root-owned with mode 0644. The agent copies the private key to where the stack's ssh client reads
@@ -30,9 +30,6 @@ checking off).
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -40,8 +37,9 @@ from collections.abc import Callable
 from launcher.agent.job import Agent, JobError
 from launcher.agent.transport import SshTransport, Transport, stop_on_signals
 from launcher.core.job import DoorWords, JobSpec, Worker, new_run_id
-from launcher.core.nics import nic_in_subnet, subnet_of, virtual_subnets
-from launcher.core.options import JobOptions, SettingsError, job_command, one_line
+from launcher.core.nics import IP_ADDRESSES, own_nic, parse_ip_addresses, subnet_of, virtual_subnets
+from launcher.core.options import JobOptions, SettingsError, one_line
+from launcher.core.pod_contract import PodArgs, parse
 from launcher.core.protocol import (
     CLUSTER_KEY,
     HOSTKEYS_DIR,
@@ -67,73 +65,6 @@ WORDS = DoorWords(
 RESULTS_HINT = "the MPIJob's shared claim (/shared in every pod)"
 
 
-@dataclasses.dataclass(frozen=True)
-class PodArgs:
-    """The launcher pod's arguments (as agent_args writes them): where the operator put its files, and the job."""
-
-    options: JobOptions
-    name: str = "mpijob"
-    """The MPIJob's name (--job), which its run folders start with."""
-    ssh_auth: str = MPIJOB_SSH_AUTH_DIR
-    hostfile: str = MPIJOB_HOSTFILE
-
-
-def agent_args(pod: PodArgs) -> list[str]:
-    """The launcher pod's arguments to `python -m launcher.k8s.launcher_pod` for `pod` (parse reads them back); the
-    defaults are left out, the job's name never."""
-    options = pod.options
-    argv = ["--job", pod.name]
-    for flag, value, usual in (
-        ("--ssh-auth", pod.ssh_auth, MPIJOB_SSH_AUTH_DIR),
-        ("--hostfile", pod.hostfile, MPIJOB_HOSTFILE),
-        ("--network-interface", options.network_interface, None),
-        ("--schedule-timeout", f"{options.ready_timeout:g}" if options.ready_timeout != math.inf else None, None),
-        ("--min-workers", str(options.min_workers) if options.elastic else None, None),
-    ):
-        if value is not None and value != usual:
-            argv += [flag, value]
-    if options.ptrace:  # the workers have SYS_PTRACE: the agent may take the ranks' stacks
-        argv.append("--ptrace")
-    for item in options.env:
-        argv += ["--env", item]
-    for name in options.secrets:  # the name alone: its value is in the pod's environment (a Kubernetes Secret)
-        argv += ["--secret", name]
-    return [*argv, "--", *options.command]
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise SettingsError(f"{message}; the launcher pod's arguments are written by `launcher export mpijob`")
-
-
-def parse(argv: list[str]) -> PodArgs:
-    """The launcher pod's arguments: the agent's options, then `--` and the command (job_command of those words)."""
-    split = argv.index("--") if "--" in argv else len(argv)
-    parser = _Parser(prog="python -m launcher.k8s.launcher_pod", add_help=False)
-    parser.add_argument("--job", dest="name", default=PodArgs.name)
-    parser.add_argument("--ssh-auth", default=PodArgs.ssh_auth)
-    parser.add_argument("--hostfile", default=PodArgs.hostfile)
-    parser.add_argument("--network-interface")
-    parser.add_argument("--schedule-timeout", type=float, default=math.inf)
-    parser.add_argument("--min-workers", type=int)
-    parser.add_argument("--ptrace", action="store_true")
-    parser.add_argument("--env", action="append", default=[])
-    parser.add_argument("--secret", action="append", default=[])
-    known = parser.parse_args(argv[:split])
-    options = JobOptions(
-        command=job_command(argv[split + 1 :]),
-        env=tuple(known.env),
-        secrets=tuple(known.secret),
-        network_interface=known.network_interface or None,
-        ready_timeout=known.schedule_timeout,
-        ptrace=known.ptrace,
-        elastic=known.min_workers is not None,
-        elastic_min_workers=known.min_workers,
-        door="mpijob",
-    )
-    return PodArgs(options=options, name=known.name, ssh_auth=known.ssh_auth, hostfile=known.hostfile)
-
-
 def hostfile_workers(text: str, path: str = MPIJOB_HOSTFILE) -> list[Worker]:
     """The workers in the operator's hostfile (`HOST slots=N` lines; `#` comments), in its order; each is named in
     logs by its pod's name (the host's first label)."""
@@ -155,16 +86,6 @@ def hostfile_workers(text: str, path: str = MPIJOB_HOSTFILE) -> list[Worker]:
     return workers
 
 
-def parse_ip_addresses(text: str) -> list[tuple[str, str]]:
-    """(NIC, address/prefix) pairs from `ip -o -4 addr show`."""
-    pairs = []
-    for line in text.splitlines():
-        words = line.split()
-        if len(words) >= 4 and words[2] == "inet":
-            pairs.append((words[1], words[3]))
-    return pairs
-
-
 def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]], now: float | None = None) -> JobSpec:
     """The job a launcher pod runs: the operator's workers with their slots; the bundled trainer writes into a run
     folder of its own on the shared claim (RUNS_DIR/<job>-<time>-<random>), so a second run never overwrites the
@@ -175,7 +96,7 @@ def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]],
     options = pod.options
     nic = options.network_interface
     subnet = subnet_of(nic)
-    driver_nic = nic_in_subnet(addresses, subnet) if subnet else None
+    driver_nic = own_nic(nic, addresses) if subnet else None
     if subnet and options.elastic and not driver_nic:
         raise SettingsError(
             f"elastic training over the subnet {nic} needs an address in it in {DRIVER} (it has "
@@ -249,9 +170,7 @@ class OperatorAgent(Agent):
 
 def own_addresses() -> list[tuple[str, str]]:
     try:
-        return parse_ip_addresses(
-            subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
-        )
+        return parse_ip_addresses(subprocess.run(IP_ADDRESSES, capture_output=True, text=True).stdout)
     except OSError:
         return []
 

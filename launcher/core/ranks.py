@@ -1,0 +1,55 @@
+"""Ranks per node: how many ranks one worker runs (a node's container under the launcher, compose's worker, an MPIJob's
+worker pod), from the slots and the GPUs it was given. One rule for every door:
+
+- with GPUs, one rank per GPU: the GPUs imply the slots, and slots given as well must be the same count (a
+  different one is refused in one line naming the fix, rather than one of the two silently winning);
+- without GPUs, the slots given, else 1.
+
+Each door names the two counts in its own words (RankNames: the launcher's and the export's flags, compose's .env
+keys). A node's own count (`--nodes HOST:N`, a hostfile's `slots=N`) is that node's, GPUs or not (the plan's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.core.options import SettingsError
+
+
+@dataclass(frozen=True)
+class RankNames:
+    """How a door's one-line errors name its slots and GPUs: templates taking the value (`--slots {}`,
+    `SLOTS_PER_WORKER={}`), and what to drop where slots and GPUs disagree."""
+
+    slots: str
+    gpus: str
+    drop: str
+
+
+LAUNCHER = RankNames("--slots {}", "--gpus {}", "--slots (or SLOTS_PER_WORKER in .env), or give it the GPU count")
+COMPOSE = RankNames("SLOTS_PER_WORKER={}", "GPUS={}", "SLOTS_PER_WORKER from .env, or set it to GPUS")
+MPIJOB = RankNames("--slots {}", "--gpus-per-node {}", "--slots")
+
+
+def ranks_problem(slots: int | None, gpus: int, names: RankNames) -> str | None:
+    """Why `slots` (None: not given) and `gpus` (0: CPU ranks) cannot be a worker's ranks, in one line naming the fix;
+    None if they can."""
+    if slots is not None and slots < 1:
+        return f"{names.slots.format(slots)}: a worker runs at least 1 rank; give 1 or more"
+    if gpus < 0:
+        return f"{names.gpus.format(gpus)}: give 0 (CPU ranks) or more"
+    if gpus and slots is not None and slots != gpus:
+        return (
+            f"{names.slots.format(slots)} with {names.gpus.format(gpus)}: a GPU worker runs one rank per GPU; drop "
+            f"{names.drop}"
+        )
+    return None
+
+
+def ranks_per_node(slots: int | None, gpus: int, names: RankNames) -> int:
+    """A worker's ranks: one per GPU, else the slots given, else 1; raises SettingsError with ranks_problem's line
+    where the counts do not go together."""
+    problem = ranks_problem(slots, gpus, names)
+    if problem:
+        raise SettingsError(problem)
+    return gpus or slots or 1

@@ -1,0 +1,22 @@
+"""The user's machine: everything `launcher` does before and around a job, the job itself being the agent's
+(launcher/agent/); launcher/cli.py, on top, only parses flags and prints what these return.
+
+    flags.py      what each flag means: its help text, and what start's and export's flags turn into
+    settings.py   .env, the environment and the flags as LaunchSettings (one core/options.JobOptions inside)
+    access.py     how each node's engine is reached (ssh://, TLS, DOCKER_HOST_<NODE>), and who could read it
+    reach.py      whether a node's engine answers at all, in bounded time, before the Docker SDK connects
+    engines.py    one node's Docker engine: the NodeEngine protocol and its Docker SDK implementation
+    preflight.py  the node checks start, --dry-run and doctor share (pure)
+    plan.py       the settings plus what the checks found, as worker containers and the job spec (pure)
+    images.py     the same image on every node (pulled, or pushed from this machine)
+    workdir.py    what of --workdir travels, and its archive
+    launch.py     one launch in order: connect, check, start the workers, hand over trust, follow, clean up
+    signals.py    which signals end an attached launch or a link test, how each is worded, its exit status
+    clusters.py   the clusters already started: status, logs, stacks, results, stop
+    jobstate.py   a cluster's job state from what its containers hold (pure)
+    results.py    a run folder copied home
+    streams.py    byte streams from the engines, read as they arrive, and decoded for a terminal
+    doctor.py     `launcher doctor`: every check printed, the clock skew, the verdict
+    links.py      `doctor --links`, its pure part; linkcheck.py, its containers
+    trainer.py    the bundled trainer's options, checked before any node is contacted
+"""

@@ -1,0 +1,130 @@
+"""The rooms' import rules, read from the source (ast), so an import that breaks one fails here and not in review:
+launcher/core/ imports no side; the agent (and the smoke role, which runs beside it in the containers) never
+imports the host side; the Kubernetes door reads only core; nothing imports the command line (launcher/cli.py, the
+face on top); app/ (the trainer, in every rank) never imports launcher; and no two modules import each other, even
+by way of others.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SIDES = ("launcher.host", "launcher.agent", "launcher.k8s", "launcher.smoke", "launcher.cli")
+
+RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("launcher.core", SIDES, "core is what every side reads: it imports none of them"),
+    ("launcher.agent", ("launcher.host", "launcher.cli"), "the agent runs in the containers: no host side there"),
+    ("launcher.smoke", ("launcher.host", "launcher.cli"), "the smoke role runs in the containers: no host side there"),
+    ("launcher.k8s", ("launcher.agent", "launcher.host", "launcher.smoke", "launcher.cli"), "the MPIJob document reads "
+     "only core (the launcher pod's arguments: core/pod_contract.py)"),
+    ("launcher.host", ("launcher.agent", "launcher.k8s", "launcher.smoke", "launcher.cli"), "the host side reads core; "
+     "the command line alone calls the other doors"),
+    ("launcher", ("launcher.cli",), "launcher/cli.py is the face on top: nothing imports it"),
+    ("app", ("launcher",), "the trainer runs in every rank, without the launcher"),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(module: str, source: str) -> set[str]:
+    """Every module `source` imports, anywhere in it (a function's own imports too), as absolute names; `from X
+    import Y` counts as X.Y as well, since Y may be a module."""
+    package = module if module.count(".") == 0 else module.rsplit(".", 1)[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def rule_problems(module: str, source: str) -> list[str]:
+    """Each rule `module`'s imports break, one line each."""
+    problems = []
+    for room, forbidden, why in RULES:
+        if not within(module, room) or (room == "launcher" and module == "launcher.cli"):
+            continue
+        for name in sorted(imported(module, source)):
+            if any(within(name, other) for other in forbidden) and not within(name, room):
+                problems.append(f"{module} imports {name}: {why}")
+    return problems
+
+
+def sources() -> dict[str, str]:
+    return {
+        module_name(path): path.read_text()
+        for folder in ("launcher", "app")
+        for path in sorted((REPO / folder).rglob("*.py"))
+    }
+
+
+def test_every_module_keeps_the_rooms_import_rules():
+    problems = [problem for module, source in sources().items() for problem in rule_problems(module, source)]
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    "module, source, broken",
+    [
+        ("launcher.core.job", "from launcher.host.plan import Node", True),
+        ("launcher.core.job", "def f():\n    from launcher.agent import stacks", True),
+        ("launcher.core.job", "from launcher.core.nics import own_nic", False),
+        ("launcher.agent.job", "import launcher.host.engines", True),
+        ("launcher.agent.job", "from launcher import cli", True),
+        ("launcher.agent.job", "from launcher.core import stall", False),
+        ("launcher.k8s.mpijob", "from launcher.agent.job import Agent", True),
+        ("launcher.k8s.mpijob", "from launcher.core.pod_contract import agent_args", False),
+        ("launcher.host.plan", "from launcher.cli import app", True),
+        ("launcher.host.plan", "from launcher.agent import compose", True),
+        ("launcher.cli", "from launcher.k8s import mpijob", False),
+        ("app.train", "from launcher.core.protocol import RUNS_DIR", True),
+        ("app.train", "from app.config import parse", False),
+        ("launcher.core.job", "from . import nics", False),
+        ("launcher.core.job", "from ..host import plan", True),
+    ],
+)
+def test_a_broken_rule_is_named(module, source, broken):
+    assert bool(rule_problems(module, source)) is broken
+
+
+def test_no_module_imports_itself_by_way_of_others():
+    modules = sources()
+    graph = {
+        module: {name for name in imported(module, source) if name in modules and name != module}
+        for module, source in modules.items()
+    }
+    # A package's __init__ is imported with its modules; it is no edge back to them.
+    graph = {module: {name for name in names if not within(module, name)} for module, names in graph.items()}
+    circles = []
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for name in sorted(graph[module]):
+            if state.get(name) == 1:
+                circles.append(" -> ".join([*path[path.index(name) :], name]))
+            elif name not in state:
+                visit(name, [*path, name])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert circles == []
