@@ -70,8 +70,9 @@ RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,targe
     pip install -r /tmp/requirements-tools.txt \
  && apt-get update && apt-get install -y --no-install-recommends libcap2-bin && rm -rf /var/lib/apt/lists/* \
  && setcap cap_sys_ptrace+ep "$(readlink -f /opt/venv/bin/py-spy)"
-# Runs as a non-root user, sshd and mpirun included. /cluster holds the per-cluster SSH trust (a volume
-# filled at run time); /shared the datasets, checkpoints and metrics; /workdir the user's code, if any.
+# Runs as a non-root user, sshd and mpirun included (the entrypoint sees to it: USER below). /cluster holds the
+# per-cluster SSH trust (a volume filled at run time); /shared the datasets, checkpoints and metrics; /workdir the
+# user's code, if any.
 RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
  && mkdir -p /cluster/ssh /cluster/hostkeys /shared /workdir \
  && chown -R mpiuser:mpiuser /cluster /shared /workdir
@@ -89,5 +90,10 @@ USER mpiuser
 # matplotlib's font cache, made once here rather than by every job's rank 0 (curves.png) in a fresh container.
 RUN python -c "import matplotlib.font_manager"
 WORKDIR /home/mpiuser
+# Containers start as root in mpiuser's group, which the entrypoint reads as "no user given": every role but `smoke`
+# becomes mpiuser at once (setpriv), as before; `smoke` becomes the owner of the mounted checkout, whoever that is,
+# so `docker run -v "$PWD:/workdir" -w /workdir IMAGE smoke ...` works on any CI runner's checkout and leaves files
+# its owner can delete. A user given (--user, compose's and the launcher's workers, an MPIJob's runAsUser) is kept.
+USER 0:1000
 ENTRYPOINT ["/opt/horovod-stack/docker/entrypoint.sh"]
 CMD ["worker"]

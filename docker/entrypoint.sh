@@ -16,10 +16,16 @@
 #                       runs the job against the operator's /etc/mpi/hostfile and exits with its status
 #   smoke [OPTIONS] [-- COMMAND]  a CI runner's check (python -m launcher.smoke): COMMAND, or the bundled trainer,
 #                       on N ranks in this container over Gloo; the exit status is the job's. It runs as the owner of
-#                       the current folder (the user's mounted checkout): a root container (GitLab's jobs, --user 0)
-#                       drops to that owner with setpriv, so every file it leaves is the owner's; a non-root user that
-#                       cannot write the folder is told to pass --user "$(id -u):$(id -g)"
+#                       the current folder (the user's mounted checkout, whoever owns it: GitHub's runner 1001,
+#                       GitLab's root, anyone): started as root (the image's default, or --user 0) it becomes that
+#                       owner with setpriv, so every file it leaves is the owner's; started as another user it runs as
+#                       that user, and says so in one line only if it must write and cannot (its JUnit report)
 #   ANY OTHER COMMAND   run it (e.g. `horovodrun --check-build`)
+#
+# Who runs it: the image starts as root in the image's group (the Dockerfile's USER 0:1000), which only the smoke
+# role keeps (to become the checkout's owner); every other role, and any other command, becomes the image's user
+# (mpiuser, 1000) first, as the image ran before. A container started with a user of its own (compose's and the
+# launcher's workers: 1000; --user 0, whose group is root's; an MPIJob's runAsUser) runs as that user.
 #
 # Every decision about the job (readiness, host-key pinning, the hostfile, the command line, causes of failure,
 # when workers stop) is the job agent's, in launcher/agent/; the defaults and paths this script uses come from
@@ -37,6 +43,12 @@ set -euo pipefail
 
 ROLE="${1:-worker}"
 log() { echo "[$(date +%H:%M:%S) ${ROLE}] $*"; }
+
+IMAGE_USER=mpiuser
+if [ "$ROLE" != smoke ] && [ "$(id -u):$(id -g)" = "0:$(id -g "$IMAGE_USER")" ]; then
+  export HOME="/home/$IMAGE_USER"
+  exec setpriv --reuid="$IMAGE_USER" --regid="$IMAGE_USER" --init-groups -- "$0" "$@"
+fi
 
 run_worker() {
   local operator_keys="${1:-}" keydir="$HOME/.sshd" address started ended="" status=0 keys=() listen=() listen_address
@@ -102,21 +114,15 @@ run_worker() {
 }
 
 run_smoke() {
-  local here owner uid home
-  here=$(pwd)
-  owner=$(stat -c %u:%g "$here")
-  uid=$(id -u)
-  if [ "$uid" = 0 ] && [ "${owner%%:*}" != 0 ]; then
-    # No supplementary groups, no capabilities (setuid clears them): the folder's owner, as any process of theirs.
+  local owner uid home
+  owner=$(stat -c %u:%g .)
+  if [ "$(id -u)" = 0 ] && [ "$(id -u):$(id -g)" != "$owner" ]; then
+    # No supplementary groups; no capabilities but for a root-owned folder (setuid to another user clears them):
+    # the folder's owner, as any process of theirs.
     exec setpriv --reuid="${owner%%:*}" --regid="${owner#*:}" --clear-groups -- "$0" smoke "$@"
   fi
-  if [ "$uid" != 0 ] && [ "${owner%%:*}" != "$uid" ] && [ ! -w "$here" ]; then
-    # shellcheck disable=SC2016  # the command the user is to type, unexpanded
-    echo "smoke: failed: uid $uid cannot write $here (owned by $owner): run the container as the folder's owner," \
-      'docker run --user "$(id -u):$(id -g)" ...' >&2
-    exit 2
-  fi
-  # A uid the image does not know (--user 1001) has HOME=/: torch's, matplotlib's and pip's caches go to /tmp.
+  uid=$(id -u)
+  # A uid the image does not know (the runner's 1001) has no home: torch's, matplotlib's and pip's caches go to /tmp.
   home=$(getent passwd "$uid" | cut -d: -f6 || true)
   if [ -n "$home" ] && [ -w "$home" ]; then export HOME="$home"; else export HOME=/tmp/smoke-home; fi
   mkdir -p "$HOME"

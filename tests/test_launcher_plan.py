@@ -426,9 +426,10 @@ def test_compose_gives_its_containers_the_launchers_limits():
         assert f"    {name}: {limit}\n" in compose
     for name in GPU_WORKER_ULIMITS.keys() - WORKER_ULIMITS.keys():
         assert f"      {name}: {GPU_WORKER_ULIMITS[name]}\n" in gpu_file and f"{name}:" not in compose
-    from launcher.core.protocol import PTRACE_CAPABILITY, WORKER_USER
+    from launcher.core.protocol import PTRACE_CAPABILITY, SHM_SIZE, WORKER_USER
 
     assert f"cap_add: [{', '.join((*WORKER_CAPABILITIES, PTRACE_CAPABILITY))}]" in compose
+    assert f"  shm_size: ${{SHM_SIZE:-{SHM_SIZE}}}\n" in compose  # DataLoader workers' batches, NCCL's buffers
     assert "cap_drop: [ALL]" in compose and f'user: "{WORKER_USER}"' in compose
 
 
@@ -463,7 +464,7 @@ def test_worker_container_requests(overrides, gpu, ulimits, devices):
     container = plan.worker_container(plan.nodes[1])
     assert (container.gpu, container.ulimits, container.devices) == (gpu, ulimits, devices)
     assert container.capabilities == ("IPC_LOCK", "SYS_PTRACE") and not container.no_new_privileges
-    assert container.user == "1000"
+    assert container.user == "1000" and container.shm_size == "1g"  # Docker's default 64 MB is too little
     assert GPU_WORKER_ULIMITS == {"stack": 64 * 1024**2, "memlock": -1}
     assert container.volumes == {"horovod-stack-shared": "/shared"}
     assert container.environment == plan.worker_environment(plan.nodes[1])

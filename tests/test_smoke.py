@@ -1,8 +1,9 @@
-"""The image's `smoke` role run for real, as a CI job runs it: `docker run -v CHECKOUT:/workdir -w /workdir IMAGE smoke
-...` over a copy of a user's code, owned as a CI runner's checkout is (GitHub's runner: uid 1001; GitLab's jobs: root).
-The pure parts (lines, verdicts, JUnit XML, faulthandler's stacks): tests/test_smoke_report.py.
+"""The image's `smoke` role run for real, as a CI job runs it: docs/ci.md's line as typed, `docker run --rm -v
+CHECKOUT:/workdir -w /workdir IMAGE smoke ...` (no --user, no --shm-size), over a copy of a user's code owned as a CI
+runner's checkout is: GitHub's runner (uid 1001), GitLab's jobs (root), the image's own uid (1000), any other (4242).
+The pure parts (lines, verdicts, JUnit XML, faulthandler's stacks, shared memory): tests/test_smoke_report.py.
 
-Together about 1 minute on 2 cores (57 s measured); the hang and the failing rank run side by side (both mostly wait).
+Together about 1.5 minutes on 2 cores (see docs/testing.md); runs that mostly wait go side by side.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ TESTS = Path(__file__).resolve().parent
 BENCHMARK = TESTS / "horovod_examples" / "pytorch_synthetic_benchmark.py"
 PROBE = TESTS / "user_script" / "smoke_probe.py"
 STALL = TESTS / "user_script" / "stall.py"
+LOADER = TESTS / "user_script" / "image_loader.py"
 GITHUB_RUNNER = 1001
 """The uid of GitHub's hosted runner, who owns its checkout."""
+IMAGE_USER = 1000
+ANOTHER = 4242
+"""A uid neither the image nor a runner has."""
 BENCHMARK_ARGS = ["--no-cuda", "--model", "mobilenet_v3_small", "--batch-size", "4", "--num-warmup-batches", "1",
                   "--num-batches-per-iter", "1", "--num-iters", "2"]  # fmt: skip
 
@@ -49,7 +54,8 @@ def checkout(tmp_path: Path, owner: int, *files: Path) -> Path:
 
 
 def smoke_argv(folder: Path, *args: str, user: str | None = None, docker: tuple[str, ...] = ()) -> list[str]:
-    """The documented line: docker run --rm -v "$PWD:/workdir" -w /workdir IMAGE smoke ARGS."""
+    """The documented line: docker run --rm -v "$PWD:/workdir" -w /workdir IMAGE smoke ARGS (user, docker: options
+    the line does not have)."""
     who = ["--user", user] if user is not None else []
     return ["docker", "run", "--rm", *who, *docker, "-v", f"{folder}:/workdir", "-w", "/workdir", IMAGE, "smoke", *args]
 
@@ -68,6 +74,23 @@ def last_line(done: subprocess.CompletedProcess) -> str:
     return (done.stdout + done.stderr).strip().splitlines()[-1]
 
 
+def together(**argv: list[str]) -> dict[str, tuple[int, str, float]]:
+    """Several runs side by side: each one's (exit status, output, seconds from the start)."""
+    started = time.monotonic()
+    running = {name: subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for name, command in argv.items()}  # fmt: skip
+    results = {}
+    for name, process in running.items():
+        output, _ = process.communicate(timeout=180)
+        results[name] = (process.returncode, output, time.monotonic() - started)
+        print(f"{name}: exit {process.returncode} in {results[name][2]:.1f} s\n{output}")
+    return results
+
+
+def first_line(output: str) -> str:
+    return next(line for line in output.splitlines() if line.startswith("smoke: "))
+
+
 def owners(folder: Path) -> dict[str, tuple[int, int]]:
     """Every path the run left in the checkout and its owner."""
     return {str(path.relative_to(folder)): (path.stat().st_uid, path.stat().st_gid) for path in folder.rglob("*")}
@@ -80,14 +103,15 @@ def junit(path: Path) -> dict[str, str | None]:
             for case in root.iter("testcase")}  # fmt: skip
 
 
-def test_horovods_synthetic_benchmark_as_githubs_runner(tmp_path):
-    """Horovod's own unmodified example, --no-cuda, 2 ranks, as GitHub's runner (uid 1001) with the documented
-    `--user "$(id -u):$(id -g)"`, and no network at all (Gloo over loopback)."""
+def test_horovods_synthetic_benchmark_on_githubs_checkout(tmp_path):
+    """Horovod's own unmodified example, --no-cuda, 2 ranks, on GitHub's checkout (uid 1001), the line as typed
+    (the container starts as root and becomes 1001), with no network at all (Gloo over loopback)."""
     folder = checkout(tmp_path, GITHUB_RUNNER, BENCHMARK)
     done, seconds = smoke(folder, "--np", "2", "--junit", "reports/smoke.xml", "--", "python", BENCHMARK.name,
-                          *BENCHMARK_ARGS, user=f"{GITHUB_RUNNER}:{GITHUB_RUNNER}", docker=("--network", "none"))
+                          *BENCHMARK_ARGS, docker=("--network", "none"))  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert last_line(done).startswith("smoke: passed: 2 ranks over Gloo in ")
+    assert ", shared memory /dev/shm 64 MB, uid 1001 in /workdir: " in first_line(done.stdout)
     assert "[rank 0] Total img/sec on 2 CPU(s): " in done.stdout
     assert junit(folder / "reports" / "smoke.xml") == {"rank 0": None, "rank 1": None, "job: 2 ranks over Gloo": None}
     assert set(owners(folder).values()) == {(GITHUB_RUNNER, GITHUB_RUNNER)}, owners(folder)
@@ -95,27 +119,20 @@ def test_horovods_synthetic_benchmark_as_githubs_runner(tmp_path):
 
 
 def test_a_failing_rank_and_a_hang(tmp_path):
-    """Side by side: (1) as root, GitLab's way, on a checkout owned by uid 1001: the ranks run as 1001 over Gloo
-    without CUDA, and rank 1 raises: the run fails naming rank 1. (2) A script whose rank 1 blocks while rank 0 waits
-    in an allreduce, --timeout 20, the README's plain line (no --user, no extra capability, so py-spy may not trace
-    and Python's faulthandler gives the stacks): it fails within 40 s naming where each rank was."""
-    failing = checkout(tmp_path / "failing", GITHUB_RUNNER, PROBE)
-    hanging = checkout(tmp_path / "hanging", 1000, STALL)
-    argv = {
-        "failing": smoke_argv(failing, "--np", "2", "--junit", "smoke.xml", "--", "python", PROBE.name,
-                              "--fail-on-rank", "1", user="0"),
-        "hanging": smoke_argv(hanging, "--np", "2", "--timeout", "20", "--", "python", STALL.name),
-    }  # fmt: skip
-    started = time.monotonic()
-    running = {name: subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for name, command in argv.items()}  # fmt: skip
-    results, seconds = {}, {}
-    for name, process in running.items():
-        output, _ = process.communicate(timeout=120)
-        results[name], seconds[name] = (process.returncode, output), time.monotonic() - started
-        print(f"{name}: exit {process.returncode} in {seconds[name]:.1f} s\n{output}")
+    """Side by side, both the line as typed: (1) on a checkout of a uid the image does not know (4242): the ranks
+    run as 4242 over Gloo without CUDA, and rank 1 raises: the run fails naming rank 1. (2) On the image user's
+    checkout, a script whose rank 1 blocks while rank 0 waits in an allreduce, --timeout 20 (no extra capability, so
+    py-spy may not trace and Python's faulthandler gives the stacks): it fails within 40 s naming where each rank
+    was."""
+    failing = checkout(tmp_path / "failing", ANOTHER, PROBE)
+    hanging = checkout(tmp_path / "hanging", IMAGE_USER, STALL)
+    results = together(
+        failing=smoke_argv(failing, "--np", "2", "--junit", "smoke.xml", "--", "python", PROBE.name, "--fail-on-rank",
+                           "1"),
+        hanging=smoke_argv(hanging, "--np", "2", "--timeout", "20", "--", "python", STALL.name),
+    )  # fmt: skip
 
-    status, output = results["failing"]
+    status, output, _ = results["failing"]
     assert status == 1, output
     # `rank 1 exited with status 1: ...`, or, where Horovod's shutdown made rank 0 exit first and horovodrun ended
     # rank 1 before it could, `rank 1 failed first: ...`
@@ -124,18 +141,20 @@ def test_a_failing_rank_and_a_hang(tmp_path):
     assert last.endswith(": RuntimeError: probe failed on purpose on rank 1"), last
     for rank in (0, 1):
         assert (f"[rank {rank}] probe rank {rank} of 2: gloo_enabled=True mpi_enabled=False cuda_available=False "
-                f"uid={GITHUB_RUNNER}") in output  # fmt: skip
+                f"uid={ANOTHER}") in output  # fmt: skip
     assert "[rank 1] Traceback (most recent call last):" in output
     cases = junit(failing / "smoke.xml")
     assert list(cases) == ["rank 0", "rank 1", "job: 2 ranks over Gloo"]
     assert (cases["rank 1"] or "").endswith("RuntimeError: probe failed on purpose on rank 1"), cases
     assert cases["job: 2 ranks over Gloo"] == last.removeprefix("smoke: failed: ")
     assert "after rank 1 failed" in (cases["rank 0"] or ""), cases  # it waited for rank 1 in an allreduce
-    assert set(owners(failing).values()) == {(GITHUB_RUNNER, GITHUB_RUNNER)}, owners(failing)
+    assert set(owners(failing)) == {PROBE.name, "smoke.xml", "probe-output", "probe-output/rank-0.txt",
+                                    "probe-output/rank-1.txt"}  # fmt: skip
+    assert set(owners(failing).values()) == {(ANOTHER, ANOTHER)}, owners(failing)
 
-    status, output = results["hanging"]
+    status, output, seconds = results["hanging"]
     assert status == 124, output
-    assert seconds["hanging"] < 40, seconds
+    assert seconds < 40, seconds
     last = output.strip().splitlines()[-1]
     assert last.startswith("smoke: failed: timed out after 20 s: rank 1 (localhost pid "), last
     assert "in wait_for_data at stall.py:15 while rank 0 in " in last and "from main at stall.py:26" in last, last
@@ -143,11 +162,38 @@ def test_a_failing_rank_and_a_hang(tmp_path):
     assert "    wait_for_data (/workdir/stall.py:15)" in output
 
 
-def test_the_bundled_trainer_as_root_on_roots_checkout(tmp_path):
+def test_a_dataloader_with_workers_in_dockers_64_mb_of_shared_memory(tmp_path):
+    """A DataLoader with 2 workers over batches of 64 images of 224x224 (about 150 MB of shared memory a rank), side
+    by side: the line as typed (Docker's 64 MB /dev/shm) fails in one line naming shared memory and --shm-size, torch's
+    error after it; with --shm-size 1g, as that line says, it passes."""
+    plain = checkout(tmp_path / "plain", IMAGE_USER, LOADER)
+    roomy = checkout(tmp_path / "roomy", IMAGE_USER, LOADER)
+    results = together(plain=smoke_argv(plain, "--", "python", LOADER.name),
+                       roomy=smoke_argv(roomy, "--", "python", LOADER.name, docker=("--shm-size", "1g")))
+
+    status, output, _ = results["plain"]
+    assert status == 1, output
+    assert ", shared memory /dev/shm 64 MB, uid 1000 in /workdir: " in first_line(output)
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("smoke: failed: rank "), last
+    assert ": out of shared memory (/dev/shm 64 MB, shared by the ranks and their DataLoader workers): give the " \
+        "container more, docker run --shm-size 1g ... (" in last, last  # fmt: skip
+    assert "shared memory" in last.split(" ... (", 1)[1], last  # torch's own line, after
+
+    status, output, _ = results["roomy"]
+    assert status == 0, output
+    assert ", shared memory /dev/shm 1024 MB, uid 1000 in /workdir: " in first_line(output)
+    for rank in (0, 1):
+        assert f"[rank {rank}] loader rank {rank}: 384 images of (3, 224, 224) from 2 workers, 768 on all 2 ranks" \
+            in output  # fmt: skip
+    assert owners(plain) == owners(roomy) == {LOADER.name: (IMAGE_USER, IMAGE_USER)}
+
+
+def test_the_bundled_trainer_on_roots_checkout(tmp_path):
     """No command: the bundled trainer, briefly, on the digits set; it learned and the ranks agree; the JUnit report
-    parses. Run as root on a root-owned folder (a GitLab job's own checkout), which stays root's."""
+    parses. On a root-owned folder (a GitLab job's own checkout), the line as typed: root's, and stays root's."""
     folder = checkout(tmp_path, 0)
-    done, seconds = smoke(folder, "--junit", "smoke.xml", user="0")
+    done, seconds = smoke(folder, "--junit", "smoke.xml")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines[-1].startswith("smoke: passed: 2 ranks over Gloo in ")
@@ -158,12 +204,19 @@ def test_the_bundled_trainer_as_root_on_roots_checkout(tmp_path):
     assert owners(folder) == {"smoke.xml": (0, 0)}
 
 
-def test_a_user_who_cannot_write_the_checkout_is_told_the_fix(tmp_path):
-    """The image's own user (1000) on GitHub's checkout (uid 1001, mode 755): one line naming --user, nothing run."""
+def test_a_user_who_is_not_the_owner_reads_and_is_told_the_fix_only_to_write(tmp_path):
+    """Started as the image's user (--user 1000, as a platform may start it) on GitHub's checkout (uid 1001, mode
+    755): it runs what only reads the checkout; asked for a JUnit report there, it says in one line what to do
+    instead, before any rank starts."""
     folder = checkout(tmp_path, GITHUB_RUNNER, PROBE)
-    done, seconds = smoke(folder, "--", "python", PROBE.name)
+    done, _ = smoke(folder, "--np", "1", "--", "head", "-n", "1", PROBE.name, user=str(IMAGE_USER))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[rank 0] \"\"\"A user's script for the smoke role's tests" in done.stdout
+    done, seconds = smoke(folder, "--junit", "reports/smoke.xml", "--", "python", PROBE.name, user=str(IMAGE_USER))
     assert done.returncode == 2
     assert (done.stdout + done.stderr).strip().splitlines() == [
-        "smoke: failed: uid 1000 cannot write /workdir (owned by 1001:1001): run the container as the folder's owner, "
+        "smoke: failed: uid 1000 cannot write the JUnit report reports/smoke.xml (/workdir is owned by 1001:1001): run "
+        "the container as root, the image's default (no --user), or as the folder's owner, "
         'docker run --user "$(id -u):$(id -g)" ...']
     assert seconds < 10
+    assert set(owners(folder)) == {PROBE.name}

@@ -4,12 +4,13 @@ in a container of the image: tests/test_smoke.py."""
 
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from launcher.smoke import hang, report, run, trainer
+from launcher.smoke import access, hang, report, run, shm, trainer
 from launcher.smoke.__main__ import parse_options
 from launcher.smoke.output import JobLog, Line, last_error_line, parse, rank_exit, shown_driver_traceback
 
@@ -291,3 +292,81 @@ def test_horovodrun_line_and_the_ranks_environment():
     assert environment["OMP_NUM_THREADS"] == "2"
     assert run.rank_environment({}, 4, 2)["OMP_NUM_THREADS"] == "1"
     assert run.rank_environment({"OMP_NUM_THREADS": "3"}, 2, 2)["OMP_NUM_THREADS"] == "3"  # the caller's stands
+
+
+SHM_FULL = "RuntimeError: unable to allocate shared memory(shm) for file </torch_612_1740263214_0>: No space left on device (28)"  # noqa: E501
+"""torch's allocator in a DataLoader worker, /dev/shm full."""
+
+
+@pytest.mark.parametrize(
+    "text, out",
+    [
+        (SHM_FULL, True),
+        ("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+         True),
+        ("RuntimeError: DataLoader worker (pid 42) is killed by signal: Bus error. It is possible that dataloader's "
+         "workers are out of shared memory. Please try to raise your shared memory limit.", True),
+        ("RuntimeError: unable to write to file </torch_18692_1954506624_0>: No space left on device (28)", True),
+        ("OSError: [Errno 28] No space left on device: 'checkpoint.pt'", False),
+        ("RuntimeError: boom", False),
+    ],
+)  # fmt: skip
+def test_a_rank_out_of_shared_memory_is_recognised(text, out):
+    assert shm.ran_out(f"line before\n{text}\nline after") is out
+
+
+@pytest.mark.parametrize(
+    "error, size, told",
+    [
+        ("RuntimeError: x", 64 * 1024**2, "out of shared memory (/dev/shm 64 MB, shared by the ranks and their "
+         "DataLoader workers): give the container more, docker run --shm-size 1g ... (RuntimeError: x)"),
+        (None, None, "out of shared memory (no /dev/shm, shared by the ranks and their DataLoader workers): give the "
+         "container more, docker run --shm-size 1g ..."),
+    ],
+)  # fmt: skip
+def test_shared_memory_is_named_with_its_fix(error, size, told):
+    assert shm.explained(error, size) == told
+
+
+def test_a_rank_out_of_shared_memory_fails_naming_it_and_the_flag_that_fixes_it():
+    log = job_log(2, "[0]<stderr>:Traceback (most recent call last):", f"[0]<stderr>:{SHM_FULL}",
+                  "Process 0 exit with status code 1.", "[1]<stderr>:Terminated",
+                  "Process 1 exit with status code 143.")  # fmt: skip
+    outcome = report.judge(log, 1, 9.0, shared_memory=64 * 1024**2)
+    assert report.result_line(outcome) == (
+        "smoke: failed: rank 0 exited with status 1: out of shared memory (/dev/shm 64 MB, shared by the ranks and "
+        f"their DataLoader workers): give the container more, docker run --shm-size 1g ... ({SHM_FULL})")
+    assert outcome.ranks[1].problem() == "exited with status 143 after rank 0 failed: Terminated"
+    assert report.result_line(report.judge(job_log(2, *RAISED), 1, 9.0, shared_memory=64 * 1024**2)) == (
+        "smoke: failed: rank 1 exited with status 1: RuntimeError: boom")
+
+
+def test_shared_memorys_size(tmp_path):
+    assert shm.size_bytes(str(tmp_path)) == os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize > 0
+    assert shm.size_bytes(str(tmp_path / "none")) is None
+    assert shm.shown(64 * 1024**2) == "/dev/shm 64 MB" and shm.shown(None) == "no /dev/shm"
+
+
+@pytest.mark.parametrize(
+    "exists, writable, blocking",
+    [
+        ({"/w", "/w/reports", "/w/reports/s.xml"}, {"/w/reports/s.xml"}, None),
+        ({"/w", "/w/reports", "/w/reports/s.xml"}, {"/w", "/w/reports"}, "/w/reports/s.xml"),
+        ({"/w", "/w/reports"}, {"/w/reports"}, None),
+        ({"/w"}, {"/w"}, None),  # reports/ is made
+        ({"/w"}, set(), "/w"),
+        ({"/w", "/w/reports"}, {"/w"}, "/w/reports"),
+    ],
+)
+def test_what_keeps_the_report_from_being_written(monkeypatch, exists, writable, blocking):
+    monkeypatch.setattr(Path, "exists", lambda path: str(path) in exists | {"/"})
+    found = access.blocking_of(Path("/w/reports/s.xml"), can_write=lambda path: str(path) in writable)
+    assert found == (Path(blocking) if blocking else None)
+
+
+def test_a_user_who_cannot_write_the_report_is_told_the_fix_in_one_line(tmp_path):
+    assert access.refusal(1000, Path("reports/smoke.xml"), Path("/workdir"), (1001, 1001)) == (
+        "smoke: failed: uid 1000 cannot write the JUnit report reports/smoke.xml (/workdir is owned by 1001:1001): "
+        "run the container as root, the image's default (no --user), or as the folder's owner, "
+        'docker run --user "$(id -u):$(id -g)" ...')
+    assert access.report_problem(tmp_path / "reports" / "smoke.xml") is None

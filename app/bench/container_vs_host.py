@@ -73,6 +73,8 @@ def run_containers_run(args, work: Path) -> list[str]:
         "--rm",
         "--shm-size",
         "1g",
+        "--user",
+        "mpiuser",  # past the entrypoint, which would make it so (the image starts as root)
         "-v",
         f"{work}:/out",
         "--entrypoint",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.agent import stacks
-from launcher.smoke import hang, report, run, trainer
+from launcher.smoke import access, hang, report, run, shm, trainer
 
 DEFAULT_RANKS = 2
 DEFAULT_TIMEOUT_SECONDS = 600.0
@@ -87,13 +87,18 @@ def write_junit(path: Path, outcome: report.Outcome) -> str | None:
 
 def main(argv: list[str]) -> int:
     options = parse_options(argv)
+    problem = access.report_problem(options.junit) if options.junit is not None else None
+    if problem:
+        print(problem, flush=True)
+        return 2
+    shared_memory = shm.size_bytes()
     with tempfile.TemporaryDirectory(prefix="smoke-") as folder:
         command = list(options.command) or trainer.command(Path(folder), options.epochs)
         what = shlex.join(options.command) if options.command else f"the bundled trainer ({shlex.join(command)})"
         print(
             f"smoke: {options.ranks} rank{'s' if options.ranks != 1 else ''} over Gloo in this container "
             f"({shlex.join(run.horovodrun_argv(options.ranks, []))}), CUDA hidden, timeout {options.timeout:.0f} s, "
-            f"uid {os.getuid()} in {os.getcwd()}: {what}",
+            f"shared memory {shm.shown(shared_memory)}, uid {os.getuid()} in {os.getcwd()}: {what}",
             flush=True,
         )
         try:
@@ -116,6 +121,7 @@ def main(argv: list[str]) -> int:
         stacks={stack.rank: hang.rank_stack_text(stack) for stack in finished.stacks},
         check=check,
         exits=finished.exits,
+        shared_memory=shared_memory,
     )
     if found:
         print(f"smoke: the bundled trainer: {found}", flush=True)

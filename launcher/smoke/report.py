@@ -14,6 +14,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
+from launcher.smoke import shm
 from launcher.smoke.output import JobLog, last_error_line
 
 TIMEOUT_STATUS = 124
@@ -97,10 +98,12 @@ def judge(
     stacks: dict[int, str] | None = None,
     check: str | None = None,
     exits: list[tuple[int, int]] | None = None,
+    shared_memory: int | None = None,
 ) -> Outcome:
     """The run's outcome from its output, horovodrun's status, and (timeout given) the timeout and the ranks' stacks;
     check: why the bundled trainer's own check failed, if it did; exits: the ranks' non-zero exits that count (by
-    default all of the log's; after a timeout, those before it)."""
+    default all of the log's; after a timeout, those before it); shared_memory: /dev/shm's size, told with the error
+    of a rank that ran out of it."""
     stacks = stacks or {}
     exits = log.exits if exits is None else exits
     ended = dict(reversed(exits))  # the first exit line of a rank wins
@@ -113,9 +116,13 @@ def judge(
 
     culprit = log.culprit(exits)
 
+    def error_of(number: int) -> str | None:
+        error, text = log.ranks[number].last_error(), log.ranks[number].text()
+        return shm.explained(error, shared_memory) if shm.ran_out(text) else error
+
     def result(number: int) -> RankResult:
         status = status_of(number)
-        error = log.ranks[number].last_error() if status else None
+        error = error_of(number) if status else None
         after = culprit if status and culprit is not None and culprit != number else None
         return RankResult(number, status, error, log.ranks[number].text(), stacks.get(number, ""), after)
 
@@ -128,7 +135,7 @@ def judge(
         failure = f"timed out after {timeout:.0f} s" + (f": {where}" if where else "")
         return outcome(failure=failure, status=TIMEOUT_STATUS, timed_out=True)
     if culprit is not None:
-        status, error = ended[culprit], log.ranks[culprit].last_error()
+        status, error = ended[culprit], error_of(culprit)
         if culprit == exits[0][0]:
             return outcome(failure=exited(culprit, status, error), status=exit_status(status))
         # It reported its error first, but another rank exited first and horovodrun ended this one.
