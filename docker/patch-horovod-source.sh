@@ -27,6 +27,12 @@
 # - Blocking wait (performance): hvd.synchronize (every DistributedOptimizer step) waited for a handle by calling
 #   sched_yield in a loop, a quarter of a core per rank that the Gloo threads carrying the very allreduce it waits
 #   for then lack on a busy host. It now sleeps on a condition variable that MarkDone signals.
+# - Rendezvous wait (elastic jobs): a rank waited for a peer's key at a Gloo rendezvous no longer than the collective
+#   timeout (HOROVOD_GLOO_TIMEOUT_SECONDS), then aborted. Elastic jobs keep that timeout short so a silent peer's
+#   loss is noticed soon, but a worker that joins or comes back is started by horovodrun only as the others enter
+#   the rendezvous, and its Python and torch take longer than that to start on a busy or cold node: the running
+#   ranks aborted and the job failed. A rendezvous now waits HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS for a key when
+#   that is longer (unset: as before); collectives keep their own timeout.
 # The other fix, for CMake >= 4 refusing the bundled gloo's cmake_minimum_required < 3.5, is an
 # environment setting (CMAKE_POLICY_VERSION_MINIMUM=3.5) exported by install-horovod.sh.
 # This file's hash is part of the wheel cache key: change it and the wheel is rebuilt.
@@ -124,3 +130,13 @@ fi
 grep -q 'handle_manager.WaitForHandle(handle);' "$torch_ops" && ! grep -q 'std::this_thread::yield' "$torch_ops" &&
   [ "$(grep -c 'done_.notify_all' "$handles_cc")" = 2 ] ||
   { echo "patch-horovod-source: the blocking-wait change no longer applies to $src/horovod/torch" >&2; exit 1; }
+
+http_store="$src/horovod/common/gloo/http_store.cc"
+if ! grep -q 'HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS' "$http_store"; then
+  perl -0pi -e 's/(#include "gloo_context.h"\n)/$1#include "..\/utils\/env_parser.h"\n\n#include <algorithm>\n/' "$http_store"
+  perl -0pi -e 's/(void HTTPStore::wait\(const std::vector<std::string>& keys,\n\s*const std::chrono::milliseconds& )timeout(\) \{\n)/$1collective_timeout$2  \/\/ horovod-stack: rendezvous wait (docker\/patch-horovod-source.sh): a peer still starting gets longer.\n  static const auto rendezvous_timeout =\n      std::chrono::milliseconds(1000 * GetIntEnvOrDefault("HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS", 0));\n  const auto timeout = collective_timeout == gloo::kNoTimeout ? collective_timeout\n                       : std::max(collective_timeout, rendezvous_timeout);\n/' "$http_store"
+  perl -0pi -e 's/(                                             HOROVOD_GLOO_TIMEOUT_SECONDS)\)\);/$1, " or HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS"));/' "$http_store"
+fi
+grep -q 'std::max(collective_timeout, rendezvous_timeout)' "$http_store" && grep -q '#include <algorithm>' "$http_store" &&
+  grep -q ' or HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS"' "$http_store" ||
+  { echo "patch-horovod-source: the rendezvous-wait change no longer applies to $http_store" >&2; exit 1; }

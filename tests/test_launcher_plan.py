@@ -360,6 +360,9 @@ def test_elastic_job_runs_horovodrun_with_discovery_over_the_nodes_rank0_first()
     argv = elastic_plan(slots=2, env=("SEED=3",)).job_argv()
     assert argv[0] == "env" and "SEED=3" in argv  # the discovery finds the nodes in the job spec, not here
     assert "HOROVOD_GLOO_TIMEOUT_SECONDS=10" in argv and "GLOO_SOCKET_IFNAME=ens5" in argv
+    # A worker that joins or comes back gets longer to reach the rendezvous than a collective gets (Python and torch
+    # starting on a busy node); without it the running ranks aborted at its arrival.
+    assert "HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS=120" in argv
     run = argv[argv.index("horovodrun"):]
     flags = " ".join(run[:run.index("python")])
     for expected in ("--gloo", "-np 6", "--min-np 4", "--max-np 6", "--slots-per-host 2",

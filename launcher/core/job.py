@@ -39,6 +39,12 @@ ELASTIC_GLOO_TIMEOUT_SECONDS = 10
 """How long a rank waits on a silent peer before its collective fails (Horovod's default: 30 s). A killed worker's
 peers often get no TCP reset, so this bounds how soon an elastic job notices the loss; --env
 HOROVOD_GLOO_TIMEOUT_SECONDS=N overrides it for steps where ranks legitimately wait longer."""
+ELASTIC_RENDEZVOUS_TIMEOUT_SECONDS = 120
+"""How long a rank waits at a Gloo rendezvous for a peer that is still starting
+(HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS, docker/patch-horovod-source.sh). horovodrun starts a joining or returning
+worker only as the running ranks enter the rendezvous, and its Python and torch take longer than the short collective
+timeout above to start on a busy or cold node; under that timeout alone the running ranks aborted and the job
+failed."""
 BLACKLIST_COOLDOWN_SECONDS = (2, 30)
 """A host whose worker failed may rejoin after 4-6 s, doubling on each further failure (horovodrun's range)."""
 
@@ -195,7 +201,13 @@ def horovodrun_argv(
         (driver_nic or f"<rank 0's NIC in {network_interface}>") if subnet_of(network_interface) else network_interface
     )
     command = trainer_with(command, "--elastic")  # the bundled trainer's loop; a user's script brings its own
-    defaults = defaults_unless_set(env, {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS)})
+    defaults = defaults_unless_set(
+        env,
+        {
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(ELASTIC_GLOO_TIMEOUT_SECONDS),
+            "HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS": str(ELASTIC_RENDEZVOUS_TIMEOUT_SECONDS),
+        },
+    )
     user_set = names_in(env)
     variables = [*nic_variables(rank0_nic), *defaults, *env]
     return [
