@@ -1,6 +1,7 @@
 """The stack's Horovod build (docker/patch-horovod-source.sh) on two real ranks, under horovodrun (Gloo) and under
 mpirun: late ranks, quiet periods, out-of-order synchronize and join still give the right sums, and an idle rank's
-background thread no longer negotiates every cycle (1 ms) but about every idle wait (50 ms)."""
+background thread no longer negotiates every cycle (1 ms) but about every idle wait (50 ms); a peer that reaches a
+rendezvous later than the collective timeout is still waited for."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from app.bench import ranks
 
 SCRIPT = Path(__file__).parent / "horovod_patch" / "collectives.py"
+LATE_PEER = Path(__file__).parent / "horovod_patch" / "late_peer.py"
 
 
 def idle_cycles(peer: str, out: Path, **env: str) -> int:
@@ -44,6 +46,19 @@ def test_idle_wait_zero_is_horovods_own_loop(tmp_path):
     cycles = idle_cycles("hvd-gloo", tmp_path, HOROVOD_STACK_IDLE_WAIT_MS="0")
     print(f"hvd-gloo, HOROVOD_STACK_IDLE_WAIT_MS=0: {cycles} cycles in an idle second")
     assert cycles > 300, cycles
+
+
+@pytest.mark.integration
+def test_a_peer_later_than_the_collective_timeout_still_meets_the_rendezvous():
+    """HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS: rank 1 arrives 8 s after rank 0 with a 3 s collective timeout (a
+    worker joining an elastic job while its torch starts); unpatched, rank 0 aborted at 3 s ("Wait timeout")."""
+    env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "3", "HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS": "60"}
+    result = subprocess.run([*ranks.launcher_argv("hvd-gloo", 2, env), sys.executable, str(LATE_PEER), "8"],
+                            env=ranks.bench_env(env), cwd=ranks.REPO, capture_output=True, text=True, timeout=180,
+                            start_new_session=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: rendezvous ok, allreduce sum 3" in result.stdout, result.stdout[-3000:]
 
 
 def load_module(path: Path, name: str):
