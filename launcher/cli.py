@@ -106,6 +106,7 @@ def start(
     min_nodes: int | None = typer.Option(None, help=flags.START["min_nodes"]),
     max_nodes: int | None = typer.Option(None, help=flags.START["max_nodes"]),
     restart_workers: bool = typer.Option(False, help=flags.START["restart_workers"]),
+    max_restarts: int | None = typer.Option(None, help=flags.START["max_restarts"]),
     device: list[str] | None = typer.Option(None, "--device", help=flags.START["device"]),
     debug: bool = typer.Option(False, help=flags.START["debug"]),
     mount: list[str] | None = typer.Option(None, "--mount", help=flags.START["mount"]),
@@ -124,6 +125,8 @@ def start(
     node_1,node_2 --slots 2 -- --dataset digits --epochs 5 (options alone go to python -m app.train).
     Elastic: launcher start --nodes node_1,node_2,node_3 --elastic --min-nodes 2 --network-interface eth0
     (the elastic driver runs on rank 0's node: losing that node ends the job).
+    Restarted: launcher start --nodes node_1,node_2,node_3 --max-restarts 3 --min-nodes 2 -- --epochs 20
+    (a lost node's job starts again from its newest checkpoint, on the nodes that remain).
 
     The job runs in the cluster (a job agent in rank 0's container), not in this process: Ctrl-C, SIGTERM or a
     closed terminal remove the cluster on every node (exit 130, 143, 129); if this process dies outright, the job

@@ -17,6 +17,7 @@ containers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import threading
@@ -27,8 +28,8 @@ from dataclasses import dataclass
 from app import autotune, timeline
 from launcher.agent import stacks
 from launcher.agent.transport import Lifeline, Transport
-from launcher.core import stall
-from launcher.core.job import JobSpec, Worker, command_probe, hostfile, pin_known_host, ssh_config
+from launcher.core import restart, stall
+from launcher.core.job import JobSpec, Worker, command_probe, hostfile, pin_known_host, ssh_config, trainer_option
 from launcher.core.options import names_in
 from launcher.core.protocol import (
     AGENT,
@@ -96,6 +97,14 @@ class LostWorker:
         """As one of a list of lost workers."""
         return f"{self.name} (silent for {SILENCE_SECONDS} s)" if self.silent else self.name
 
+    def reason(self) -> str:
+        """As the reason for a restart."""
+        return f"{self.name} went silent" if self.silent else f"{self.name}'s worker was lost"
+
+
+LEFTOVERS = "pkill -TERM -x orted; pkill -TERM -x prted; true"
+"""Run on each worker a restart keeps: what is left of the ended run's Open MPI daemons (and their ranks) goes."""
+
 
 def lost_addresses(text: str | None) -> set[str]:
     """The addresses in JOB_LOST."""
@@ -118,6 +127,13 @@ class Agent:
         """Every worker a lifeline was opened to, by address."""
         self.lost: dict[str, LostWorker] = {}
         """Workers lost during the run and not claimed again, by address."""
+        self.run_losses: list[LostWorker] = []
+        """The workers the last run lost (kept only for a job that may be restarted)."""
+        self.ended_by: str | None = None
+        """What ended the last run, when a watch did (its time limit, a stall): such a run is not restarted."""
+        self.restarts: list[restart.Restart] = []
+        self.script_restarts = 0
+        """Restarts after a failure of the script itself (no node lost)."""
 
     # --- finding and trusting workers ----------------------------------------------------------------------------
     def candidates(self) -> list[Worker]:
@@ -247,13 +263,22 @@ class Agent:
             for thread in threads:
                 thread.stop()
         self.say(f"{spec.program} exited with status {status}")
+        self.run_losses, self.ended_by = [], None
         if limit and limit.cause:
+            self.ended_by = "its time limit"
             return JobEnd(TimeLimit.STATUS, limit.cause)
         if lifelines.cause:
+            if spec.options.max_restarts:
+                self.run_losses = self.losses(ready)
             return JobEnd(status or 1, lifelines.cause)
         if stall and stall.cause:
+            self.ended_by = "the stall watch (stall action fail)"
             return JobEnd(status or 1, stall.cause)
-        return JobEnd(status, None if status == 0 else self.failure_cause(ready))
+        if status == 0:
+            return JobEnd(0)
+        losses = self.losses(ready)
+        self.run_losses = losses if spec.options.max_restarts else []
+        return JobEnd(status, self.cause_of(losses))
 
     def report_stacks(self, workers: list[Worker], heading: str) -> str:
         """`heading`, then every rank's stack into the job's log; returns their summary (where the odd ranks out
@@ -301,10 +326,17 @@ class Agent:
             self.sleep(0.5)
         return line.silent()
 
+    def losses(self, ready: list[Worker]) -> list[LostWorker]:
+        """The workers a run that failed lost."""
+        return [loss for worker in ready if (loss := self.loss(worker))]
+
     def failure_cause(self, ready: list[Worker]) -> str | None:
         """Why a job that ran failed, when it is a lost worker (a rank's own error is in the job's output)."""
+        return self.cause_of(self.losses(ready))
+
+    def cause_of(self, losses: list[LostWorker]) -> str | None:
+        """The failed job's cause, when it lost workers."""
         spec = self.spec
-        losses = [loss for worker in ready if (loss := self.loss(worker))]
         if not losses:
             return None
         hint = spec.words.lost_hint
@@ -328,6 +360,11 @@ class Agent:
             self.claim(ready)
             self.check_command(ready)
             end = self.run_job(ready, secrets)
+            while (again := self.restart_on(end, ready)) is not None:
+                ready = again
+                end = self.run_job(ready, secrets)
+            if self.not_restarted and end.cause:
+                end = JobEnd(end.status, f"{end.cause}; {self.not_restarted}")
         except JobError as error:
             self.say(f"error: {error}")
             end = JobEnd(2, str(error))
@@ -340,6 +377,102 @@ class Agent:
         self.finish(end, self.workers_to_tell(ready))
         return end
 
+    # --- restarts (--max-restarts; the decisions: launcher/core/restart.py) -----------------------------------------
+    not_restarted = ""
+    """Why the last run was not started again, when restarts were allowed and it failed."""
+
+    def restart_on(self, end: JobEnd, ready: list[Worker]) -> list[Worker] | None:
+        """After a run ended `end`: the workers to run the job again on, the restart said, recorded and prepared
+        (self.spec is the restart's); None when the job ends as it is (and why, said)."""
+        spec, options = self.spec, self.spec.options
+        lost = self.run_losses
+        why = restart.why_not(
+            status=end.status,
+            lost=[loss.name for loss in lost],
+            ended_by=self.ended_by,
+            stop_asked=self.transport.stop_asked(),
+            restarts=len(self.restarts),
+            script_restarts=self.script_restarts,
+            max_restarts=options.max_restarts,
+            say=options.spelling,
+        )
+        if why is None:
+            back = (
+                self.wait_for_return(ready, lost)
+                if restart.must_wait(len(ready), len(lost), options.elastic_min_workers)
+                else []
+            )
+            names, why = restart.world_after(
+                [worker.name for worker in ready],
+                [loss.name for loss in lost],
+                [worker.name for worker in back],
+                options.elastic_min_workers,
+                options.spelling,
+            )
+        if why is not None:
+            if why:
+                self.say(why)
+            self.not_restarted = why
+            return None
+        workers = [worker for worker in ready if worker.name in names]
+        self.script_restarts += 0 if lost else 1
+        reason = " and ".join(loss.reason() for loss in lost) or f"the script failed (exit status {end.status})"
+        self.spec = dataclasses.replace(
+            spec,
+            restart=len(self.restarts) + 1,
+            workers=tuple(workers) if spec.workers else (),
+            expected_workers=len(workers),
+        )
+        done = restart.Restart(len(self.restarts) + 1, options.max_restarts, reason, tuple(names), *self.resume_point())
+        self.restarts.append(done)
+        self.say(done.line())
+        if self.spec.output_dir:
+            records = "".join(item.record() for item in self.restarts)
+            self.transport.write(f"{self.spec.output_dir}/{restart.RECORDS_FILE}", records)
+        for worker in workers:
+            if worker.address != spec.agent_host and worker.address not in self.lost:
+                self.transport.ssh(worker.address, LEFTOVERS, DISCOVERY_SSH_TIMEOUT)
+        for worker in back:
+            self.mark_lost(worker.address, None)
+        self.claim(workers)
+        self.check_command(workers)
+        return workers
+
+    def wait_for_return(self, ready: list[Worker], lost: list[LostWorker]) -> list[Worker]:
+        """The lost workers that answer again as new workers (their containers started again) within
+        RESTART_WAIT_SECONDS; all of them, or as many as came back by then."""
+        names = {loss.name for loss in lost}
+        waiting = [worker for worker in ready if worker.name in names]
+        self.say(
+            f"waiting up to {restart.RESTART_WAIT_SECONDS} s for {', '.join(worker.name for worker in waiting)} to "
+            "answer again"
+        )
+        back: list[Worker] = []
+        deadline = self.clock() + restart.RESTART_WAIT_SECONDS
+        while True:
+            back += [
+                worker
+                for worker in waiting
+                if worker not in back
+                and self.answers(worker, DISCOVERY_SSH_TIMEOUT)
+                and self.unclaimed_since_start(worker)
+            ]
+            if len(back) == len(waiting) or self.clock() > deadline or self.transport.stop_asked():
+                return back
+            self.sleep(1)
+
+    def resume_point(self) -> tuple[int | None, str | None]:
+        """Where a restart resumes: the bundled trainer's last checkpointed epoch (from its metrics), or the job's
+        checkpoint folder for a script of the user's."""
+        spec = self.spec
+        if spec.run_dir is None and trainer_option(spec.command, "--checkpoint-dir") is None:
+            return None, spec.checkpoint_dir
+        metrics = trainer_option(spec.command, "--metrics-file") or (
+            f"{spec.run_dir}/metrics.jsonl" if spec.run_dir else None
+        )
+        epoch = restart.metrics_epoch(self.transport.read(metrics)) if metrics else None
+        return epoch, spec.checkpoint_dir if epoch is not None else None
+
     def refuse(self, cause: str) -> JobEnd:
         """A job refused before it started (a bad setting): the workers that are up are told all the same."""
         self.say(f"error: {cause}")
@@ -350,7 +483,7 @@ class Agent:
 
     # --- the end -----------------------------------------------------------------------------------------------
     def workers_to_tell(self, ready: list[Worker]) -> list[Worker]:
-        known = {worker.address: worker for worker in [*ready, *self.candidates()]}
+        known = {worker.address: worker for worker in [*ready, *self.candidates(), *self.claimed.values()]}
         return list(known.values())
 
     def finish(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:

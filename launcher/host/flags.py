@@ -45,7 +45,12 @@ START = {
     "SECRETS in .env).",
     "elastic": "Elastic training (horovodrun, Gloo): a node whose worker is lost is dropped and the job goes on; "
     "needs --network-interface.",
-    "min_nodes": "With --elastic: the fewest nodes the job goes on with (default 1).",
+    "min_nodes": "With --elastic: the fewest nodes the job goes on with (default 1). With --max-restarts: the fewest "
+    "nodes a restart may run on (default: all; a lost node's worker is waited for).",
+    "max_restarts": "A fixed-size job that loses a node is started again this many times at most by its agent, "
+    "resuming from the newest checkpoint in the shared folder (the bundled trainer with --resume; a script of yours: "
+    "HOROVOD_STACK_RESTART and HOROVOD_STACK_CHECKPOINT_DIR); a failure of the script itself, once at most "
+    "(default: MAX_RESTARTS in .env, else 0: never).",
     "max_nodes": "With --elastic: the most nodes that train at once (default: all).",
     "restart_workers": "With --elastic: start a lost node's worker again; it rejoins at the next host discovery (not "
     "with --detach).",
@@ -113,7 +118,15 @@ EXPORT = {
 
 NCCL_DEBUG = "NCCL_DEBUG=INFO"
 """--debug: what every rank is given."""
-SAME_NAME_JOB_FLAGS = ("network_interface", "ssh_port", "stall_timeout", "stall_action", "time_limit", "elastic")
+SAME_NAME_JOB_FLAGS = (
+    "network_interface",
+    "ssh_port",
+    "stall_timeout",
+    "stall_action",
+    "time_limit",
+    "elastic",
+    "max_restarts",
+)
 """start's flags that set the JobOptions field of their own name, as given."""
 
 
