@@ -280,3 +280,39 @@ def test_a_users_script_is_told_its_checkpoint_folder_in_the_restart_line():
 def test_restart_options_round_trip_through_the_job_spec():
     options = JobOptions(max_restarts=2, elastic_min_workers=1)
     assert JobOptions.from_dict(options.to_dict()) == options
+
+
+@pytest.mark.parametrize("seen, job_cause, expected", [
+    ("node_2: its worker container was killed during the run", "node_2: worker lost during the run; not restarted: "
+     "all 1 restart(s) (--max-restarts 1) are used up; allow more with a larger --max-restarts",
+     "node_2: its worker container was killed during the run; not restarted: all 1 restart(s) (--max-restarts 1) "
+     "are used up; allow more with a larger --max-restarts"),
+    ("node_2: its worker container was killed during the run", None,
+     "node_2: its worker container was killed during the run"),
+    ("x; not restarted: y", "z; not restarted: y", "x; not restarted: y"),
+])
+def test_the_launcher_keeps_why_the_agent_did_not_restart(seen, job_cause, expected):
+    assert restart.with_why_not(seen, job_cause) == expected
+
+
+@pytest.mark.parametrize("given", [{"lost": [], "script_restarts": 1}, {"restarts": 3}, {"ended_by": "x"},
+                                   {"stop_asked": True}])
+def test_every_refusal_starts_alike(given):
+    assert why_not(**given).startswith(restart.NOT_RESTARTED)
+
+
+def test_a_restarts_run_has_what_is_left_of_the_jobs_time_limit(monkeypatch):
+    from launcher.agent import job as agent_job
+
+    given: list[float] = []
+
+    class Recorded(agent_job.TimeLimit):
+        def run(self) -> None:
+            given.append(self.seconds)
+
+    monkeypatch.setattr(agent_job, "TimeLimit", Recorded)
+    transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address},
+                          returns_at={W2.address: 12})
+    end, _ = run(trainer_spec(time_limit=100), transport)
+    assert end == JobEnd(0) and transport.clock() >= 12
+    assert given == [100, 100 - transport.clock()]

@@ -134,6 +134,8 @@ class Agent:
         self.restarts: list[restart.Restart] = []
         self.script_restarts = 0
         """Restarts after a failure of the script itself (no node lost)."""
+        self.job_started: float | None = None
+        """When the job's first run started (its time limit counts from then, restarts included)."""
 
     # --- finding and trusting workers ----------------------------------------------------------------------------
     def candidates(self) -> list[Worker]:
@@ -253,7 +255,10 @@ class Agent:
         watch = ElasticClaims(self) if spec.elastic else None
         lifelines = LifelineWatch(self)
         stall = StallWatch(self, ready) if spec.options.stall_timeout > 0 else None
-        limit = TimeLimit(self, ready) if spec.options.time_limit > 0 else None
+        if self.job_started is None:
+            self.job_started = self.clock()
+        used = self.clock() - self.job_started  # a restart's run has what its earlier runs left of the limit
+        limit = TimeLimit(self, ready, spec.options.time_limit - used) if spec.options.time_limit > 0 else None
         threads = [thread for thread in (watch, lifelines, stall, limit) if thread]
         for thread in threads:
             thread.start()
@@ -718,13 +723,14 @@ class TimeLimit(JobWatch):
 
     STATUS = 124
 
-    def __init__(self, agent: Agent, workers: list[Worker]) -> None:
+    def __init__(self, agent: Agent, workers: list[Worker], seconds: float) -> None:
         super().__init__(agent, "time-limit")
-        self.workers = workers
+        self.workers, self.seconds = workers, seconds
+        """What is left of the limit (all of it in the first run)."""
 
     def run(self) -> None:
         limit = self.agent.spec.options.time_limit
-        if self.done.wait(limit):
+        if self.done.wait(max(0.0, self.seconds)):
             return
         where = self.agent.report_stacks(self.workers, f"the job ran past its time limit of {limit} s")
         cause = f"the job ran past its time limit of {limit} s; {where or 'no stacks'}"

@@ -129,6 +129,16 @@ class Restart:
         return json.dumps({**asdict(self), "workers": list(self.workers)}) + "\n"
 
 
+NOT_RESTARTED = "not restarted: "
+
+
+def with_why_not(cause: str, job_cause: str | None) -> str:
+    """`cause` (what the launcher saw end the job: a killed worker) with why the agent did not restart it, when the
+    job's own cause says (why_not's words)."""
+    _, found, why = (job_cause or "").partition(NOT_RESTARTED)
+    return f"{cause}; {NOT_RESTARTED}{why}" if found and why not in cause else cause
+
+
 def restart_in(job_log: str) -> str | None:
     """The last restart line the agent said in a job's log (for `launcher status`); None without one."""
     found = None
