@@ -316,3 +316,70 @@ def test_a_restarts_run_has_what_is_left_of_the_jobs_time_limit(monkeypatch):
     end, _ = run(trainer_spec(time_limit=100), transport)
     assert end == JobEnd(0) and transport.clock() >= 12
     assert given == [100, 100 - transport.clock()]
+
+
+# --- spares ----------------------------------------------------------------------------------------------------
+S4, S5 = Worker("node_4", "10.0.0.4"), Worker("node_5", "10.0.0.5")
+
+
+@pytest.mark.parametrize("lost, spares, expected", [
+    ([], ["node_4"], (["node_1", "node_2", "node_3"], [])),
+    (["node_2"], ["node_4", "node_5"], (["node_1", "node_4", "node_3"], [])),
+    (["node_2", "node_3"], ["node_4"], (["node_1", "node_4", "node_3"], ["node_3"])),
+    (["node_3"], [], (["node_1", "node_2", "node_3"], ["node_3"])),
+])
+def test_a_spare_takes_a_lost_workers_place(lost, spares, expected):
+    assert restart.swap_in(["node_1", "node_2", "node_3"], lost, spares) == expected
+
+
+def test_a_spare_is_checked_before_it_is_needed_then_takes_the_lost_nodes_place():
+    transport = Transport(Clock(), up_from=up(W1, W2, W3, S4, S5), status=137, lost_in_job={W2.address})
+    end, said = run(trainer_spec(spares=(S4, S5)), transport)
+    assert end == JobEnd(0)
+    assert said.index("node_4: spare, sshd answers; out of the hostfile until a restart needs it") < \
+        said.index("hostfile: 10.0.0.1:1 10.0.0.2:1 10.0.0.3:1")
+    assert any(address == S4.address and "probe" in command for address, command in transport.commands[:40])
+    assert "restart 1/2: node_2's worker was lost; starting over on node_1,node_4,node_3" in said
+    assert transport.files["/home/mpiuser/hostfile"] == "10.0.0.1 slots=1\n10.0.0.4 slots=1\n10.0.0.3 slots=1\n"
+    assert not any(line.startswith("waiting up to") for line in said)
+    assert transport.lines[S5.address].last_word == "exit status 0"  # the unused spare is told, and stops
+
+
+def test_a_spare_that_does_not_answer_is_passed_over_for_the_next():
+    transport = Transport(Clock(), up_from={**up(W1, W2, W3, S5), S4.address: float("inf")}, status=137,
+                          lost_in_job={W2.address})
+    end, said = run(trainer_spec(spares=(S4, S5)), transport)
+    assert end == JobEnd(0)
+    assert "node_4: spare, does not answer yet; tried again when a restart needs it" in said
+    assert "restart 1/2: node_2's worker was lost; starting over on node_1,node_5,node_3" in said
+
+
+def test_with_no_spare_left_the_smaller_world_or_the_wait_decides():
+    transport = Transport(Clock(), up_from=up(W1, W2, W3, S4), status=137, lost_in_job={W2.address, W3.address})
+    end, said = run(trainer_spec(spares=(S4,), elastic_min_workers=2, elastic=False), transport)
+    assert end == JobEnd(0)
+    assert ("restart 1/2: node_2's worker was lost and node_3's worker was lost; starting over on node_1,node_4"
+            in said)
+
+
+def test_a_lost_spare_does_not_end_the_job():
+    from launcher.agent.job import LifelineWatch
+
+    transport = Transport(Clock(), up_from=up(W1, W2, W3, S4))
+    said: list[str] = []
+    agent = Agent(trainer_spec(spares=(S4,)), transport, say=said.append, clock=transport.clock,
+                  sleep=transport.clock.sleep)
+    agent.claim([W1, W2, W3, S4])
+    agent.running = {W1.address, W2.address, W3.address}
+    transport.lines[S4.address].open = False
+    watch = LifelineWatch(agent)
+    watch.check()
+    assert watch.cause is None and not transport.ended.is_set()
+    assert said == ["node_4: worker lost during the run; a spare, not used by any restart"]
+    assert agent.answering_spares(1) == []
+
+
+def test_spares_travel_in_the_job_spec():
+    spec = trainer_spec(spares=(S4,))
+    assert JobSpec.from_json(spec.to_json()).spares == (S4,)
+    assert "10.0.0.4" not in " ".join(spec.job_argv())

@@ -134,6 +134,10 @@ class Agent:
         self.restarts: list[restart.Restart] = []
         self.script_restarts = 0
         """Restarts after a failure of the script itself (no node lost)."""
+        self.running: set[str] = set()
+        """The addresses of the workers the job runs on now (not a spare's)."""
+        self.spares_left: list[Worker] = list(spec.spares)
+        """Spares no restart has used yet."""
         self.job_started: float | None = None
         """When the job's first run started (its time limit counts from then, restarts included)."""
 
@@ -249,6 +253,7 @@ class Agent:
         """mpirun (or elastic horovodrun) over the ready workers, `secrets` in its environment; how it ended."""
         spec = self.spec
         argv = spec.job_argv()
+        self.running = {worker.address for worker in ready}
         self.transport.write(HOSTFILE_PATH, hostfile(ready, spec.slots))
         self.say(f"hostfile: {' '.join(f'{worker.address}:{spec.slots_of(worker)}' for worker in ready)}")
         self.say(f"running: {' '.join(argv)}")
@@ -364,6 +369,7 @@ class Agent:
             ready = self.wait_until_ready()
             self.claim(ready)
             self.check_command(ready)
+            self.stand_by()
             end = self.run_job(ready, secrets)
             while (again := self.restart_on(end, ready)) is not None:
                 ready = again
@@ -401,25 +407,28 @@ class Agent:
             max_restarts=options.max_restarts,
             say=options.spelling,
         )
+        by_name = {worker.name: worker for worker in [*ready, *self.spares_left]}
         if why is None:
+            spares = self.answering_spares(len(lost))
+            world, unreplaced = restart.swap_in(
+                [worker.name for worker in ready], [loss.name for loss in lost], [spare.name for spare in spares]
+            )
+            self.spares_left = [spare for spare in self.spares_left if spare.name not in world]
+            waiting = [loss for loss in lost if loss.name in unreplaced]
             back = (
-                self.wait_for_return(ready, lost)
-                if restart.must_wait(len(ready), len(lost), options.elastic_min_workers)
+                self.wait_for_return(ready, waiting)
+                if restart.must_wait(len(world), len(waiting), options.elastic_min_workers)
                 else []
             )
             names, why = restart.world_after(
-                [worker.name for worker in ready],
-                [loss.name for loss in lost],
-                [worker.name for worker in back],
-                options.elastic_min_workers,
-                options.spelling,
+                world, unreplaced, [worker.name for worker in back], options.elastic_min_workers, options.spelling
             )
         if why is not None:
             if why:
                 self.say(why)
             self.not_restarted = why
             return None
-        workers = [worker for worker in ready if worker.name in names]
+        workers = [by_name[name] for name in names]
         self.script_restarts += 0 if lost else 1
         reason = " and ".join(loss.reason() for loss in lost) or f"the script failed (exit status {end.status})"
         self.spec = dataclasses.replace(
@@ -442,6 +451,30 @@ class Agent:
         self.claim(workers)
         self.check_command(workers)
         return workers
+
+    def stand_by(self) -> None:
+        """Every spare that answers is claimed and checked as the workers were, and stays out of the hostfile; one
+        that does not answer yet is tried again when a restart needs it."""
+        for spare in list(self.spares_left):
+            if not self.answers(spare, DISCOVERY_SSH_TIMEOUT):
+                self.say(f"{spare.name}: spare, does not answer yet; tried again when a restart needs it")
+                continue
+            self.claim([spare])
+            try:
+                self.check_command([spare])
+            except JobError as error:
+                self.spares_left.remove(spare)
+                self.say(f"spare {error}; it will not be used")
+                continue
+            self.say(f"{spare.name}: spare, sshd answers; out of the hostfile until a restart needs it")
+
+    def answering_spares(self, count: int) -> list[Worker]:
+        """Up to `count` unused spares that answer now, in the order given."""
+        found: list[Worker] = []
+        for spare in self.spares_left:
+            if len(found) < count and spare.address not in self.lost and self.answers(spare, DISCOVERY_SSH_TIMEOUT):
+                found.append(spare)
+        return found
 
     def wait_for_return(self, ready: list[Worker], lost: list[LostWorker]) -> list[Worker]:
         """The lost workers that answer again as new workers (their containers started again) within
@@ -488,7 +521,8 @@ class Agent:
 
     # --- the end -----------------------------------------------------------------------------------------------
     def workers_to_tell(self, ready: list[Worker]) -> list[Worker]:
-        known = {worker.address: worker for worker in [*ready, *self.candidates(), *self.claimed.values()]}
+        everyone = [*ready, *self.candidates(), *self.claimed.values(), *self.spec.spares]
+        known = {worker.address: worker for worker in everyone}
         return list(known.values())
 
     def finish(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
@@ -656,6 +690,9 @@ class LifelineWatch(JobWatch):
                 continue
             loss = LostWorker(agent.claimed[address].name, line.silent())
             agent.mark_lost(address, loss)
+            if not agent.spec.elastic and address not in agent.running:  # a spare: the job goes on
+                agent.say(f"{loss}; a spare, not used by any restart")
+                continue
             self.last_loss = agent.clock()
             if not agent.spec.elastic:
                 self.end(str(loss))

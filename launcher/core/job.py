@@ -324,6 +324,9 @@ class JobSpec:
     """The agent makes the cluster's key pair (compose, where nobody outside the cluster hands one over)."""
     results_hint: str | None = None
     words: DoorWords = field(default_factory=DoorWords)
+    spares: tuple[Worker, ...] = ()
+    """Workers kept in reserve (--spares): started and checked with the others, out of the hostfile until a restart
+    puts one in a lost worker's place."""
     restart: int = 0
     """Which run of the job this is (--max-restarts): 0 its first, N its Nth restart, which resumes from the newest
     checkpoint (the bundled trainer is given --resume)."""
@@ -452,6 +455,7 @@ class JobSpec:
                 "options": JobOptions.from_dict(data["options"]),
                 "excluded_subnets": tuple(data.get("excluded_subnets", ())),
                 "workers": tuple(Worker(**worker) for worker in data.get("workers", ())),
+                "spares": tuple(Worker(**worker) for worker in data.get("spares", ())),
                 "words": DoorWords(**data.get("words", {})),
             }
         )

@@ -73,6 +73,13 @@ def why_not(
     return None
 
 
+def swap_in(workers: Sequence[str], lost: Sequence[str], spares: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The workers with each lost one replaced, in its place, by the next spare that answers (`spares`, in order),
+    and the lost ones no spare replaces."""
+    replacing = dict(zip(lost, spares, strict=False))
+    return [replacing.get(name, name) for name in workers], [name for name in lost if name not in replacing]
+
+
 def must_wait(workers: int, lost: int, min_workers: int | None) -> bool:
     """Whether the agent waits for lost workers to answer again: the job may not go on with the rest."""
     return lost > 0 and workers - lost < (workers if min_workers is None else min_workers)
