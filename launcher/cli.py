@@ -107,6 +107,7 @@ def start(
     max_nodes: int | None = typer.Option(None, help=flags.START["max_nodes"]),
     restart_workers: bool = typer.Option(False, help=flags.START["restart_workers"]),
     max_restarts: int | None = typer.Option(None, help=flags.START["max_restarts"]),
+    spares: str | None = typer.Option(None, help=flags.START["spares"]),
     device: list[str] | None = typer.Option(None, "--device", help=flags.START["device"]),
     debug: bool = typer.Option(False, help=flags.START["debug"]),
     mount: list[str] | None = typer.Option(None, "--mount", help=flags.START["mount"]),

@@ -383,3 +383,47 @@ def test_spares_travel_in_the_job_spec():
     spec = trainer_spec(spares=(S4,))
     assert JobSpec.from_json(spec.to_json()).spares == (S4,)
     assert "10.0.0.4" not in " ".join(spec.job_argv())
+
+
+# --- spares on the host side -------------------------------------------------------------------------------------
+def test_spares_come_from_the_flag_or_the_env_file_with_their_own_rank_counts():
+    from launcher.host.settings import resolve_settings
+
+    flagged = resolve_settings({"MAX_RESTARTS": "1"}, nodes="node_1,node_2", spares="node_4:2,node_5")
+    assert flagged.nodes == ("node_1", "node_2") and flagged.spares == ("node_4", "node_5")
+    assert flagged.node_slots == {"node_4": 2} and flagged.all_nodes[-2:] == ("node_4", "node_5")
+    from_env = resolve_settings({"MAX_RESTARTS": "1", "SPARES": "node_4", "DOCKER_HOST_NODE_4": "tcp://127.0.0.1:1"},
+                                nodes="node_1,node_2")
+    assert from_env.spares == ("node_4",) and from_env.engine_url("node_4") == "tcp://127.0.0.1:1"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"spares": ("node_4",), "max_restarts": 0},
+     "--spares stand in for a lost node when the job restarts: add --max-restarts N (MAX_RESTARTS in .env)"),
+    ({"spares": ("node_2",)}, "spare node_2 is listed twice (in --nodes or --spares): list each host once"),
+    ({"spares": ("node_4", "node_4")}, "spare node_4 is listed twice"),
+    ({"spares": ("bad name",)}, "spare 'bad name' is not a host name"),
+])
+def test_bad_spares_are_refused(overrides, message):
+    with pytest.raises(SettingsError) as error:
+        launch_settings(**{"nodes": ("node_1", "node_2"), "max_restarts": 1, **overrides})
+    assert message in str(error.value)
+
+
+def test_a_spare_gets_a_worker_but_no_place_in_the_hostfile():
+    from tests.conftest import plan_of
+
+    plan = plan_of(nodes=("node_1", "node_2"), spares=("node_4",), max_restarts=1, slots=2)
+    assert [node.name for node in plan.nodes] == ["node_1", "node_2", "node_4"]
+    assert [node.name for node in plan.job_nodes] == ["node_1", "node_2"] and plan.total_ranks == 4
+    assert [plan.labels(node)["horovod-stack.role"] for node in plan.nodes] == ["rank0", "worker", "spare"]
+    spec = plan.job_spec()
+    assert [worker.name for worker in spec.workers] == ["node_1", "node_2"] and spec.expected_workers == 2
+    assert [worker.name for worker in spec.spares] == ["node_4"]
+    assert spec.job_argv()[spec.job_argv().index("-np") + 1] == "4"
+    assert plan.worker_container(plan.nodes[2]).hostname == "node-4"
+    report = plan.dry_run_report(None)
+    assert "plan: 4 ranks on 2 node(s) and 1 spare(s)" in report
+    assert "node_4 (spare, out of the hostfile until a restart needs it;" in report
+    assert "node_4 slots" not in report
+    assert ", up to 1 restart(s), spares node_4\n" in plan.describe()

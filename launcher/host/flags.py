@@ -47,6 +47,9 @@ START = {
     "needs --network-interface.",
     "min_nodes": "With --elastic: the fewest nodes the job goes on with (default 1). With --max-restarts: the fewest "
     "nodes a restart may run on (default: all; a lost node's worker is waited for).",
+    "spares": "Comma-separated hosts kept in reserve, HOST or HOST:RANKS: each gets a worker, started and checked as "
+    "the nodes' are, out of the hostfile until a restart (--max-restarts) puts it in a lost node's place; `launcher "
+    "status` lists them as role=spare (default: SPARES in .env).",
     "max_restarts": "A fixed-size job that loses a node is started again this many times at most by its agent, "
     "resuming from the newest checkpoint in the shared folder (the bundled trainer with --resume; a script of yours: "
     "HOROVOD_STACK_RESTART and HOROVOD_STACK_CHECKPOINT_DIR); a failure of the script itself, once at most "
@@ -134,6 +137,7 @@ def start_settings(given: Mapping[str, Any], command: tuple[str, ...]) -> dict[s
     """resolve_settings's keyword arguments (less the nodes, the hostfile and the engines' own) from `launcher
     start`'s flags as given, by name; None where a flag was not given (.env or the default decides)."""
     return {
+        "spares": given["spares"],
         "slots": given["slots"],
         "gpus": given["gpus"],
         "image": given["image"],
