@@ -18,7 +18,7 @@ import typer
 
 from launcher.core.options import SettingsError
 from launcher.core.protocol import Signalled
-from launcher.host import clusters, doctor, flags, launch, streams
+from launcher.host import clusters, doctor, flags, launch, ranklogs, streams
 from launcher.host.engines import NodeEngine, NodeError
 from launcher.host.settings import LaunchSettings, load_env_file, read_settings
 from launcher.host.signals import stop_on_signals, stopped
@@ -254,19 +254,26 @@ def logs(
         min=0,
         help="Only the last N lines of the job's output (default: all), unless --follow follows a running job.",
     ),
+    rank: int | None = typer.Option(None, min=0, help=flags.LOGS["rank"]),
+    grep: str | None = typer.Option(None, help=flags.LOGS["grep"]),
+    tee: Path | None = typer.Option(None, help=flags.LOGS["tee"]),
     env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
     insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
 ) -> None:
     """Show a worker's output; on rank 0's node, the training job's output too (also after the job ended).
 
-    Example: launcher logs --nodes node_1,node_2 --follow
+    Example: launcher logs --nodes node_1,node_2 --follow; one rank's lines: launcher logs --rank 0 --grep epoch
     """
     settings = settings_from(env_file, nodes=nodes, hostfile=hostfile, insecure_engines=insecure_engine)
     problem = clusters.node_problem(settings, node)
     if problem:
         fail(problem, 2)
     try:
-        write_out(clusters.logs(engines_of(settings), node, follow, tail))
+        chunks = clusters.logs(engines_of(settings), node, follow, tail)
+        if rank is None and grep is None and tee is None:
+            write_out(chunks)
+        else:
+            ranklogs.relay(streams.decoded(chunks), sys.stdout, rank, grep, ranklogs.Tee(tee) if tee else None)
     except clusters.ClusterError as error:
         fail(str(error))
 

@@ -76,6 +76,14 @@ START = {
     "dry_run": "Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
 }
 
+LOGS = {
+    "rank": "Only the lines rank N wrote, as their prefix says: mpirun's [1,N]<stdout>:, elastic horovodrun's "
+    "[N]<stdout>: or the bundled trainer's [rank N] (the job agent's own lines and untagged ones are left out).",
+    "grep": "Only the lines that hold this text (with --rank: of that rank).",
+    "tee": "Also write every line into a file of its rank in this folder (rank-N.log; other.log for lines of no "
+    "rank), whatever --rank and --grep show.",
+}
+
 DOCTOR = {
     "image": "Image to check (default horovod-stack:latest).",
     "ssh_port": "Port the workers' sshd will use.",
