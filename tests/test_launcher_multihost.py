@@ -939,9 +939,9 @@ def test_a_fixed_job_that_loses_a_node_is_restarted_on_the_other_from_its_checkp
     alone, the trainer resuming after its last checkpointed epoch, and the job ends with exit status 0."""
     folder = f"/shared/runs/restart-{int(time.time())}"
     run = BackgroundLaunch(cluster, *start_args(cluster, "--push-image", "--max-restarts", "1", "--min-nodes", "1"),
-                           "--", "--dataset", "synthetic", "--epochs", "8", "--checkpoint-dir", f"{folder}/ck",
+                           "--", "--dataset", "synthetic", "--epochs", "12", "--checkpoint-dir", f"{folder}/ck",
                            "--metrics-file", f"{folder}/metrics.jsonl")
-    run.wait_for("epoch 2/8:")
+    run.wait_for("epoch 2/12:")
     killed = kill_worker(cluster, "node_2")
     resumed = run.wait_for("resuming from", timeout=180)
     status, output, stderr = run.finish()
@@ -950,7 +950,7 @@ def test_a_fixed_job_that_loses_a_node_is_restarted_on_the_other_from_its_checkp
     [line] = [line for line in stderr.splitlines() if "restart 1/1: " in line]
     assert line.endswith(" on node_1") and "restart 1/1: node_2's worker was lost; resuming after epoch " in line
     records = [json.loads(line) for line in node_file(cluster, "node_1", f"{folder}/metrics.jsonl").splitlines()]
-    assert [record["epoch"] for record in records] == list(range(1, 9))
+    assert [record["epoch"] for record in records] == list(range(1, 13))
     assert records[0]["world_size"] == 2 and records[-1]["world_size"] == 1
     assert records[-1]["val_accuracy"] >= 0.9
     assert_nothing_left(cluster)
