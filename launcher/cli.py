@@ -18,7 +18,7 @@ import typer
 
 from launcher.core.options import SettingsError
 from launcher.core.protocol import Signalled
-from launcher.host import clusters, doctor, flags, launch, streams
+from launcher.host import clusters, doctor, flags, launch, ranklogs, streams
 from launcher.host.engines import NodeEngine, NodeError
 from launcher.host.settings import LaunchSettings, load_env_file, read_settings
 from launcher.host.signals import stop_on_signals, stopped
@@ -106,6 +106,8 @@ def start(
     min_nodes: int | None = typer.Option(None, help=flags.START["min_nodes"]),
     max_nodes: int | None = typer.Option(None, help=flags.START["max_nodes"]),
     restart_workers: bool = typer.Option(False, help=flags.START["restart_workers"]),
+    max_restarts: int | None = typer.Option(None, help=flags.START["max_restarts"]),
+    spares: str | None = typer.Option(None, help=flags.START["spares"]),
     device: list[str] | None = typer.Option(None, "--device", help=flags.START["device"]),
     debug: bool = typer.Option(False, help=flags.START["debug"]),
     mount: list[str] | None = typer.Option(None, "--mount", help=flags.START["mount"]),
@@ -124,6 +126,8 @@ def start(
     node_1,node_2 --slots 2 -- --dataset digits --epochs 5 (options alone go to python -m app.train).
     Elastic: launcher start --nodes node_1,node_2,node_3 --elastic --min-nodes 2 --network-interface eth0
     (the elastic driver runs on rank 0's node: losing that node ends the job).
+    Restarted: launcher start --nodes node_1,node_2,node_3 --max-restarts 3 --min-nodes 2 -- --epochs 20
+    (a lost node's job starts again from its newest checkpoint, on the nodes that remain).
 
     The job runs in the cluster (a job agent in rank 0's container), not in this process: Ctrl-C, SIGTERM or a
     closed terminal remove the cluster on every node (exit 130, 143, 129); if this process dies outright, the job
@@ -250,19 +254,26 @@ def logs(
         min=0,
         help="Only the last N lines of the job's output (default: all), unless --follow follows a running job.",
     ),
+    rank: int | None = typer.Option(None, min=0, help=flags.LOGS["rank"]),
+    grep: str | None = typer.Option(None, help=flags.LOGS["grep"]),
+    tee: Path | None = typer.Option(None, help=flags.LOGS["tee"]),
     env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
     insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
 ) -> None:
     """Show a worker's output; on rank 0's node, the training job's output too (also after the job ended).
 
-    Example: launcher logs --nodes node_1,node_2 --follow
+    Example: launcher logs --nodes node_1,node_2 --follow; one rank's lines: launcher logs --rank 0 --grep epoch
     """
     settings = settings_from(env_file, nodes=nodes, hostfile=hostfile, insecure_engines=insecure_engine)
     problem = clusters.node_problem(settings, node)
     if problem:
         fail(problem, 2)
     try:
-        write_out(clusters.logs(engines_of(settings), node, follow, tail))
+        chunks = clusters.logs(engines_of(settings), node, follow, tail)
+        if rank is None and grep is None and tee is None:
+            write_out(chunks)
+        else:
+            ranklogs.relay(streams.decoded(chunks), sys.stdout, rank, grep, ranklogs.Tee(tee) if tee else None)
     except clusters.ClusterError as error:
         fail(str(error))
 

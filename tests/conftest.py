@@ -236,7 +236,9 @@ class StandInTransport:
     process exits with `status`, at once or (`until_stopped`) once the agent stops it; with `stacks_of`, it never
     prints again and each worker's ranks wait where given. Workers in `silent_in_job` go silent as the job starts
     (their lifelines close without a word); the job then runs until the agent ends it, or, once the agent has
-    recorded them in JOB_LOST (an elastic job going on without them), exits with `status`."""
+    recorded them in JOB_LOST (an elastic job going on without them), exits with `status`. A restart's runs (after
+    the first) exit with the statuses in `restarts`, in order (0 once they run out), losing no one; a lost worker
+    in `returns_at` answers again from that time on, as a new worker (its container started again)."""
 
     def __init__(
         self,
@@ -251,6 +253,9 @@ class StandInTransport:
         until_stopped: bool = False,
         silent_in_job: frozenset[str] | set[str] = frozenset(),
         secret_values: dict[str, str] | None = None,
+        restarts: tuple[int, ...] = (),
+        returns_at: dict[str, float] | None = None,
+        stop_asked: bool = False,
     ) -> None:
         self.clock, self.up_from, self.resolves = clock or Clock(), up_from, resolves or []
         self.cannot_start, self.status, self.lost_in_job = cannot_start, status, lost_in_job
@@ -258,6 +263,7 @@ class StandInTransport:
         self.silent_in_job = silent_in_job
         self.secret_values = secret_values or {}
         """What the job's secret settings would be, handed in as the launcher hands them."""
+        self.restarts, self.returns_at, self.told_to_stop = list(restarts), returns_at or {}, stop_asked
         self.removed: list[str] = []
         self.ran_with: dict[str, str] = {}
         """The environment the job's process got besides the agent's own."""
@@ -325,21 +331,28 @@ class StandInTransport:
     def run(self, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
         self.ran.append(argv)
         self.ran_with = dict(env or {})
+        if len(self.ran) > 1:  # a restart
+            return self.restarts.pop(0) if self.restarts else 0
         if self.silent_in_job:
             return self.run_until_silence_is_handled()
         if self.until_stopped:
             assert self.ended.wait(10), "the agent never stopped the job"
             return 143  # mpirun, told SIGTERM
         for address in self.lost_in_job:
-            assert self.up_from is not None
-            self.up_from[address] = float("inf")
+            self.lose(address)
             self.lines[address].open = False
         return self.status
 
+    def lose(self, address: str) -> None:
+        """The worker stops answering; one in `returns_at` answers again from then on, as a new worker."""
+        assert self.up_from is not None
+        self.up_from[address] = self.returns_at.get(address, float("inf"))
+        if address in self.returns_at:
+            self.fresh.add(address)
+
     def run_until_silence_is_handled(self) -> int:
         for address in self.silent_in_job:
-            assert self.up_from is not None
-            self.up_from[address] = float("inf")
+            self.lose(address)
             self.lines[address].open, self.lines[address].went_silent = False, True
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -362,6 +375,9 @@ class StandInTransport:
     def stop_job(self) -> bool:
         self.ended.set()
         return True
+
+    def stop_asked(self) -> bool:
+        return self.told_to_stop
 
     def make_cluster_key(self) -> None:
         self.files["cluster key"] = "made"

@@ -932,3 +932,25 @@ def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, 
                for addresses in [listening[node.name]]), listening
     run("stop", "--env-file", str(cluster.env_file()))
     assert_nothing_left(cluster)
+
+
+def test_a_fixed_job_that_loses_a_node_is_restarted_on_the_other_from_its_checkpoint(cluster):
+    """--max-restarts 1 --min-nodes 1: node_2's worker killed mid-run; the job's agent starts the job again on node_1
+    alone, the trainer resuming after its last checkpointed epoch, and the job ends with exit status 0."""
+    folder = f"/shared/runs/restart-{int(time.time())}"
+    run = BackgroundLaunch(cluster, *start_args(cluster, "--push-image", "--max-restarts", "1", "--min-nodes", "1"),
+                           "--", "--dataset", "synthetic", "--epochs", "12", "--checkpoint-dir", f"{folder}/ck",
+                           "--metrics-file", f"{folder}/metrics.jsonl")
+    run.wait_for("epoch 2/12:")
+    killed = kill_worker(cluster, "node_2")
+    resumed = run.wait_for("resuming from", timeout=180)
+    status, output, stderr = run.finish()
+    print(f"\nnode_2's worker killed: the restarted job resumed {resumed - killed:.1f} s later, exit status {status}")
+    assert status == 0, stderr[-3000:] + output[-3000:]
+    [line] = [line for line in stderr.splitlines() if "restart 1/1: " in line]
+    assert line.endswith(" on node_1") and "restart 1/1: node_2's worker was lost; resuming after epoch " in line
+    records = [json.loads(line) for line in node_file(cluster, "node_1", f"{folder}/metrics.jsonl").splitlines()]
+    assert [record["epoch"] for record in records] == list(range(1, 13))
+    assert records[0]["world_size"] == 2 and records[-1]["world_size"] == 1
+    assert records[-1]["val_accuracy"] >= 0.9
+    assert_nothing_left(cluster)

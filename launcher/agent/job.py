@@ -17,6 +17,7 @@ containers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import threading
@@ -27,8 +28,8 @@ from dataclasses import dataclass
 from app import autotune, timeline
 from launcher.agent import stacks
 from launcher.agent.transport import Lifeline, Transport
-from launcher.core import stall
-from launcher.core.job import JobSpec, Worker, command_probe, hostfile, pin_known_host, ssh_config
+from launcher.core import restart, stall
+from launcher.core.job import JobSpec, Worker, command_probe, hostfile, pin_known_host, ssh_config, trainer_option
 from launcher.core.options import names_in
 from launcher.core.protocol import (
     AGENT,
@@ -96,6 +97,14 @@ class LostWorker:
         """As one of a list of lost workers."""
         return f"{self.name} (silent for {SILENCE_SECONDS} s)" if self.silent else self.name
 
+    def reason(self) -> str:
+        """As the reason for a restart."""
+        return f"{self.name} went silent" if self.silent else f"{self.name}'s worker was lost"
+
+
+LEFTOVERS = "pkill -TERM -x orted; pkill -TERM -x prted; true"
+"""Run on each worker a restart keeps: what is left of the ended run's Open MPI daemons (and their ranks) goes."""
+
 
 def lost_addresses(text: str | None) -> set[str]:
     """The addresses in JOB_LOST."""
@@ -118,6 +127,19 @@ class Agent:
         """Every worker a lifeline was opened to, by address."""
         self.lost: dict[str, LostWorker] = {}
         """Workers lost during the run and not claimed again, by address."""
+        self.run_losses: list[LostWorker] = []
+        """The workers the last run lost (kept only for a job that may be restarted)."""
+        self.ended_by: str | None = None
+        """What ended the last run, when a watch did (its time limit, a stall): such a run is not restarted."""
+        self.restarts: list[restart.Restart] = []
+        self.script_restarts = 0
+        """Restarts after a failure of the script itself (no node lost)."""
+        self.running: set[str] = set()
+        """The addresses of the workers the job runs on now (not a spare's)."""
+        self.spares_left: list[Worker] = list(spec.spares)
+        """Spares no restart has used yet."""
+        self.job_started: float | None = None
+        """When the job's first run started (its time limit counts from then, restarts included)."""
 
     # --- finding and trusting workers ----------------------------------------------------------------------------
     def candidates(self) -> list[Worker]:
@@ -231,13 +253,17 @@ class Agent:
         """mpirun (or elastic horovodrun) over the ready workers, `secrets` in its environment; how it ended."""
         spec = self.spec
         argv = spec.job_argv()
+        self.running = {worker.address for worker in ready}
         self.transport.write(HOSTFILE_PATH, hostfile(ready, spec.slots))
         self.say(f"hostfile: {' '.join(f'{worker.address}:{spec.slots_of(worker)}' for worker in ready)}")
         self.say(f"running: {' '.join(argv)}")
         watch = ElasticClaims(self) if spec.elastic else None
         lifelines = LifelineWatch(self)
         stall = StallWatch(self, ready) if spec.options.stall_timeout > 0 else None
-        limit = TimeLimit(self, ready) if spec.options.time_limit > 0 else None
+        if self.job_started is None:
+            self.job_started = self.clock()
+        used = self.clock() - self.job_started  # a restart's run has what its earlier runs left of the limit
+        limit = TimeLimit(self, ready, spec.options.time_limit - used) if spec.options.time_limit > 0 else None
         threads = [thread for thread in (watch, lifelines, stall, limit) if thread]
         for thread in threads:
             thread.start()
@@ -247,13 +273,22 @@ class Agent:
             for thread in threads:
                 thread.stop()
         self.say(f"{spec.program} exited with status {status}")
+        self.run_losses, self.ended_by = [], None
         if limit and limit.cause:
+            self.ended_by = "its time limit"
             return JobEnd(TimeLimit.STATUS, limit.cause)
         if lifelines.cause:
+            if spec.options.max_restarts:
+                self.run_losses = self.losses(ready)
             return JobEnd(status or 1, lifelines.cause)
         if stall and stall.cause:
+            self.ended_by = "the stall watch (stall action fail)"
             return JobEnd(status or 1, stall.cause)
-        return JobEnd(status, None if status == 0 else self.failure_cause(ready))
+        if status == 0:
+            return JobEnd(0)
+        losses = self.losses(ready)
+        self.run_losses = losses if spec.options.max_restarts else []
+        return JobEnd(status, self.cause_of(losses))
 
     def report_stacks(self, workers: list[Worker], heading: str) -> str:
         """`heading`, then every rank's stack into the job's log; returns their summary (where the odd ranks out
@@ -301,10 +336,17 @@ class Agent:
             self.sleep(0.5)
         return line.silent()
 
+    def losses(self, ready: list[Worker]) -> list[LostWorker]:
+        """The workers a run that failed lost."""
+        return [loss for worker in ready if (loss := self.loss(worker))]
+
     def failure_cause(self, ready: list[Worker]) -> str | None:
         """Why a job that ran failed, when it is a lost worker (a rank's own error is in the job's output)."""
+        return self.cause_of(self.losses(ready))
+
+    def cause_of(self, losses: list[LostWorker]) -> str | None:
+        """The failed job's cause, when it lost workers."""
         spec = self.spec
-        losses = [loss for worker in ready if (loss := self.loss(worker))]
         if not losses:
             return None
         hint = spec.words.lost_hint
@@ -327,7 +369,13 @@ class Agent:
             ready = self.wait_until_ready()
             self.claim(ready)
             self.check_command(ready)
+            self.stand_by()
             end = self.run_job(ready, secrets)
+            while (again := self.restart_on(end, ready)) is not None:
+                ready = again
+                end = self.run_job(ready, secrets)
+            if self.not_restarted and end.cause:
+                end = JobEnd(end.status, f"{end.cause}; {self.not_restarted}")
         except JobError as error:
             self.say(f"error: {error}")
             end = JobEnd(2, str(error))
@@ -340,6 +388,129 @@ class Agent:
         self.finish(end, self.workers_to_tell(ready))
         return end
 
+    # --- restarts (--max-restarts; the decisions: launcher/core/restart.py) -----------------------------------------
+    not_restarted = ""
+    """Why the last run was not started again, when restarts were allowed and it failed."""
+
+    def restart_on(self, end: JobEnd, ready: list[Worker]) -> list[Worker] | None:
+        """After a run ended `end`: the workers to run the job again on, the restart said, recorded and prepared
+        (self.spec is the restart's); None when the job ends as it is (and why, said)."""
+        spec, options = self.spec, self.spec.options
+        lost = self.run_losses
+        why = restart.why_not(
+            status=end.status,
+            lost=[loss.name for loss in lost],
+            ended_by=self.ended_by,
+            stop_asked=self.transport.stop_asked(),
+            restarts=len(self.restarts),
+            script_restarts=self.script_restarts,
+            max_restarts=options.max_restarts,
+            say=options.spelling,
+        )
+        by_name = {worker.name: worker for worker in [*ready, *self.spares_left]}
+        if why is None:
+            spares = self.answering_spares(len(lost))
+            world, unreplaced = restart.swap_in(
+                [worker.name for worker in ready], [loss.name for loss in lost], [spare.name for spare in spares]
+            )
+            self.spares_left = [spare for spare in self.spares_left if spare.name not in world]
+            waiting = [loss for loss in lost if loss.name in unreplaced]
+            back = (
+                self.wait_for_return(ready, waiting)
+                if restart.must_wait(len(world), len(waiting), options.elastic_min_workers)
+                else []
+            )
+            names, why = restart.world_after(
+                world, unreplaced, [worker.name for worker in back], options.elastic_min_workers, options.spelling
+            )
+        if why is not None:
+            if why:
+                self.say(why)
+            self.not_restarted = why
+            return None
+        workers = [by_name[name] for name in names]
+        self.script_restarts += 0 if lost else 1
+        reason = " and ".join(loss.reason() for loss in lost) or f"the script failed (exit status {end.status})"
+        self.spec = dataclasses.replace(
+            spec,
+            restart=len(self.restarts) + 1,
+            workers=tuple(workers) if spec.workers else (),
+            expected_workers=len(workers),
+        )
+        done = restart.Restart(len(self.restarts) + 1, options.max_restarts, reason, tuple(names), *self.resume_point())
+        self.restarts.append(done)
+        self.say(done.line())
+        if self.spec.output_dir:
+            records = "".join(item.record() for item in self.restarts)
+            self.transport.write(f"{self.spec.output_dir}/{restart.RECORDS_FILE}", records)
+        for worker in workers:
+            if worker.address != spec.agent_host and worker.address not in self.lost:
+                self.transport.ssh(worker.address, LEFTOVERS, DISCOVERY_SSH_TIMEOUT)
+        for worker in back:
+            self.mark_lost(worker.address, None)
+        self.claim(workers)
+        self.check_command(workers)
+        return workers
+
+    def stand_by(self) -> None:
+        """Every spare that answers is claimed and checked as the workers were, and stays out of the hostfile; one
+        that does not answer yet is tried again when a restart needs it."""
+        for spare in list(self.spares_left):
+            if not self.answers(spare, DISCOVERY_SSH_TIMEOUT):
+                self.say(f"{spare.name}: spare, does not answer yet; tried again when a restart needs it")
+                continue
+            self.claim([spare])
+            try:
+                self.check_command([spare])
+            except JobError as error:
+                self.spares_left.remove(spare)
+                self.say(f"spare {error}; it will not be used")
+                continue
+            self.say(f"{spare.name}: spare, sshd answers; out of the hostfile until a restart needs it")
+
+    def answering_spares(self, count: int) -> list[Worker]:
+        """Up to `count` unused spares that answer now, in the order given."""
+        found: list[Worker] = []
+        for spare in self.spares_left:
+            if len(found) < count and spare.address not in self.lost and self.answers(spare, DISCOVERY_SSH_TIMEOUT):
+                found.append(spare)
+        return found
+
+    def wait_for_return(self, ready: list[Worker], lost: list[LostWorker]) -> list[Worker]:
+        """The lost workers that answer again as new workers (their containers started again) within
+        RESTART_WAIT_SECONDS; all of them, or as many as came back by then."""
+        names = {loss.name for loss in lost}
+        waiting = [worker for worker in ready if worker.name in names]
+        self.say(
+            f"waiting up to {restart.RESTART_WAIT_SECONDS} s for {', '.join(worker.name for worker in waiting)} to "
+            "answer again"
+        )
+        back: list[Worker] = []
+        deadline = self.clock() + restart.RESTART_WAIT_SECONDS
+        while True:
+            back += [
+                worker
+                for worker in waiting
+                if worker not in back
+                and self.answers(worker, DISCOVERY_SSH_TIMEOUT)
+                and self.unclaimed_since_start(worker)
+            ]
+            if len(back) == len(waiting) or self.clock() > deadline or self.transport.stop_asked():
+                return back
+            self.sleep(1)
+
+    def resume_point(self) -> tuple[int | None, str | None]:
+        """Where a restart resumes: the bundled trainer's last checkpointed epoch (from its metrics), or the job's
+        checkpoint folder for a script of the user's."""
+        spec = self.spec
+        if spec.run_dir is None and trainer_option(spec.command, "--checkpoint-dir") is None:
+            return None, spec.checkpoint_dir
+        metrics = trainer_option(spec.command, "--metrics-file") or (
+            f"{spec.run_dir}/metrics.jsonl" if spec.run_dir else None
+        )
+        epoch = restart.metrics_epoch(self.transport.read(metrics)) if metrics else None
+        return epoch, spec.checkpoint_dir if epoch is not None else None
+
     def refuse(self, cause: str) -> JobEnd:
         """A job refused before it started (a bad setting): the workers that are up are told all the same."""
         self.say(f"error: {cause}")
@@ -350,7 +521,8 @@ class Agent:
 
     # --- the end -----------------------------------------------------------------------------------------------
     def workers_to_tell(self, ready: list[Worker]) -> list[Worker]:
-        known = {worker.address: worker for worker in [*ready, *self.candidates()]}
+        everyone = [*ready, *self.candidates(), *self.claimed.values(), *self.spec.spares]
+        known = {worker.address: worker for worker in everyone}
         return list(known.values())
 
     def finish(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
@@ -518,6 +690,9 @@ class LifelineWatch(JobWatch):
                 continue
             loss = LostWorker(agent.claimed[address].name, line.silent())
             agent.mark_lost(address, loss)
+            if not agent.spec.elastic and address not in agent.running:  # a spare: the job goes on
+                agent.say(f"{loss}; a spare, not used by any restart")
+                continue
             self.last_loss = agent.clock()
             if not agent.spec.elastic:
                 self.end(str(loss))
@@ -585,13 +760,14 @@ class TimeLimit(JobWatch):
 
     STATUS = 124
 
-    def __init__(self, agent: Agent, workers: list[Worker]) -> None:
+    def __init__(self, agent: Agent, workers: list[Worker], seconds: float) -> None:
         super().__init__(agent, "time-limit")
-        self.workers = workers
+        self.workers, self.seconds = workers, seconds
+        """What is left of the limit (all of it in the first run)."""
 
     def run(self) -> None:
         limit = self.agent.spec.options.time_limit
-        if self.done.wait(limit):
+        if self.done.wait(max(0.0, self.seconds)):
             return
         where = self.agent.report_stacks(self.workers, f"the job ran past its time limit of {limit} s")
         cause = f"the job ran past its time limit of {limit} s; {where or 'no stacks'}"

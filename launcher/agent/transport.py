@@ -93,6 +93,9 @@ class Transport(Protocol):
         """Asks the running job to end (SIGTERM: mpirun and horovodrun pass it to every rank); False if it had
         already ended."""
 
+    def stop_asked(self) -> bool:
+        """Whether the agent was told to stop (STOP_SIGNALS): a job told so is not restarted."""
+
     def make_cluster_key(self) -> None: ...
 
     def make_run_dir(self, folder: str) -> None: ...
@@ -161,6 +164,8 @@ class SshTransport:
         self.job_over = False
         self.last_output = time.monotonic()
         self.warnings = stall.HorovodWarnings()
+        self.stop_signal: int | None = None
+        """The stop signal the agent was sent, if any (stop_on_signals)."""
 
     def resolve(self, service: str) -> list[str]:
         try:
@@ -221,6 +226,8 @@ class SshTransport:
         return {name: sources[name] for name in names if name in sources}
 
     def run(self, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
+        if self.stop_signal is not None:  # told to stop between a run and its restart: no new run
+            return 128 + self.stop_signal
         self.last_output = time.monotonic()
         # A process group of its own, so that stop_job can kill it with its ssh sessions; signals to the agent reach
         # it through stop_on_signals.
@@ -271,6 +278,9 @@ class SshTransport:
         killer.start()
         return True
 
+    def stop_asked(self) -> bool:
+        return self.stop_signal is not None
+
     def make_cluster_key(self) -> None:
         from launcher.core.sshtrust import make_key_pair  # ssh-keygen, only where the agent makes the key
 
@@ -303,6 +313,7 @@ def stop_on_signals(transport: SshTransport) -> None:
     ends as usual, status recorded and workers told; before the job runs, the agent stops at once the same way."""
 
     def handler(signum: int, _frame: object) -> None:
+        transport.stop_signal = signum
         if transport.child is not None and transport.child.poll() is None:
             transport.child.send_signal(signum)
         elif not transport.job_over:  # once the job is over, its end is recorded and told as it is

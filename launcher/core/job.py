@@ -22,6 +22,7 @@ from app.timeline import FILE as TIMELINE_FILE
 from launcher.core.nics import NIC_VARIABLES, nic_selection, nic_variables, subnet_of
 from launcher.core.options import JobOptions, SettingsError, names_in
 from launcher.core.protocol import (
+    CHECKPOINT_DIR_VARIABLE,
     CLUSTER_KEY,
     DISCOVERY_SCRIPT,
     HOME,
@@ -30,6 +31,7 @@ from launcher.core.protocol import (
     KEEPALIVE_INTERVAL_SECONDS,
     KNOWN_HOSTS,
     RANK_NIC,
+    RESTART_VARIABLE,
     SSH_CONNECT_TIMEOUT_SECONDS,
     WORKDIR,
     WORKER_CLAIM_TIMEOUT_SECONDS,
@@ -81,6 +83,14 @@ def with_run_dir(command: list[str] | tuple[str, ...], folder: str) -> list[str]
     """The bundled trainer writes each run into a folder of its own (metrics, checkpoints, TensorBoard, curves),
     so a second run never overwrites the first's."""
     return trainer_with(command, "--run-dir", folder)
+
+
+def trainer_checkpoints(command: list[str] | tuple[str, ...]) -> str | None:
+    """Where the bundled trainer's `command` keeps its checkpoints (--checkpoint-dir, else its --run-dir's
+    checkpoints/, as app/config.py lays a run folder out); None for neither, or a command of the user's."""
+    folder = trainer_option(command, "--checkpoint-dir")
+    run_dir = trainer_option(command, "--run-dir")
+    return folder or (f"{run_dir}/checkpoints" if run_dir else None)
 
 
 def command_probe(command: list[str] | tuple[str, ...]) -> list[str]:
@@ -326,6 +336,12 @@ class JobSpec:
     """The agent makes the cluster's key pair (compose, where nobody outside the cluster hands one over)."""
     results_hint: str | None = None
     words: DoorWords = field(default_factory=DoorWords)
+    spares: tuple[Worker, ...] = ()
+    """Workers kept in reserve (--spares): started and checked with the others, out of the hostfile until a restart
+    puts one in a lost worker's place."""
+    restart: int = 0
+    """Which run of the job this is (--max-restarts): 0 its first, N its Nth restart, which resumes from the newest
+    checkpoint (the bundled trainer is given --resume)."""
 
     def __post_init__(self) -> None:
         options = self.options
@@ -345,7 +361,20 @@ class JobSpec:
     def command(self) -> tuple[str, ...]:
         """What every rank runs: the options' command, with the bundled trainer given its run folder."""
         command = self.options.command
-        return tuple(with_run_dir(command, self.run_folder)) if self.run_folder else command
+        command = tuple(with_run_dir(command, self.run_folder)) if self.run_folder else command
+        if self.restart and trainer_checkpoints(command):
+            return tuple(trainer_with(command, "--resume"))
+        return command
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        """Where a job that may be restarted keeps its checkpoints (CHECKPOINT_DIR_VARIABLE): the bundled trainer's
+        own, else `checkpoints` in the job's run folder; None for a job without restarts, or without a folder."""
+        if not self.options.max_restarts:
+            return None
+        if list(self.command[: len(TRAINER)]) == list(TRAINER):
+            return trainer_checkpoints(self.command)
+        return f"{self.run_folder}/checkpoints" if self.run_folder else None
 
     @property
     def run_dir(self) -> str | None:
@@ -358,7 +387,9 @@ class JobSpec:
         """The run folder the agent makes: the bundled trainer's, or, for a user's command with --timeline or
         --autotune, the job's run folder for Horovod's records alone."""
         options = self.options
-        return self.run_dir or (self.run_folder if options.timeline or options.autotune else None)
+        return self.run_dir or (
+            self.run_folder if options.timeline or options.autotune or options.max_restarts else None
+        )
 
     @property
     def cwd(self) -> str:
@@ -370,7 +401,17 @@ class JobSpec:
         (horovod_outputs), and GPUS_ASKED where the workers were given GPUs."""
         options = self.options
         outputs = horovod_outputs(options.timeline, options.autotune, self.output_dir, names_in(options.env))
-        return (*options.env, *outputs, *([f"{GPUS_ASKED}=1"] if self.gpus else []))
+        return (*options.env, *outputs, *([f"{GPUS_ASKED}=1"] if self.gpus else []), *self.restart_env)
+
+    @property
+    def restart_env(self) -> tuple[str, ...]:
+        """For a job that may be restarted: which run this is, and where its checkpoints are (unless the user's
+        --env sets them)."""
+        if not self.options.max_restarts:
+            return ()
+        wanted = {RESTART_VARIABLE: str(self.restart), CHECKPOINT_DIR_VARIABLE: self.checkpoint_dir}
+        user_set = names_in(self.options.env)
+        return tuple(f"{name}={value}" for name, value in wanted.items() if value is not None and name not in user_set)
 
     def slots_of(self, worker: Worker) -> int:
         return worker.slots or self.slots
@@ -426,6 +467,7 @@ class JobSpec:
                 "options": JobOptions.from_dict(data["options"]),
                 "excluded_subnets": tuple(data.get("excluded_subnets", ())),
                 "workers": tuple(Worker(**worker) for worker in data.get("workers", ())),
+                "spares": tuple(Worker(**worker) for worker in data.get("spares", ())),
                 "words": DoorWords(**data.get("words", {})),
             }
         )

@@ -229,13 +229,18 @@ class JobOptions:
     elastic_min_workers: int | None = option(
         None, flag="--min-nodes", compose="ELASTIC_MIN_WORKERS", mpijob="--min-workers"
     )
-    """Elastic: the job goes on while at least this many workers remain (None: 1)."""
+    """Elastic: the job goes on while at least this many workers remain (None: 1). A fixed-size job with
+    max_restarts: the fewest workers a restart may run on (None: all of them, the lost ones waited for)."""
     elastic_max_workers: int | None = option(None, flag="--max-nodes")
     """Elastic: the most workers that train at once (None: all of them)."""
     elastic_timeout: int = option(ELASTIC_TIMEOUT_SECONDS, key="ELASTIC_TIMEOUT", compose="ELASTIC_TIMEOUT")
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
     restart_workers: bool = option(False, flag="--restart-workers")
     """Elastic: a lost worker's container is started again and rejoins at the next discovery."""
+    max_restarts: int = option(0, flag="--max-restarts", key="MAX_RESTARTS", compose="MAX_RESTARTS")
+    """A fixed-size job that lost a node is started again this many times at most, by its agent, from the newest
+    checkpoint in the shared folder (launcher/core/restart.py); with elastic_min_workers (--min-nodes) on fewer
+    nodes. 0: never."""
     ptrace: bool = option(True, flag="--no-ptrace", key="PTRACE", mpijob="--ptrace")
     """Workers get SYS_PTRACE, with which py-spy reads the ranks' stacks (`launcher stacks`, a stall, the time limit);
     False (--no-ptrace, for clusters that forbid it; an MPIJob's default, as Pod Security's baseline profile forbids
@@ -327,9 +332,13 @@ class JobOptions:
     def _elastic_problems(self) -> list[str]:
         say = self.spelling
         if not self.elastic:
-            given = [name for name in ("elastic_min_workers", "elastic_max_workers") if getattr(self, name) is not None]
-            given += ["restart_workers"] if self.restart_workers else []
-            return [f"{say.of(name)} is for elastic jobs: add {say.of('elastic')}" for name in given]
+            return self._restart_problems()
+        if self.max_restarts:
+            return [
+                f"{say.of('max_restarts', self.max_restarts)} is for fixed-size jobs: an elastic job goes on without "
+                f"a lost node by itself; drop {say.of('max_restarts')}, or drop {say.of('elastic')} to have a "
+                "fixed-size job restarted"
+            ]
         found = []
         if self.min_workers < 1:
             minimum = say.of("elastic_min_workers", self.min_workers)
@@ -353,11 +362,28 @@ class JobOptions:
             )
         return found
 
+    def _restart_problems(self) -> list[str]:
+        """A fixed-size job's: the elastic settings are refused, but for --min-nodes with --max-restarts."""
+        say = self.spelling
+        if self.max_restarts < 0:
+            count = say.of("max_restarts", self.max_restarts)
+            return [f"{count} is neither 0 (off) nor a positive count; {say.fix_for('max_restarts')}"]
+        given = ["elastic_min_workers"] if self.elastic_min_workers is not None and not self.max_restarts else []
+        given += ["elastic_max_workers"] if self.elastic_max_workers is not None else []
+        given += ["restart_workers"] if self.restart_workers else []
+        found = [f"{say.of(name)} is for elastic jobs: add {say.of('elastic')}" for name in given]
+        if "elastic_min_workers" in given and "max_restarts" in say.names:
+            found[0] += f" (or {say.of('max_restarts', 'N')}: a fixed-size job restarted on fewer nodes)"
+        if self.max_restarts and self.elastic_min_workers is not None and self.elastic_min_workers < 1:
+            minimum = say.of("elastic_min_workers", self.elastic_min_workers)
+            found.append(f"{minimum} is not 1 or more; {say.fix_for('elastic_min_workers')}")
+        return found
+
     def workers_problem(self, workers: int) -> str | None:
         """Why the elastic sizes do not fit a job of `workers` workers (the door's count: its nodes, compose's
         WORKERS, the MPIJob's worker pods); None if they do."""
         say = self.spelling
-        if not self.elastic:
+        if not self.elastic and not (self.max_restarts and self.elastic_min_workers is not None):
             return None
         if not self.min_workers <= workers:
             return (

@@ -116,6 +116,13 @@ JOB_STALL = f"{HOME}/job.stall"
 """In the agent's container while the job runs: the stall watch's record (launcher/core/stall.py), for `status`."""
 STALL_TIMEOUT_SECONDS = 300
 """A running job that prints nothing and records no new metrics this long is stalled (0: no stall watch)."""
+RESTART_VARIABLE = "HOROVOD_STACK_RESTART"
+"""In every rank's environment when a job may be restarted (--max-restarts, MAX_RESTARTS): 0 in its first run, N in
+its Nth restart (docs/trainer.md)."""
+CHECKPOINT_DIR_VARIABLE = "HOROVOD_STACK_CHECKPOINT_DIR"
+"""In every rank's environment when a job may be restarted: the folder in the shared folder where the job keeps its
+checkpoints and a restart resumes from (the bundled trainer's --checkpoint-dir; a script of the user's writes its
+own there)."""
 RANK_NIC = ("python", "-m", "launcher.agent.rank_nic")
 """In front of each rank's command when the job's NIC is a subnet: sets NCCL's and Gloo's NIC to the rank's own."""
 DISCOVERY_SCRIPT = "/opt/horovod-stack/docker/discover-hosts.sh"

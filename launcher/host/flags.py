@@ -45,7 +45,15 @@ START = {
     "SECRETS in .env).",
     "elastic": "Elastic training (horovodrun, Gloo): a node whose worker is lost is dropped and the job goes on; "
     "needs --network-interface.",
-    "min_nodes": "With --elastic: the fewest nodes the job goes on with (default 1).",
+    "min_nodes": "With --elastic: the fewest nodes the job goes on with (default 1). With --max-restarts: the fewest "
+    "nodes a restart may run on (default: all; a lost node's worker is waited for).",
+    "spares": "Comma-separated hosts kept in reserve, HOST or HOST:RANKS: each gets a worker, started and checked as "
+    "the nodes' are, out of the hostfile until a restart (--max-restarts) puts it in a lost node's place; `launcher "
+    "status` lists them as role=spare (default: SPARES in .env).",
+    "max_restarts": "A fixed-size job that loses a node is started again this many times at most by its agent, "
+    "resuming from the newest checkpoint in the shared folder (the bundled trainer with --resume; a script of yours: "
+    "HOROVOD_STACK_RESTART and HOROVOD_STACK_CHECKPOINT_DIR); a failure of the script itself, once at most "
+    "(default: MAX_RESTARTS in .env, else 0: never).",
     "max_nodes": "With --elastic: the most nodes that train at once (default: all).",
     "restart_workers": "With --elastic: start a lost node's worker again; it rejoins at the next host discovery (not "
     "with --detach).",
@@ -66,6 +74,14 @@ START = {
     "autotune": "Horovod's autotuning of the fusion threshold, cycle time and more while the job trains; its log and "
     "what it chose go into the run folder (autotune.csv, autotune.json). Default: AUTOTUNE in .env.",
     "dry_run": "Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
+}
+
+LOGS = {
+    "rank": "Only the lines rank N wrote, as their prefix says: mpirun's [1,N]<stdout>:, elastic horovodrun's "
+    "[N]<stdout>: or the bundled trainer's [rank N] (the job agent's own lines and untagged ones are left out).",
+    "grep": "Only the lines that hold this text (with --rank: of that rank).",
+    "tee": "Also write every line into a file of its rank in this folder (rank-N.log; other.log for lines of no "
+    "rank), whatever --rank and --grep show.",
 }
 
 DOCTOR = {
@@ -113,7 +129,15 @@ EXPORT = {
 
 NCCL_DEBUG = "NCCL_DEBUG=INFO"
 """--debug: what every rank is given."""
-SAME_NAME_JOB_FLAGS = ("network_interface", "ssh_port", "stall_timeout", "stall_action", "time_limit", "elastic")
+SAME_NAME_JOB_FLAGS = (
+    "network_interface",
+    "ssh_port",
+    "stall_timeout",
+    "stall_action",
+    "time_limit",
+    "elastic",
+    "max_restarts",
+)
 """start's flags that set the JobOptions field of their own name, as given."""
 
 
@@ -121,6 +145,7 @@ def start_settings(given: Mapping[str, Any], command: tuple[str, ...]) -> dict[s
     """resolve_settings's keyword arguments (less the nodes, the hostfile and the engines' own) from `launcher
     start`'s flags as given, by name; None where a flag was not given (.env or the default decides)."""
     return {
+        "spares": given["spares"],
         "slots": given["slots"],
         "gpus": given["gpus"],
         "image": given["image"],

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from launcher.core.protocol import parse_job_end
+from launcher.core.restart import restart_in
 from launcher.core.stall import StallRecord
 
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+): .*val accuracy ([0-9.]+), ([0-9.]+) samples/s")
@@ -87,16 +88,18 @@ def describe(
 ) -> str:
     now = now or datetime.now(UTC)
     end = parse_job_end(job_status)
+    restarted = restart_in(job_log)
+    restarts = f"; {restarted}" if restarted else ""
     if end is None:
         if rank0.running:
             record = StallRecord.from_json(stall)
             stalled = record.describe() if record else ""
-            return f"running: {progress(job_log, metrics)}{f'; {stalled}' if stalled else ''}"
+            return f"running: {progress(job_log, metrics)}{f'; {stalled}' if stalled else ''}{restarts}"
         return f"failed: rank 0's container stopped (exit status {rank0.exit_code}) before the job ended" + _ago(
             rank0.finished_at, now
         )
     ended = _ago(rank0.finished_at, now)
     if end.succeeded:
-        return f"succeeded (exit status 0): {progress(job_log, metrics)}{ended}"
+        return f"succeeded (exit status 0): {progress(job_log, metrics)}{restarts}{ended}"
     cause = end.cause or root_cause(job_log, workers)
-    return f"failed (exit status {end.status}){': ' + cause if cause else ''}{ended}"
+    return f"failed (exit status {end.status}){': ' + cause if cause else ''}{restarts}{ended}"

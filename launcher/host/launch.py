@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from launcher.core import sshtrust
+from launcher.core import restart, sshtrust
 from launcher.core.imageref import parse_image
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.core.protocol import (
@@ -495,6 +495,8 @@ def launch(
                 else dead_worker(engines, containers, rank0_ended_first)
             )
             cause = seen or (end.cause if end else f"{plan.rank0.name}: rank 0's container ended before the job did")
+            if cause and end and settings.job.max_restarts:
+                cause = restart.with_why_not(cause, end.cause)
             if cause:
                 raise LaunchError(cause)
         assert end is not None

@@ -158,6 +158,7 @@ class ClusterPlan:
 
     @property
     def nodes(self) -> tuple[Node, ...]:
+        """Every node that gets a worker: the job's (rank 0 first), then the spares."""
         settings = self.settings
         return tuple(
             Node(
@@ -167,8 +168,16 @@ class ClusterPlan:
                 settings.connect_timeout,
                 settings.engine_tls.get(name),
             )
-            for name in settings.nodes
+            for name in settings.all_nodes
         )
+
+    @property
+    def job_nodes(self) -> tuple[Node, ...]:
+        """The nodes the job starts on, rank 0 first (not the spares)."""
+        return tuple(node for node in self.nodes if not self.is_spare(node))
+
+    def is_spare(self, node: Node) -> bool:
+        return node.name in self.settings.spares
 
     @property
     def rank0(self) -> Node:
@@ -184,7 +193,7 @@ class ClusterPlan:
 
     @property
     def total_ranks(self) -> int:
-        return sum(self.slots(node) for node in self.nodes)
+        return sum(self.slots(node) for node in self.job_nodes)
 
     def container_name(self, node: Node) -> str:
         return f"horovod-stack-{self.cluster_id}-{node.name}"
@@ -193,7 +202,7 @@ class ClusterPlan:
         return {
             LABEL_CLUSTER: self.cluster_id,
             LABEL_NODE: node.name,
-            LABEL_ROLE: "rank0" if node == self.rank0 else "worker",
+            LABEL_ROLE: "rank0" if node == self.rank0 else "spare" if self.is_spare(node) else "worker",
             LABEL_RANKS: str(self.slots(node)),
         }
 
@@ -218,7 +227,7 @@ class ClusterPlan:
         """Everything the worker container on `node` is started with (the engine passes it to Docker)."""
         settings = self.settings
         gpu = self.gpu_request(node)
-        host_names, addresses = worker_host_names(settings.nodes), dict(self.found.addresses)
+        host_names, addresses = worker_host_names(settings.all_nodes), dict(self.found.addresses)
         return WorkerContainer(
             image=settings.image,
             name=self.container_name(node),
@@ -248,17 +257,21 @@ class ClusterPlan:
         nodes that lack the image, a name Open MPI would refuse stands for itself.)"""
         settings, job = self.settings, self.settings.job
         resolved = dict(self.found.addresses)
-        workers = tuple(
-            Worker(node.name, mpi_host(node.name, resolved.get(node.name, node.name)), self.slots(node))
-            for node in self.nodes
+        workers, spares = (
+            tuple(
+                Worker(node.name, mpi_host(node.name, resolved.get(node.name, node.name)), self.slots(node))
+                for node in nodes
+            )
+            for nodes in (self.job_nodes, [node for node in self.nodes if self.is_spare(node)])
         )
         return JobSpec(
             job_id=self.cluster_id,
             options=job,
             run_folder=run_dir(self.cluster_id),
-            expected_workers=len(self.nodes),
+            expected_workers=len(workers),
             slots=self.slots_per_node,
             workers=workers,
+            spares=spares,
             excluded_subnets=() if job.network_interface else self.found.excluded_subnets,
             across_hosts=len(self.nodes) > 1,
             driver_nic=self.node_nic(self.rank0),
@@ -277,7 +290,11 @@ class ClusterPlan:
         """What a start would do, node by node (the container, never a key: keys reach containers as files after
         they start), then the hostfile and the job's command line."""
         spec = self.job_spec()
-        lines = [f"plan: {self.total_ranks} ranks on {len(self.nodes)} node(s); a start gives the cluster a new ID"]
+        spares = f" and {len(self.nodes) - len(self.job_nodes)} spare(s)" if self.settings.spares else ""
+        lines = [
+            f"plan: {self.total_ranks} ranks on {len(self.job_nodes)} node(s){spares}; a start gives the cluster a "
+            "new ID"
+        ]
         for node in self.nodes:
             container = self.worker_container(node)
             mounts = [f"{source} -> {target}" for source, target in container.volumes.items()]
@@ -287,8 +304,7 @@ class ClusterPlan:
             nic = self.node_nic(node)
             limits = ", ".join(f"{name}={limit}" for name, limit in container.ulimits.items())
             lines += [
-                f"{node.name} ({'rank 0, runs the job agent' if node == self.rank0 else 'worker'}; engine "
-                f"{node.engine_url})",
+                f"{node.name} ({self.role_words(node)}; engine {node.engine_url})",
                 f"  container {container.name} (host name {container.hostname}): image {container.image} "
                 f"({image_id[7:19] if image_id else 'not there yet'}), network host"
                 f"{f' (NIC {nic})' if nic else ''}, shared memory {container.shm_size}",
@@ -312,12 +328,17 @@ class ClusterPlan:
         lines.append(f"{spec.program}: {' '.join(spec.job_argv())}")
         return "\n".join(lines) + "\n"
 
+    def role_words(self, node: Node) -> str:
+        if node == self.rank0:
+            return "rank 0, runs the job agent"
+        return "spare, out of the hostfile until a restart needs it" if self.is_spare(node) else "worker"
+
     def describe(self) -> str:
         """The effective plan in a few lines, logged once at start."""
         nodes = ", ".join(
             f"{node.name}: {self.slots(node)} rank(s){f' on {gpu}' if (gpu := self.gpu_request(node)) else ''}"
             f"{f' over {nic}' if (nic := self.node_nic(node)) else ''} ({node.engine_url})"
-            for node in self.nodes
+            for node in self.job_nodes
         )
         settings, job = self.settings, self.settings.job
         code = f", code {job.workdir} -> {WORKDIR}" if job.workdir else ""
@@ -327,10 +348,17 @@ class ClusterPlan:
             if job.elastic
             else ""
         )
+        restarts = (
+            f", up to {job.max_restarts} restart(s)"
+            + (f" on at least {job.min_workers} node(s)" if job.elastic_min_workers is not None else "")
+            + (f", spares {','.join(settings.spares)}" if settings.spares else "")
+            if job.max_restarts
+            else ""
+        )
         spec = self.job_spec()
         nic_default = "any but " + ",".join(VIRTUAL_NIC_PREFIXES) if len(self.nodes) > 1 else "any"
         return (
-            f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.nodes)} node(s) [{nodes}], image "
+            f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.job_nodes)} node(s) [{nodes}], image "
             f"{settings.image}, ssh port {job.ssh_port}, NIC {job.network_interface or nic_default}, shared "
-            f"{settings.shared_dir}{code}{elastic}\n{spec.program}: {' '.join(spec.job_argv())}"
+            f"{settings.shared_dir}{code}{elastic}{restarts}\n{spec.program}: {' '.join(spec.job_argv())}"
         )

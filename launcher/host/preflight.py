@@ -237,7 +237,7 @@ def naming_findings(settings: LaunchSettings, facts: list[NodeFacts]) -> list[Fi
     for fact in facts:
         if fact.host_name:
             by_host_name.setdefault(fact.host_name, []).append(fact.node)
-    own = worker_host_names(settings.nodes)
+    own = worker_host_names(settings.all_nodes)
     for host_name, nodes in by_host_name.items():
         if len(nodes) > 1:
             findings.append(

@@ -91,6 +91,9 @@ def parse_gpus(text: str, source: str = "--gpus") -> tuple[int, tuple[str, ...]]
 class LaunchSettings:
     nodes: tuple[str, ...]
     """Hosts to run on, rank 0 first. Each must resolve to its host on every node."""
+    spares: tuple[str, ...] = ()
+    """Hosts kept in reserve (--spares, SPARES; with job.max_restarts): each gets a worker, started and checked as
+    the nodes' are, out of the hostfile until a restart puts it in a lost node's place."""
     job: JobOptions = field(default_factory=JobOptions)
     """What runs there: the command, its environment, the NIC, the port, the timeouts, the elastic settings."""
     slots: int | None = None
@@ -139,7 +142,8 @@ class LaunchSettings:
                 f"node {duplicates[0]} is listed twice: list each host once, with its rank count "
                 f"({duplicates[0]}:4) for more ranks there"
             )
-        if sorted(set(self.node_slots) - set(self.nodes)) or min(self.node_slots.values(), default=1) < 1:
+        self._check_spares()
+        if sorted(set(self.node_slots) - set(self.all_nodes)) or min(self.node_slots.values(), default=1) < 1:
             raise SettingsError(f"every node's own rank count needs a listed node and at least 1: {NODE_WITH_SLOTS}")
         if self.gpu_ids and any(count != len(self.gpu_ids) for count in self.node_slots.values()):
             raise SettingsError(
@@ -165,10 +169,10 @@ class LaunchSettings:
             raise SettingsError(
                 f"image {self.image!r} (--image, IMAGE in .env) is not an image name: {error}"
             ) from None
-        unknown = sorted(set(self.engines) - set(self.nodes))
+        unknown = sorted(set(self.engines) - set(self.all_nodes))
         if unknown:
             raise SettingsError(f"an engine override names {unknown[0]!r}, which is not in --nodes")
-        for node in self.nodes:
+        for node in self.all_nodes:
             self._check_engine(node)
         missing = [name for name in self.job.secrets if name not in self.secret_values]
         if missing:
@@ -185,6 +189,25 @@ class LaunchSettings:
             )
         if self.job.workdir is not None:
             self._check_workdir(Path(self.job.workdir))
+
+    @property
+    def all_nodes(self) -> tuple[str, ...]:
+        """Every host that gets a worker: the nodes, rank 0 first, then the spares."""
+        return (*self.nodes, *self.spares)
+
+    def _check_spares(self) -> None:
+        for spare in self.spares:
+            if not NODE_NAME.fullmatch(spare):
+                raise SettingsError(f"spare {spare!r} is not a host name: pass --spares with names like node_4")
+        listed = [spare for spare in self.spares if spare in self.nodes or self.spares.count(spare) > 1]
+        if listed:
+            raise SettingsError(
+                f"spare {listed[0]} is listed twice (in --nodes or --spares): list each host once, in one of them"
+            )
+        if self.spares and not self.job.max_restarts:
+            raise SettingsError(
+                "--spares stand in for a lost node when the job restarts: add --max-restarts N (MAX_RESTARTS in .env)"
+            )
 
     @property
     def ranks_per_node(self) -> int:
@@ -226,7 +249,7 @@ class LaunchSettings:
     def exposed_engines(self) -> dict[str, tuple[str, str]]:
         """{node: (engine URL, why)} for the engines others could read (allowed by insecure_engines)."""
         exposed = {}
-        for node in self.nodes:
+        for node in self.all_nodes:
             url = self.engine_url(node)
             why = access.exposure(url, access.tls_config(node, url, self.engine_tls.get(node)))
             if why:
@@ -298,6 +321,7 @@ def resolve_settings(
     nodes: str | None = None,
     hostfile: Path | None = None,
     job: Mapping[str, Any] | None = None,
+    spares: str | None = None,
     slots: int | None = None,
     gpus: str | None = None,
     image: str | None = None,
@@ -321,6 +345,8 @@ def resolve_settings(
     else:
         listed = parse_node_list(nodes or env.get("NODES", ""), "--nodes" if nodes else "NODES in .env")
     node_list = tuple(name for name, _ in listed)
+    spare_list = parse_node_list(spares or env.get("SPARES", ""), "--spares" if spares else "SPARES in .env")
+    listed = [*listed, *spare_list]
     chosen: dict[str, Any] = {
         "slots": slots if slots is not None else _as_number(env, "SLOTS_PER_WORKER", "fix it or pass --slots"),
         "image": image or env.get("IMAGE"),
@@ -334,12 +360,14 @@ def resolve_settings(
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(env["GPUS_PER_NODE"], "GPUS_PER_NODE in .env")
     environ = os.environ if environ is None else environ
     keys = {**env, **environ}
-    engines = {node: keys[engine_override_key(node)] for node in node_list if keys.get(engine_override_key(node))}
-    tls = {node: access.EngineTls.of(keys, node) for node in node_list}
+    every_node = tuple(name for name, _ in listed)
+    engines = {node: keys[engine_override_key(node)] for node in every_node if keys.get(engine_override_key(node))}
+    tls = {node: access.EngineTls.of(keys, node) for node in every_node}
     options = job_options(env, job or {})
     secrets = {name: value for name in options.secrets if (value := environ.get(name, env.get(name)))}
     return LaunchSettings(
         nodes=node_list,
+        spares=tuple(name for name, _ in spare_list),
         job=options,
         secret_values=secrets,
         node_slots={name: count for name, count in listed if count is not None},

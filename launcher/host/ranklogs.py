@@ -1,0 +1,89 @@
+"""A job's output by rank, for `launcher logs --rank N --grep TEXT --tee DIR`: which rank wrote a line, which lines
+are shown, and the file each goes to. Pure but for Tee, which writes the files.
+
+A line's rank is read from the prefixes the job's output carries: mpirun's `--tag-output` (`[1,3]<stdout>:`),
+elastic horovodrun's (`[3]<stderr>:`), or the bundled trainer's own (`12:00:01 [rank 3] ...`, its rank 0 alone logs).
+A line with none (the job agent's, a script's untagged print) has no rank: --rank leaves it out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+RANK_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:")
+"""mpirun's --tag-output prefix ([JOB,RANK]<stream>:) or horovodrun's ([RANK]<stream>:)."""
+TRAINER_RANK = re.compile(r"^(?:\S+ )?\[rank (\d+)\] ")
+"""The bundled trainer's log lines: `HH:MM:SS [rank N] ...`."""
+OTHER = "other.log"
+"""--tee's file for the lines no rank wrote (the job agent's, untagged output)."""
+
+
+def rank_of(line: str) -> int | None:
+    """The rank that wrote `line`, or None when it does not say."""
+    found = RANK_TAG.match(line) or TRAINER_RANK.match(line)
+    return int(found.group(1)) if found else None
+
+
+def shown(line: str, rank: int | None, grep: str | None) -> bool:
+    """Whether `line` is shown for --rank `rank` and --grep `grep` (None: no such filter)."""
+    return (rank is None or rank_of(line) == rank) and (grep is None or grep in line)
+
+
+def lines_of(texts: Iterable[str]) -> Iterator[str]:
+    """Whole lines (each with its line break, but a last one without) from text that arrives in pieces."""
+    pending = ""
+    for text in texts:
+        pending += text
+        *whole, pending = pending.split("\n")
+        yield from (line + "\n" for line in whole)
+    if pending:
+        yield pending
+
+
+def selected(texts: Iterable[str], rank: int | None, grep: str | None) -> Iterator[str]:
+    """The lines of the stream that --rank and --grep keep, as they arrive."""
+    return (line for line in lines_of(texts) if shown(line, rank, grep))
+
+
+def tee_name(line: str) -> str:
+    """The --tee file a line goes to: rank-N.log for rank N's, OTHER for the rest."""
+    rank = rank_of(line)
+    return OTHER if rank is None else f"rank-{rank}.log"
+
+
+class Tee:
+    """--tee DIR: every line into its rank's file in DIR (made when first needed), whatever is shown."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.files: dict[str, IO[str]] = {}
+
+    def write(self, line: str) -> None:
+        name = tee_name(line)
+        if name not in self.files:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.files[name] = open(self.folder / name, "w", encoding="utf-8")  # noqa: SIM115  closed in close()
+        self.files[name].write(line)
+
+    def close(self) -> list[str]:
+        """Closes every file; their names, in order."""
+        for handle in self.files.values():
+            handle.close()
+        return sorted(self.files)
+
+
+def relay(texts: Iterable[str], out: IO[str], rank: int | None, grep: str | None, tee: Tee | None = None) -> None:
+    """The stream's lines to `out` as --rank and --grep keep them, each line also into its --tee file."""
+    try:
+        for line in lines_of(texts):
+            if tee is not None:
+                tee.write(line)
+            if shown(line, rank, grep):
+                out.write(line)
+                out.flush()
+    finally:
+        if tee is not None:
+            tee.close()
