@@ -721,7 +721,7 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
     """Rank 1 (node_2) blocks in a function of its own; rank 0 (node_1) waits for it in an allreduce."""
     stall_args = ["--workdir", str(USER_SCRIPT), "--stall-timeout", "20", "--env", "HOROVOD_STALL_CHECK_TIME_SECONDS=5"]
     # The job's time limit ends it by itself once the stall has been seen (then `status` says so; nothing runs on).
-    started = launcher(cluster, *start_args(cluster, "--detach", "--time-limit", "75", *stall_args), "--", "python",
+    started = launcher(cluster, *start_args(cluster, "--detach", "--time-limit", "50", *stall_args), "--", "python",
                        "stall.py")
     assert started.returncode == 0, started.stderr[-3000:]
     deadline = time.monotonic() + 120
@@ -752,8 +752,8 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
             " running" in status.split("\n", 1)[1]):
         assert time.monotonic() < deadline, status
         time.sleep(3)
-    print(f"\n$ launcher status  # after --time-limit 75\n{status}")
-    assert "failed (exit status 124): the job ran past its time limit of 75 s; rank 1 (node_2 pid" in status, status
+    print(f"\n$ launcher status  # after --time-limit 50\n{status}")
+    assert "failed (exit status 124): the job ran past its time limit of 50 s; rank 1 (node_2 pid" in status, status
     launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
     assert_nothing_left(cluster)
 
