@@ -15,6 +15,7 @@ import signal
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from launcher.core import metrics
 from launcher.core.options import Spelling
 
 RESTART_WAIT_SECONDS = 30
@@ -28,16 +29,11 @@ RECORDS_FILE = "restarts.jsonl"
 _LINE = re.compile(r"(restart \d+/\d+: .*)$")
 
 
-def metrics_epoch(metrics: str | None) -> int | None:
+def metrics_epoch(metrics_text: str | None) -> int | None:
     """The last epoch the bundled trainer recorded in its metrics.jsonl (its checkpoint is of that epoch); None
     without one. A line cut short (the run was killed while writing it) is left out."""
-    epochs = []
-    for line in (metrics or "").splitlines():
-        try:
-            epochs.append(int(json.loads(line)["epoch"]))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return max(epochs) if epochs else None
+    record = metrics.last_record(metrics_text, ("epoch",))
+    return int(record["epoch"]) if record else None
 
 
 def why_not(

@@ -7,11 +7,11 @@ one; this module only decides what they mean and words it in one line.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from launcher.core import metrics
 from launcher.core.protocol import parse_job_end
 from launcher.core.restart import restart_in
 from launcher.core.stall import StallRecord
@@ -39,14 +39,7 @@ def _ago(finished_at: str | None, now: datetime) -> str:
 
 def latest_record(metrics_text: str | None) -> dict | None:
     """The last complete record of a metrics file (a line being written as it is read is skipped)."""
-    for line in reversed((metrics_text or "").splitlines()):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and {"epoch", "val_accuracy", "samples_per_sec"} <= set(record):
-            return record
-    return None
+    return metrics.last_record(metrics_text, ("epoch", "val_accuracy", "samples_per_sec"))
 
 
 def progress(job_log: str, metrics_text: str | None = None) -> str:
