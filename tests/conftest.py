@@ -54,6 +54,38 @@ def job_spec(**fields) -> JobSpec:
 
 
 # --- the test hosts -------------------------------------------------------------------------------------------
+# --- two rooms under pytest-xdist (scripts/test.sh runs `pytest -n 2`) ----------------------------------------------
+TEST_HOST_MODULES = frozenset({"test_launcher_multihost.py", "test_mpijob_conformance.py"})
+"""The modules whose tests run on the test hosts (the `test_hosts` fixture): one worker runs all of them, in file
+order, since the harness is one per machine and a module's tests build on each other; the other worker runs
+everything else. The test hosts' tests mostly wait on containers, timeouts and the network, so the two rooms overlap
+well on two cores."""
+
+
+def room_of(nodeid: str) -> str:
+    return "test-hosts" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in TEST_HOST_MODULES else "this-host"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the test hosts outside TEST_HOST_MODULES would share them with another worker: refused."""
+    for item in items:
+        if "test_hosts" in getattr(item, "fixturenames", ()) and room_of(item.nodeid) != "test-hosts":
+            raise pytest.UsageError(f"{item.nodeid} uses the test hosts: add its module to TEST_HOST_MODULES "
+                                    "(tests/conftest.py)")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's own grouping (--dist loadgroup) renames node ids, which pytest 9.2 no longer allows; this scheduler
+    groups by room instead: one work unit per room, so each of the two workers takes one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwoRooms(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return room_of(nodeid)
+
+    return TwoRooms(config, log)
+
+
 @pytest.fixture(scope="session")
 def test_hosts():
     """The two test hosts of tests/multihost.py, shared by every multi-host module: started once, on first use (a
