@@ -13,11 +13,12 @@ import inspect
 import io
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import docker
 from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
@@ -35,6 +36,16 @@ from launcher.host.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, Work
 from launcher.host.preflight import HostView
 
 PUSH_TIMEOUT_S = 3600
+Each = TypeVar("Each")
+Result = TypeVar("Result")
+
+
+def on_each(nodes: Sequence[Each], work: Callable[[Each], Result]) -> list[Result]:
+    """`work` for every node at once (a node's engine, or what goes with it), the results in the nodes' order: N nodes
+    cost about one. Once every node's work has ended, the first node's error (in that order) is raised."""
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        futures = [pool.submit(work, node) for node in nodes]
+    return [future.result() for future in futures]
 
 
 def _tolerate_closed_ssh_pipe() -> None:

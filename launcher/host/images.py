@@ -9,22 +9,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
-from launcher.host.engines import NodeEngine, NodeError
+from launcher.host.engines import NodeEngine, NodeError, on_each
 
 Say = Callable[[str], None]
 CHUNKS_AHEAD = 4
 """Chunks (8 MB each) the export may run ahead of the slowest node's load."""
-
-
-def run_on_each(engines: list[NodeEngine], work: Callable[[NodeEngine], None]) -> None:
-    """`work` on every node at once; the first node's error (in the nodes' order) is raised."""
-    with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
-        futures = [pool.submit(work, engine) for engine in engines]
-    errors = [error for future in futures if (error := future.exception()) is not None]
-    if errors:
-        raise errors[0]
 
 
 class Progress:
@@ -52,7 +42,7 @@ def pull_everywhere(engines: list[NodeEngine], image: str, say: Say) -> None:
         engine.pull_image(image, lambda done, total: progress(engine.node.name, done, total))
         say(f"{engine.node.name}: pulled {image} in {time.monotonic() - started:.0f} s")
 
-    run_on_each(engines, pull)
+    on_each(engines, pull)
 
 
 def push_everywhere(source: NodeEngine, targets: list[NodeEngine], image: str, say: Say) -> None:
@@ -105,7 +95,7 @@ def push_everywhere(source: NodeEngine, targets: list[NodeEngine], image: str, s
     exporter = threading.Thread(target=export, name="image-export", daemon=True)
     exporter.start()
     try:
-        run_on_each(targets, load)
+        on_each(targets, load)
     finally:
         gave_up.update(feeds)
         exporter.join()

@@ -42,7 +42,7 @@ from launcher.core.protocol import (
     parse_job_end,
 )
 from launcher.host import images, preflight, workdir
-from launcher.host.engines import Connect, Container, NodeDriver, NodeEngine, NodeError, connecting_line
+from launcher.host.engines import Connect, Container, NodeDriver, NodeEngine, NodeError, connecting_line, on_each
 from launcher.host.plan import LABEL_CLUSTER, ClusterPlan, Node
 from launcher.host.preflight import Finding, NodeFacts, Severity
 from launcher.host.settings import LaunchSettings
@@ -138,7 +138,7 @@ def check_nodes(
         if not dry_run:
             refuse_on(found, say)
 
-    facts = [engine_facts(settings, engine) for engine in engines]
+    facts = on_each(engines, lambda engine: engine_facts(settings, engine))
     coming = image_coming(settings)
     # A cluster still running anywhere is named before any node's image: it is the first thing to fix.
     first = [finding for fact in facts for finding in preflight.check_node(settings, fact, coming)]
@@ -153,16 +153,16 @@ def check_nodes(
         review(preflight.check_cluster(settings, present))
     else:
         facts = ensure_image_everywhere(settings, engines, facts, say)
-    checked = []
     unchecked = ClusterPlan.of(settings, cluster_id="-")
-    for engine, fact in zip(engines, facts, strict=True):
+    checked = on_each(
+        list(zip(engines, facts, strict=True)),
+        lambda node: host_facts(unchecked, *node) if node[1].image_id else node[1],
+    )
+    for fact in checked:
         if fact.image_id is None:
             say(f"{fact.node}: port, NIC and GPU checks run once the image is there")
-            checked.append(fact)
-            continue
-        fact = host_facts(unchecked, engine, fact)
-        review(preflight.host_findings(settings, fact))
-        checked.append(fact)
+        else:
+            review(preflight.host_findings(settings, fact))
     review(preflight.naming_findings(settings, checked))
     plan = ClusterPlan.of(settings, found=preflight.found_in(settings, checked))
     job = settings.job
@@ -237,10 +237,13 @@ def hand_over_trust(
     """The cluster's public key to every worker; to rank 0's container the private key, every worker's host key (as
     the agent pins them) and the job spec the agent runs."""
     authorized = sshtrust.tar_files({"authorized_keys": (keys.public.encode() + b"\n", 0o600)})
-    host_keys = {}
-    for engine, container in zip(engines, containers, strict=True):
+
+    def authorize(worker: tuple[NodeEngine, Container]) -> tuple[str, str]:
+        engine, container = worker
         engine.put_files(container.id, CLUSTER_SSH_DIR, authorized)
-        host_keys[plan.mpi_host(engine.node)] = wait_for_host_key(engine, container, deadline)
+        return plan.mpi_host(engine.node), wait_for_host_key(engine, container, deadline)
+
+    host_keys = dict(on_each(list(zip(engines, containers, strict=True)), authorize))
     rank0, container = engines[0], containers[0]
     private = {PurePosixPath(CLUSTER_KEY).name: (keys.private, 0o600)}
     if plan.settings.secret_values:  # the agent reads and removes it before the job runs
@@ -266,8 +269,10 @@ def hand_over_trust(
 def copy_workdir(folder: str, engines: list[NodeEngine], containers: list[Container], say: Say) -> None:
     """The user's code folder to WORKDIR in every worker container, through the Docker API (no NFS needed)."""
     packed = workdir.pack(Path(folder))
-    for engine, container in zip(engines, containers, strict=True):
-        engine.put_files(container.id, WORKDIR, packed.archive)
+    on_each(
+        list(zip(engines, containers, strict=True)),
+        lambda worker: worker[0].put_files(worker[1].id, WORKDIR, packed.archive),
+    )
     say(f"code: {folder} copied to {WORKDIR} on {len(engines)} node(s) ({len(packed.archive) / 1024:.0f} KB)")
     skipped = workdir.skipped_line(packed.skipped)
     if skipped:
@@ -403,13 +408,14 @@ def dead_worker(engines: list[NodeEngine], containers: list[Container], rank0_en
 
 
 def cleanup(engines: list[NodeEngine], cluster_id: str, say: Say) -> None:
-    removed = 0
-    for engine in engines:
+    def remove(engine: NodeEngine) -> int:
         try:
-            removed += engine.remove_cluster(cluster_id)
+            return engine.remove_cluster(cluster_id)
         except Exception as error:  # keep cleaning the other nodes
             say(f"{engine.node.name}: cleanup failed ({error}); run `launcher stop` for it")
-    say(f"cleanup: removed {removed} container(s) of cluster {cluster_id}")
+            return 0
+
+    say(f"cleanup: removed {sum(on_each(engines, remove))} container(s) of cluster {cluster_id}")
 
 
 def start_agent(plan: ClusterPlan, engines: list[NodeEngine], containers: list[Container], say: Say) -> None:
@@ -466,8 +472,8 @@ def launch(
     containers: list[Container] = []
     detached = False
     try:
+        containers = on_each(engines, lambda engine: engine.start_worker(plan.worker_container(engine.node)))
         for engine in engines:
-            containers.append(engine.start_worker(plan.worker_container(engine.node)))
             say(f"{engine.node.name}: worker {plan.container_name(engine.node)} started")
         deadline = time.monotonic() + settings.job.ready_timeout
         if settings.job.workdir:
