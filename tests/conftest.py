@@ -88,12 +88,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 @pytest.fixture(scope="session")
 def test_hosts():
-    """The two test hosts of tests/multihost.py, shared by every multi-host module: started once, on first use (a
-    run of the unit tests alone starts none), removed when the run ends. Each module's own fixture puts the images it
-    needs on them and leaves no container behind."""
+    """The two test hosts of tests/multihost.py and one spare host (node_3, for `--spares`), shared by every
+    multi-host module: started once, on first use (a run of the unit tests alone starts none), removed when the run
+    ends. Each module's own fixture puts the images it needs on them and leaves no container behind."""
     from tests.multihost import started_cluster  # the harness needs root and a Docker engine: only when asked
 
-    with started_cluster(2) as harness:
+    with started_cluster(2, spares=1) as harness:
         yield harness
 
 

@@ -79,11 +79,18 @@ class TestNode:
 class Cluster:
     root: Path
     nodes: list[TestNode] = field(default_factory=list)
+    """The nodes a job runs on (NODES in env_file)."""
+    spares: list[TestNode] = field(default_factory=list)
+    """Hosts ready for `--spares` (an engine each, reachable by override), in no job unless a test names them."""
     processes: list[subprocess.Popen] = field(default_factory=list)
     ssh_dir: Path | None = None
 
     # --- the network ----------------------------------------------------------------------------------------
-    def start(self, count: int = 2) -> None:
+    @property
+    def every_node(self) -> list[TestNode]:
+        return self.nodes + self.spares
+
+    def start(self, count: int = 2, spares: int = 0) -> None:
         self.teardown_leftovers()
         sh("ip", "link", "add", BRIDGE, "type", "bridge")
         sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
@@ -91,7 +98,7 @@ class Cluster:
         # dockerd sets FORWARD to DROP and bridged frames pass iptables: let the nodes talk to each other.
         sh("iptables", "-I", "FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT")
         hosts = []
-        for index in range(1, count + 1):
+        for index in range(1, count + spares + 1):
             node = TestNode(f"node_{index}", index, self.root / f"node_{index}")
             node.root.mkdir(parents=True)
             sh("ip", "netns", "add", node.namespace)
@@ -101,10 +108,10 @@ class Cluster:
             sh("ip", "-n", node.namespace, "link", "set", NIC, "up")
             sh("ip", "-n", node.namespace, "link", "set", "lo", "up")
             hosts.append(f"{node.address} {node.name} {HOSTS_MARK}\n")
-            self.nodes.append(node)
+            (self.nodes if index <= count else self.spares).append(node)
         with open("/etc/hosts", "a") as etc_hosts:
             etc_hosts.writelines(hosts)
-        for node in self.nodes:
+        for node in self.every_node:
             self.start_dockerd(node)
             # As on hosts where Docker runs with its default bridge: a docker0 of 172.17.0.1/16 on every node, which
             # a rank must not take for a way to another node. (The node engines run with --bridge=none, and such an
@@ -177,7 +184,7 @@ class Cluster:
     def launcher_env(self) -> dict[str, str]:
         """Environment for running `launcher` against these nodes: node_1 over ssh://, the rest by override."""
         env = {**os.environ, "PATH": f"{self.ssh_dir / 'bin'}:{os.environ['PATH']}"}
-        for node in self.nodes[1:]:
+        for node in self.every_node[1:]:
             env[f"DOCKER_HOST_{node.name.upper()}"] = node.engine_url
         return env
 
@@ -185,7 +192,7 @@ class Cluster:
         path = self.root / ("launcher.env" if pin_nic else "launcher-unpinned.env")
         lines = [f"NODES={','.join(n.name for n in self.nodes)}", "READY_TIMEOUT=120"]
         lines += [f"NODE_NETWORK_INTERFACE={NIC}"] if pin_nic else []
-        lines += [f"DOCKER_HOST_{node.name.upper()}={node.engine_url}" for node in self.nodes[1:]]
+        lines += [f"DOCKER_HOST_{node.name.upper()}={node.engine_url}" for node in self.every_node[1:]]
         # The image the tests load and push (IMAGE, e.g. a branch's build), not whatever horovod-stack:latest is now.
         lines += [f"IMAGE={os.environ['IMAGE']}"] if os.environ.get("IMAGE") else []
         path.write_text("\n".join(lines) + "\n")
@@ -213,7 +220,7 @@ class Cluster:
 
     def project_containers(self) -> dict[str, list[str]]:
         return {node.name: [c.name for c in node.client().containers.list(
-            all=True, filters={"label": "horovod-stack.cluster"})] for node in self.nodes}
+            all=True, filters={"label": "horovod-stack.cluster"})] for node in self.every_node}
 
     @contextlib.contextmanager
     def nic_renamed(self, node: TestNode, name: str) -> Iterator[None]:
@@ -274,7 +281,7 @@ class Cluster:
 
     # --- teardown ---------------------------------------------------------------------------------------------
     def stop(self) -> None:
-        for node in self.nodes:
+        for node in self.every_node:
             try:
                 for container in node.client().containers.list(all=True):
                     container.remove(force=True)
@@ -319,22 +326,23 @@ class Cluster:
 
 
 TEST_ROOT = Path("/var/lib/horovod-stack-test")
-NEEDED_FREE_BYTES = 16 * 1024**3
-"""Two node engines each hold a copy of the image (about 6.5 GB apiece)."""
+IMAGE_COPY_BYTES = 7 * 1024**3
+"""Each node engine holds a copy of the image (about 6.7 GB)."""
 
 
 @contextlib.contextmanager
-def started_cluster(count: int = 2) -> Iterator[Cluster]:
-    """A fresh harness of `count` test hosts, refused up front when the disk cannot hold their copies of the image;
-    removed however the block ends."""
+def started_cluster(count: int = 2, spares: int = 0) -> Iterator[Cluster]:
+    """A fresh harness of `count` test hosts and `spares` more, refused up front when the disk cannot hold their copies
+    of the image (and 2 GB to spare); removed however the block ends."""
     TEST_ROOT.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(TEST_ROOT).free
-    if free < NEEDED_FREE_BYTES:
-        raise RuntimeError(f"the test hosts need {NEEDED_FREE_BYTES / 1024**3:.0f} GiB free under {TEST_ROOT}, only "
+    needed = (count + spares) * IMAGE_COPY_BYTES + 2 * 1024**3
+    if free < needed:
+        raise RuntimeError(f"the test hosts need {needed / 1024**3:.0f} GiB free under {TEST_ROOT}, only "
                            f"{free / 1024**3:.1f} GiB is: free disk space (docker image prune, old checkouts)")
     harness = Cluster(TEST_ROOT / uuid.uuid4().hex[:8])
     try:
-        harness.start(count=count)
+        harness.start(count=count, spares=spares)
         yield harness
     finally:
         harness.stop()

@@ -6,6 +6,7 @@ copies it. Each failure case asserts a one-line error, a non-zero exit and no co
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,9 +35,10 @@ USER_SCRIPT = Path(__file__).parent / "user_script"
 
 @pytest.fixture(scope="module")
 def cluster(test_hosts: Cluster):
-    """The shared test hosts with no image on either node: the first test refuses them for lacking it, the second pushes
-    it to both at once (one export, two loads), as a user's first start does; every later test finds it there."""
-    for node in test_hosts.nodes:
+    """The shared test hosts with no image on any node: the first test refuses them for lacking it, the second pushes
+    it to both and the spare at once (one export, three loads), as a user's first start does; every later test finds
+    it there."""
+    for node in test_hosts.every_node:
         if test_hosts.has_image(IMAGE, node):  # another module ran first on these hosts
             node.client().images.remove(IMAGE, force=True)
     return test_hosts
@@ -67,7 +69,7 @@ def error_lines(result: subprocess.CompletedProcess) -> list[str]:
 
 
 def assert_nothing_left(cluster: Cluster) -> None:
-    assert cluster.project_containers() == {"node_1": [], "node_2": []}
+    assert cluster.project_containers() == {node.name: [] for node in cluster.every_node}
 
 
 def test_node_without_image_is_refused(cluster):
@@ -83,14 +85,16 @@ def test_push_image_then_train_across_both_hosts(cluster):
     # Both engines report the host name gpu-server (tests/multihost.py), and node_1 runs two ranks: Open MPI, which
     # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
     started = time.monotonic()
-    result = launcher(cluster, *start_args(cluster, "--push-image", "--nodes", "node_1:2,node_2:1"), *TRAIN)
+    result = launcher(cluster, *start_args(cluster, "--push-image", "--nodes", "node_1:2,node_2:1",
+                                           "--spares", "node_3"), *TRAIN)
     print(f"\nlaunch with push took {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
     assert "connecting to node_1 (ssh://node_1)" in result.stderr
     assert "node_1: engine reachable at ssh://node_1" in result.stderr
-    # One export from this machine's engine, streamed to both nodes' loads at once.
-    assert re.search(r"node_1, node_2: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), result.stderr
-    assert "node_1: image loaded" in result.stderr and "node_2: image loaded" in result.stderr
+    # One export from this machine's engine, streamed to the nodes' and the spare's loads at once.
+    assert re.search(r"node_1, node_2, node_3: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), \
+        result.stderr
+    assert all(f"{node}: image loaded" in result.stderr for node in ("node_1", "node_2", "node_3"))
     assert (f"node_1, node_2: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, node-2), so "
             "Open MPI tells the nodes apart") in result.stderr
     assert "parameters identical on all 3 ranks" in result.stdout
@@ -955,5 +959,48 @@ def test_a_fixed_job_that_loses_a_node_is_restarted_on_the_other_from_its_checkp
     records = [json.loads(line) for line in node_file(cluster, "node_1", f"{folder}/metrics.jsonl").splitlines()]
     assert [record["epoch"] for record in records] == list(range(1, 13))
     assert records[0]["world_size"] == 2 and records[-1]["world_size"] == 1
+    assert records[-1]["val_accuracy"] >= 0.9
+    assert_nothing_left(cluster)
+
+
+def first_step_after(run: BackgroundLaunch, since: float, timeout: float = 180) -> float:
+    """When rank 0 logged its first training step (`epoch N [k/M batches]`) after `since`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = [when for when, line in run.lines if when > since and re.search(r"epoch \d+ \[\d+/\d+ batches\]", line)]
+        if steps:
+            return steps[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no training step within {timeout} s after the restart: {run.stderr_tail()}")
+
+
+@pytest.mark.parametrize("loss", ["worker killed", "link down"])
+def test_a_fixed_job_that_loses_a_node_goes_on_on_a_warm_spare_from_its_checkpoint(cluster, loss):
+    """--max-restarts 1 --spares node_3: node_2 lost mid-run (its worker killed; or its link down, silence with no
+    TCP reset); the job's agent starts the job again on node_1 and the spare, whose worker was started and checked up
+    front, the trainer resuming after its last checkpointed epoch at the same world size; the job ends with exit
+    status 0, and the time from the loss to the first training step after it is printed."""
+    folder = f"/shared/runs/spare-{loss.split()[0]}-{int(time.time())}"
+    run = BackgroundLaunch(cluster, *start_args(cluster, "--max-restarts", "1", "--spares", "node_3"), "--",
+                           "--dataset", "synthetic", "--epochs", "12", "--checkpoint-dir", f"{folder}/ck",
+                           "--metrics-file", f"{folder}/metrics.jsonl")
+    run.wait_for("epoch 2/12:")
+    status = launcher(cluster, "status", "--env-file", str(cluster.env_file())).stdout
+    assert re.search(r"node_3: \S+ role=spare ", status), status
+    with contextlib.ExitStack() as lost:
+        gone = (kill_worker(cluster, "node_2") if loss == "worker killed"
+                else lost.enter_context(cluster.link_down(cluster.nodes[1])))
+        resumed = run.wait_for("resuming from", timeout=180)
+        stepped = first_step_after(run, resumed)
+        exit_status, output, stderr = run.finish()
+    print(f"\n{loss} on node_2: training again on node_1,node_3 {stepped - gone:.1f} s later (resumed after "
+          f"{resumed - gone:.1f} s); exit status {exit_status}")
+    assert exit_status == 0, stderr[-3000:] + output[-3000:]
+    [line] = [line for line in stderr.splitlines() if "restart 1/1: " in line]
+    reason = "node_2 went silent" if loss == "link down" else "node_2's worker was lost"
+    assert f"restart 1/1: {reason}; resuming after epoch " in line and line.endswith(" on node_1,node_3"), line
+    records = [json.loads(line) for line in node_file(cluster, "node_1", f"{folder}/metrics.jsonl").splitlines()]
+    assert [record["epoch"] for record in records] == list(range(1, 13))
+    assert {record["world_size"] for record in records} == {2}
     assert records[-1]["val_accuracy"] >= 0.9
     assert_nothing_left(cluster)
