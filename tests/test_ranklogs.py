@@ -6,7 +6,25 @@ import io
 
 import pytest
 
+from launcher.core import ranktag
 from launcher.host import ranklogs
+
+
+@pytest.mark.parametrize("line, tagged", [
+    ("[1,3]<stdout>:epoch 1 done\n", (3, "stdout", "epoch 1 done\n")),  # mpirun --tag-output
+    ("[1,12]<stderr>:  File \"t.py\", line 3\n", (12, "stderr", '  File "t.py", line 3\n')),
+    ("[2]<stdout>:hello", (2, "stdout", "hello")),  # elastic horovodrun
+    ("[1,0]<stdout>:", (0, "stdout", "")),
+    ("[1,0]<stdout>:[1,1]<stdout>:x", (0, "stdout", "[1,1]<stdout>:x")),  # the rank's own text is left as it is
+    ("12:00:01 [rank 0] epoch 1/3\n", None),
+    ("x [1,0]<stdout>:not at the start\n", None),
+    ("[1,x]<stdout>:not a tag\n", None),
+    ("[1,0]<stdin>:not a stream\n", None),
+])
+def test_the_rank_tag_is_read_and_taken_off(line, tagged):
+    assert ranktag.split_tag(line) == tagged
+    assert ranktag.untagged(line) == (tagged[2] if tagged else line)
+    assert ranktag.tagged_rank(line) == (tagged[0] if tagged else None)
 
 
 @pytest.mark.parametrize("line, rank", [

@@ -1,8 +1,9 @@
 """A job's output by rank, for `launcher logs --rank N --grep TEXT --tee DIR`: which rank wrote a line, which lines
 are shown, and the file each goes to. Pure but for Tee, which writes the files.
 
-A line's rank is read from the prefixes the job's output carries: mpirun's `--tag-output` (`[1,3]<stdout>:`),
-elastic horovodrun's (`[3]<stderr>:`), or the bundled trainer's own (`12:00:01 [rank 3] ...`, its rank 0 alone logs).
+A line's rank is read from the prefixes the job's output carries: the rank tag (launcher/core/ranktag.py: mpirun's
+`--tag-output`, `[1,3]<stdout>:`, elastic horovodrun's, `[3]<stderr>:`), or the bundled trainer's own
+(`12:00:01 [rank 3] ...`, its rank 0 alone logs).
 A line with none (the job agent's, a script's untagged print) has no rank: --rank leaves it out.
 """
 
@@ -13,8 +14,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-RANK_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:")
-"""mpirun's --tag-output prefix ([JOB,RANK]<stream>:) or horovodrun's ([RANK]<stream>:)."""
+from launcher.core.ranktag import tagged_rank
+
 TRAINER_RANK = re.compile(r"^(?:\S+ )?\[rank (\d+)\] ")
 """The bundled trainer's log lines: `HH:MM:SS [rank N] ...`."""
 OTHER = "other.log"
@@ -23,7 +24,10 @@ OTHER = "other.log"
 
 def rank_of(line: str) -> int | None:
     """The rank that wrote `line`, or None when it does not say."""
-    found = RANK_TAG.match(line) or TRAINER_RANK.match(line)
+    rank = tagged_rank(line)
+    if rank is not None:
+        return rank
+    found = TRAINER_RANK.match(line)
     return int(found.group(1)) if found else None
 
 
