@@ -14,7 +14,7 @@ The rooms, by folder:
   trainer's options, checked before any node is contacted);
 - launcher/core/, what every side reads: options, job, nics (which NIC is mine here), ranks (ranks per node),
   protocol, pod_contract (an MPIJob launcher pod's arguments), stall, sshtrust, imageref, restart (a lost node's
-  restart), metrics (the trainer's metrics file, read);
+  restart), metrics (the trainer's metrics file, read), ranktag (the rank tag on a job's output lines);
 - launcher/agent/, what runs in the containers: the agent and its transport, compose's door, the MPIJob launcher
   pod's door (mpijob_pod), stacks, rank_nic, linkprobe;
 - launcher/k8s/, the Kubernetes door's document: the MPIJob, its pods' resources and Pod Security checks;

@@ -118,6 +118,7 @@ def start(
     timeline: bool = typer.Option(False, help=flags.START["timeline"]),
     autotune: bool = typer.Option(False, help=flags.START["autotune"]),
     dry_run: bool = typer.Option(False, help=flags.START["dry_run"]),
+    ranks: str | None = typer.Option(None, help=flags.START["ranks"]),
 ) -> None:
     """Start a worker on every node and run a job; rank 0's output streams here and the exit status is the job's.
 

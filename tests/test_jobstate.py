@@ -14,6 +14,11 @@ TRACEBACK = ("Traceback (most recent call last):\n  File \"train.py\", line 3\n"
              "horovod.common.exceptions.HorovodInternalError: ops.cc: Horovod has been shut down. This was caused "
              "by an exception on one of the ranks\n"
              "Primary job  terminated normally, but 1 process returned\n")
+TAGGED = "".join(f"[1,{rank}]<{stream}>:{line}\n" for rank, stream, line in [  # mpirun --tag-output
+    (0, "stderr", "12:00 [rank 0] epoch 1/2: train loss 0.9, val loss 0.5, val accuracy 0.8100, 6100 samples/s, 0.3 s"),
+    (1, "stderr", "Traceback (most recent call last):"), (1, "stderr", "RuntimeError: user script failed on purpose"),
+    (0, "stderr", "horovod.common.exceptions.HorovodInternalError: ops.cc: Horovod has been shut down."),
+]) + "Primary job  terminated normally, but 1 process returned\n"
 RUNNING = ContainerState("node_1", running=True)
 ENDED = ContainerState("node_1", running=False, exit_code=0, finished_at="2026-12-01T11:59:48.123456789Z")
 KILLED = ContainerState("node_2", running=False, exit_code=137, finished_at="2026-12-01T11:58:00Z")
@@ -39,6 +44,12 @@ METRICS = ('{"epoch": 1, "train_loss": 0.9, "val_loss": 0.5, "val_accuracy": 0.8
     (ENDED, "exit status 2: node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass --workdir\n",
      LOG, [], "failed (exit status 2): node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass "
               "--workdir, ended 12 s ago"),
+    # each rank's lines tagged with it (mpirun --tag-output): read as the rank wrote them
+    (RUNNING, None, TAGGED, [], "running: epoch 1 of 2, val accuracy 0.8100, 6100 samples/s"),
+    (ENDED, "exit status 1\n", TAGGED, [], "failed (exit status 1): RuntimeError: user script failed on purpose, "
+                                           "ended 12 s ago"),
+    (ENDED, "exit status 1\n", "[1]<stderr>:error: --epochs must be at least 1 (got 0)\n", [],
+     "failed (exit status 1): error: --epochs must be at least 1 (got 0), ended 12 s ago"),  # elastic horovodrun
     (ContainerState("node_1", running=False, exit_code=137, finished_at="2026-12-01T11:50:00Z"), None, LOG, [],
      "failed: rank 0's container stopped (exit status 137) before the job ended, ended 10 min 0 s ago"),
 ])

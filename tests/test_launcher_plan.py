@@ -85,6 +85,7 @@ def test_mpirun_argv_carries_the_seed_flags_and_trainer_args():
     argv = make_plan(slots=2, command=tuple(job_command(["--dataset", "digits"]))).job_argv()
     assert argv[:5] == ["mpirun", "-np", "4", "--hostfile", "/home/mpiuser/hostfile"]
     assert argv[5:9] == ["-bind-to", "none", "-map-by", "slot"]
+    assert argv[9] == "--tag-output"  # [1,RANK]<stdout>: before every line a rank writes
     assert ["-x", "NCCL_DEBUG=WARN"] == argv[argv.index("NCCL_DEBUG=WARN") - 1:argv.index("NCCL_DEBUG=WARN") + 1]
     assert argv[-7:] == ["python", "-m", "app.train", "--dataset", "digits", "--run-dir", "/shared/runs/c0ffee00"]
     assert "btl_tcp_if_include" not in argv

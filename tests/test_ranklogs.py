@@ -1,12 +1,36 @@
-"""`launcher logs --rank N --grep TEXT --tee DIR`: which rank wrote a job's line, what is shown, where --tee puts it."""
+"""`launcher logs --rank N --grep TEXT --tee DIR` and `launcher start --ranks 0,3`: which rank wrote a job's line, what
+is shown, where --tee puts it."""
 
 from __future__ import annotations
 
 import io
 
 import pytest
+from typer.testing import CliRunner
 
-from launcher.host import ranklogs
+from launcher import cli
+from launcher.core import ranktag
+from launcher.core.options import SettingsError
+from launcher.host import launch, ranklogs
+from launcher.host.plan import Node
+from tests.conftest import container
+
+
+@pytest.mark.parametrize("line, tagged", [
+    ("[1,3]<stdout>:epoch 1 done\n", (3, "stdout", "epoch 1 done\n")),  # mpirun --tag-output
+    ("[1,12]<stderr>:  File \"t.py\", line 3\n", (12, "stderr", '  File "t.py", line 3\n')),
+    ("[2]<stdout>:hello", (2, "stdout", "hello")),  # elastic horovodrun
+    ("[1,0]<stdout>:", (0, "stdout", "")),
+    ("[1,0]<stdout>:[1,1]<stdout>:x", (0, "stdout", "[1,1]<stdout>:x")),  # the rank's own text is left as it is
+    ("12:00:01 [rank 0] epoch 1/3\n", None),
+    ("x [1,0]<stdout>:not at the start\n", None),
+    ("[1,x]<stdout>:not a tag\n", None),
+    ("[1,0]<stdin>:not a stream\n", None),
+])
+def test_the_rank_tag_is_read_and_taken_off(line, tagged):
+    assert ranktag.split_tag(line) == tagged
+    assert ranktag.untagged(line) == (tagged[2] if tagged else line)
+    assert ranktag.tagged_rank(line) == (tagged[0] if tagged else None)
 
 
 @pytest.mark.parametrize("line, rank", [
@@ -63,3 +87,105 @@ def test_logs_takes_the_new_options():
     from tests.test_docs import cli_options
 
     assert {"--rank", "--grep", "--tee", "--node", "--follow", "--tail"} <= cli_options()["logs"]
+
+
+# --- start --ranks: the live view --------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, ranks", [
+    ("0", {0}),
+    ("0,3", {0, 3}),
+    (" 3 , 0 ", {0, 3}),
+    ("2,2,", {2}),
+    ("12", {12}),
+])
+def test_the_ranks_a_list_names(text, ranks):
+    assert ranklogs.parse_ranks(text) == frozenset(ranks)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("x", "'x' is not a rank"),
+    ("-1", "'-1' is not a rank"),
+    ("0,x", "'x' is not a rank"),
+    ("1.5", "'1.5' is not a rank"),
+    ("\u0663", "'\u0663' is not a rank"),  # a digit, but not one a rank number is written in
+    ("", "it names no rank"),
+    (" , ", "it names no rank"),
+])
+def test_a_list_that_is_not_ranks_is_refused_naming_the_flag_and_the_fix(text, why):
+    with pytest.raises(SettingsError) as refused:
+        ranklogs.parse_ranks(text)
+    assert str(refused.value) == (
+        f"--ranks {text!r}: {why}; pass rank numbers from 0, e.g. --ranks 0 or --ranks 0,3")
+
+
+@pytest.mark.parametrize("line, ranks, shown", [
+    ("[1,0]<stdout>:epoch 1\n", {0}, True),
+    ("[1,3]<stderr>:Traceback (most recent call last):\n", {0, 3}, True),
+    ("[1,1]<stdout>:epoch 1\n", {0, 3}, False),
+    ("[2]<stdout>:elastic\n", {2}, True),
+    ("12:00:01 [rank 0] epoch 1/3: train loss 0.5\n", {0}, True),
+    ("an untagged line\n", {0}, False),
+    ("an untagged line\n", None, True),
+    ("[1,1]<stdout>:epoch 1\n", None, True),
+])
+def test_what_the_live_view_shows(line, ranks, shown):
+    assert ranklogs.in_view(line, ranks) is shown
+
+
+class FollowedRank0:
+    """Rank 0's engine as follow_job reads it: the agent's log in chunks that cut lines, then the job's end."""
+
+    node = Node("node_1", "ssh://node_1")
+
+    def __init__(self, log: bytes) -> None:
+        self.log = log
+
+    def exec_stream(self, container_id, argv):
+        return "exec-1", iter(self.log[start:start + 5] for start in range(0, len(self.log), 5))
+
+    def read_file(self, container_id, path):
+        return "exit status 0\n"
+
+    def worker_problem(self, container_id):
+        return None
+
+
+def test_start_shows_the_agents_lines_and_the_chosen_ranks_only():
+    log = (b"[agent 12:00:00] running: mpirun -np 2\n[1,0]<stdout>:rank 0 here\n[1,1]<stdout>:rank 1 here\n"
+           b"untagged\n[1,1]<stderr>:rank 1's last, without an end")
+    out, relayed = io.StringIO(), []
+    end = launch.follow_job(FollowedRank0(log), container("c1-node_1", "c1"), out, relayed.append, {0})
+    assert end is not None and end.status == 0
+    assert relayed == ["[agent 12:00:00] running: mpirun -np 2"]
+    assert out.getvalue() == "[1,0]<stdout>:rank 0 here\n"
+    everything = io.StringIO()
+    launch.follow_job(FollowedRank0(log), container("c1-node_1", "c1"), everything, [].append)
+    assert everything.getvalue() == log.decode().split("\n", 1)[1]
+
+
+@pytest.fixture
+def started(monkeypatch, tmp_path) -> list:
+    """The settings that reached launch.launch from `launcher start`."""
+    monkeypatch.chdir(tmp_path)  # no .env of the checkout's
+    calls: list = []
+    monkeypatch.setattr(cli.launch, "launch", lambda settings, **_: calls.append(settings) or 0)
+    monkeypatch.setattr(cli, "stop_on_signals", lambda: None)
+    return calls
+
+
+@pytest.mark.parametrize("ranks, expected", [
+    ("x", "error: --ranks 'x': 'x' is not a rank; pass rank numbers from 0, e.g. --ranks 0 or --ranks 0,3"),
+    ("-1", "error: --ranks '-1': '-1' is not a rank; pass rank numbers from 0, e.g. --ranks 0 or --ranks 0,3"),
+    ("0,4", "error: --ranks names rank 4, but the job has at most 4 ranks: pass ranks from 0 to 3"),
+])
+def test_start_refuses_a_bad_ranks_list_before_anything_starts(started, ranks, expected):
+    result = CliRunner().invoke(cli.app, ["start", "--nodes", "a,b", "--slots", "2", "--ranks", ranks])
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [expected]
+    assert started == []
+
+
+def test_start_hands_the_chosen_ranks_to_the_launch(started):
+    for extra in ([], ["--ranks", "0,3"]):
+        result = CliRunner().invoke(cli.app, ["start", "--nodes", "a,b", "--slots", "2", *extra])
+        assert result.exit_code == 0, result.output
+    assert [settings.shown_ranks for settings in started] == [None, frozenset({0, 3})]

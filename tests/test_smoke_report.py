@@ -24,8 +24,9 @@ from launcher.smoke.output import JobLog, Line, last_error_line, parse, rank_exi
         ("[1]<stdout>:\n", 1, "stdout", "", "[rank 1] "),
         ("Process 1 exit with status code 1.\n", None, "stdout", "Process 1 exit with status code 1.",
          "[horovodrun] Process 1 exit with status code 1."),
-        ("[1,0]<stdout>:mpirun's prefix is not horovodrun's", None, "stdout", "[1,0]<stdout>:mpirun's prefix is not "
-         "horovodrun's", "[horovodrun] [1,0]<stdout>:mpirun's prefix is not horovodrun's"),
+        ("[1,0]<stdout>:mpirun's tag reads alike", 0, "stdout", "mpirun's tag reads alike",
+         "[rank 0] mpirun's tag reads alike"),  # one reader of the rank tag: launcher/core/ranktag.py
+        ("[x]<stdout>:no rank", None, "stdout", "[x]<stdout>:no rank", "[horovodrun] [x]<stdout>:no rank"),
     ],
 )  # fmt: skip
 def test_lines_are_parsed_and_shown_with_their_rank(raw, rank, stream, text, shown):

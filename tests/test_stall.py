@@ -110,6 +110,15 @@ def test_horovods_stall_warning_is_picked_out_of_the_output():
                                   "allreduce.a, allreduce.b")
 
 
+def test_horovods_stall_warning_is_read_through_the_rank_tag():
+    warnings = stall.HorovodWarnings()
+    for line in ["[1,0]<stderr>:[2026-12-01 12:00:00.000: W /tmp/horovod/common/stall_inspector.cc:105] One or more "
+                 "tensors were submitted to be reduced\n", "[1,0]<stderr>:Missing ranks:\n",
+                 "[1,0]<stderr>:1: [allreduce.after_the_wait]\n", "[1,1]<stdout>:next output\n"]:
+        assert warnings.feed(line) is ("next" not in line)
+    assert warnings.current() == "Horovod: rank 1 missing from allreduce.after_the_wait"
+
+
 def test_status_says_stalled_with_the_odd_ranks_out():
     record = stall.StallRecord(40, "rank 1 (node_2 pid 88) in wait_for_data at stall.py:14", "Horovod: rank 1 "
                                "missing from allreduce.x")

@@ -36,6 +36,7 @@ from launcher.core.protocol import (
     WORKDIR,
     WORKER_CLAIM_TIMEOUT_SECONDS,
 )
+from launcher.core.ranktag import TAG_OUTPUT
 
 ELASTIC_GLOO_TIMEOUT_SECONDS = 10
 """How long a rank waits on a silent peer before its collective fails (Horovod's default: 30 s). A killed worker's
@@ -116,10 +117,10 @@ def mpirun_argv(
     secrets: tuple[str, ...] = (),
     workdir: str | None = None,
 ) -> list[str]:
-    """The one mpirun command line of a job: the seed article's flags, NIC selection for Open MPI, NCCL and
-    Gloo (nic_selection), the user's variables (-x), the secret ones by name alone (mpirun hands their values from its
-    own environment to every rank), the stack's Horovod defaults the user did not set, the working directory, then
-    the command every rank runs."""
+    """The one mpirun command line of a job: the seed article's flags, each rank's lines tagged with its rank
+    (TAG_OUTPUT), NIC selection for Open MPI, NCCL and Gloo (nic_selection), the user's variables (-x), the secret
+    ones by name alone (mpirun hands their values from its own environment to every rank), the stack's Horovod
+    defaults the user did not set, the working directory, then the command every rank runs."""
     argv = [
         "mpirun",
         "-np",
@@ -130,6 +131,7 @@ def mpirun_argv(
         "none",
         "-map-by",
         "slot",
+        TAG_OUTPUT,  # every line a rank writes names its rank, for `launcher logs --rank` and `start --ranks`
         # Only the launching container holds the cluster's private key, so it starts every remote daemon.
         "--mca",
         "plm_rsh_no_tree_spawn",

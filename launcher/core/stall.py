@@ -13,6 +13,8 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
+from launcher.core.ranktag import untagged
+
 STALL_ACTIONS = ("warn", "fail")
 """What the agent does about a stall: record it and gather the stacks (warn), or also end the job (fail)."""
 MISSING_RANKS = "Missing ranks:"
@@ -37,7 +39,9 @@ class HorovodWarnings:
         self._missing: list[str] | None = None
 
     def feed(self, line: str) -> bool:
-        """Takes one line of output; True if it was part of a stall warning (which is no sign of progress)."""
+        """Takes one line of output (tagged with its rank or not); True if it was part of a stall warning (which is
+        no sign of progress)."""
+        line = untagged(line)
         if MISSING_RANKS in line:
             self._missing = []
             return True

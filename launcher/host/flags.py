@@ -74,6 +74,8 @@ START = {
     "autotune": "Horovod's autotuning of the fusion threshold, cycle time and more while the job trains; its log and "
     "what it chose go into the run folder (autotune.csv, autotune.json). Default: AUTOTUNE in .env.",
     "dry_run": "Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
+    "ranks": "Show only these ranks' lines of the job's output here, e.g. 0 or 0,3 (the job agent's own lines too); "
+    "the job's log keeps every rank's: `launcher logs --rank N` while the job runs (default: every line).",
 }
 
 LOGS = {
@@ -153,6 +155,7 @@ def start_settings(given: Mapping[str, Any], command: tuple[str, ...]) -> dict[s
         "push_image": given["push_image"],
         "detach": given["detach"],
         "keep_running": given["keep_running"],
+        "ranks": given["ranks"],
         "job": {
             **{name: given[name] for name in SAME_NAME_JOB_FLAGS},
             "command": command,

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from launcher.core import metrics
 from launcher.core.protocol import parse_job_end
+from launcher.core.ranktag import untagged
 from launcher.core.restart import restart_in
 from launcher.core.stall import StallRecord
 
@@ -60,11 +61,13 @@ def progress(job_log: str, metrics_text: str | None = None) -> str:
 
 
 def root_cause(job_log: str, workers: list[ContainerState]) -> str:
-    """The one line that says why a job failed, when it can be told."""
+    """The one line that says why a job failed, when it can be told; each line read as its rank wrote it (its rank
+    tag off)."""
     killed = [w.node for w in workers if not w.running and w.exit_code == 137]
     if killed:
         return f"{killed[0]}: its worker container was killed"
-    errors = [line.strip() for line in job_log.splitlines() if ERROR_LINE.match(line.strip())]
+    said = (untagged(line).strip() for line in job_log.splitlines())
+    errors = [line for line in said if ERROR_LINE.match(line)]
     # When one rank raises, the others then fail because Horovod shut down: the first other error is the cause.
     causes = [line for line in errors if "has been shut down" not in line]
     return (causes or errors or [""])[0]

@@ -17,7 +17,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
@@ -41,7 +41,7 @@ from launcher.core.protocol import (
     Signalled,
     parse_job_end,
 )
-from launcher.host import images, preflight, workdir
+from launcher.host import images, preflight, ranklogs, workdir
 from launcher.host.engines import Connect, Container, NodeDriver, NodeEngine, NodeError, connecting_line, on_each
 from launcher.host.plan import LABEL_CLUSTER, ClusterPlan, Node
 from launcher.host.preflight import Finding, NodeFacts, Severity
@@ -297,9 +297,12 @@ FOLLOW_ATTEMPTS = 5
 """How often the launcher re-attaches to a running job whose log stream broke (an engine connection dropped)."""
 
 
-def follow_job(engine: NodeEngine, container: Container, out: IO[str], relay: Say) -> JobEnd | None:
-    """Streams the agent's log from rank 0's container until the job ends: the job's output to `out`, the agent's
-    own lines to `relay`. Returns how the job ended, or None when rank 0's container ended first."""
+def follow_job(
+    engine: NodeEngine, container: Container, out: IO[str], relay: Say, ranks: Collection[int] | None = None
+) -> JobEnd | None:
+    """Streams the agent's log from rank 0's container until the job ends: the job's output to `out` (only the lines
+    of `ranks` where given: --ranks), the agent's own lines to `relay`. Returns how the job ended, or None when rank
+    0's container ended first."""
     received, pending = 0, b""
     for _ in range(FOLLOW_ATTEMPTS):
         _, stream = engine.exec_stream(container.id, [*AGENT, "follow", "--from", str(received)])
@@ -310,14 +313,15 @@ def follow_job(engine: NodeEngine, container: Container, out: IO[str], relay: Sa
                 text = line.decode(errors="replace")
                 if text.startswith(AGENT_PREFIX):
                     relay(text)
-                else:
+                elif ranklogs.in_view(text, ranks):
                     out.write(text + "\n")
             out.flush()
         end = parse_job_end(engine.read_file(container.id, JOB_STATUS))
         if end is not None or engine.worker_problem(container.id):
             break
-    if pending:
-        out.write(pending.decode(errors="replace"))
+    text = pending.decode(errors="replace")
+    if text and ranklogs.in_view(text, ranks):
+        out.write(text)
     return end
 
 
@@ -435,6 +439,11 @@ def start_agent(plan: ClusterPlan, engines: list[NodeEngine], containers: list[C
             f"detached: cluster {plan.cluster_id}; {ending}. Follow with `launcher logs --follow`, see how it went "
             "with `launcher status`, remove it with `launcher stop`"
         )
+    elif settings.shown_ranks is not None:
+        say(
+            f"shown here: rank(s) {','.join(map(str, sorted(settings.shown_ranks)))} of the job's output (--ranks); "
+            "every rank's while the job runs: `launcher logs --follow --rank N` (or --tee DIR)"
+        )
 
 
 def dry_run(
@@ -487,7 +496,7 @@ def launch(
         if watch:
             watch.start()
         try:
-            end = follow_job(engines[0], containers[0], out, relay)
+            end = follow_job(engines[0], containers[0], out, relay, settings.shown_ranks)
         finally:
             if watch:
                 watch.stop()

@@ -1,20 +1,22 @@
-"""A job's output by rank, for `launcher logs --rank N --grep TEXT --tee DIR`: which rank wrote a line, which lines
-are shown, and the file each goes to. Pure but for Tee, which writes the files.
+"""A job's output by rank, for `launcher logs --rank N --grep TEXT --tee DIR` and `launcher start --ranks 0,3`: which
+rank wrote a line, which lines are shown, and the file each goes to. Pure but for Tee, which writes the files.
 
-A line's rank is read from the prefixes the job's output carries: mpirun's `--tag-output` (`[1,3]<stdout>:`),
-elastic horovodrun's (`[3]<stderr>:`), or the bundled trainer's own (`12:00:01 [rank 3] ...`, its rank 0 alone logs).
+A line's rank is read from the prefixes the job's output carries: the rank tag (launcher/core/ranktag.py: mpirun's
+`--tag-output`, `[1,3]<stdout>:`, elastic horovodrun's, `[3]<stderr>:`), or the bundled trainer's own
+(`12:00:01 [rank 3] ...`, its rank 0 alone logs).
 A line with none (the job agent's, a script's untagged print) has no rank: --rank leaves it out.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-RANK_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:")
-"""mpirun's --tag-output prefix ([JOB,RANK]<stream>:) or horovodrun's ([RANK]<stream>:)."""
+from launcher.core.options import SettingsError
+from launcher.core.ranktag import tagged_rank
+
 TRAINER_RANK = re.compile(r"^(?:\S+ )?\[rank (\d+)\] ")
 """The bundled trainer's log lines: `HH:MM:SS [rank N] ...`."""
 OTHER = "other.log"
@@ -23,13 +25,33 @@ OTHER = "other.log"
 
 def rank_of(line: str) -> int | None:
     """The rank that wrote `line`, or None when it does not say."""
-    found = RANK_TAG.match(line) or TRAINER_RANK.match(line)
+    rank = tagged_rank(line)
+    if rank is not None:
+        return rank
+    found = TRAINER_RANK.match(line)
     return int(found.group(1)) if found else None
+
+
+def parse_ranks(text: str, source: str = "--ranks") -> frozenset[int]:
+    """The ranks a comma-separated list names (`0`, `0,3`); one SettingsError naming `source` and the fix for
+    anything else (a word, a negative number, no rank at all)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    wrong = next((item for item in items if not (item.isascii() and item.isdigit())), None)
+    if wrong is not None or not items:
+        what = f"{wrong!r} is not a rank" if wrong is not None else "it names no rank"
+        raise SettingsError(f"{source} {text!r}: {what}; pass rank numbers from 0, e.g. {source} 0 or {source} 0,3")
+    return frozenset(int(item) for item in items)
+
+
+def in_view(line: str, ranks: Collection[int] | None) -> bool:
+    """Whether `start --ranks` shows a line of the job's output live: every line without --ranks (None), else only
+    those one of `ranks` wrote (the job agent's own lines are relayed apart from the job's output)."""
+    return ranks is None or rank_of(line) in ranks
 
 
 def shown(line: str, rank: int | None, grep: str | None) -> bool:
     """Whether `line` is shown for --rank `rank` and --grep `grep` (None: no such filter)."""
-    return (rank is None or rank_of(line) == rank) and (grep is None or grep in line)
+    return in_view(line, None if rank is None else {rank}) and (grep is None or grep in line)
 
 
 def lines_of(texts: Iterable[str]) -> Iterator[str]:

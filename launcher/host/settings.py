@@ -21,6 +21,7 @@ from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
 from launcher.core.ranks import LAUNCHER, ranks_per_node
 from launcher.host import access
 from launcher.host.access import EngineTls, engine_override_key
+from launcher.host.ranklogs import parse_ranks
 from launcher.host.reach import CONNECT_TIMEOUT_S
 from launcher.host.workdir import IgnoreFileError, payload_bytes
 
@@ -124,6 +125,9 @@ class LaunchSettings:
     """Return once the job runs; the job ends by itself in the cluster."""
     keep_running: bool = False
     """The workers stay up after the job (with detach) until `launcher stop`."""
+    shown_ranks: frozenset[int] | None = None
+    """The ranks whose lines an attached start shows (--ranks), beside the job agent's own; None: the whole output.
+    The job's log in rank 0's container keeps every line either way."""
     connect_timeout: float = CONNECT_TIMEOUT_S
     """Seconds reaching a node's engine may take before the launcher gives up on it (CONNECT_TIMEOUT in .env)."""
     secret_values: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -189,6 +193,12 @@ class LaunchSettings:
             )
         if self.job.workdir is not None:
             self._check_workdir(Path(self.job.workdir))
+        most = sum(self.node_slots.get(node, self.ranks_per_node) for node in self.all_nodes)
+        if self.shown_ranks and max(self.shown_ranks) >= most:
+            raise SettingsError(
+                f"--ranks names rank {max(self.shown_ranks)}, but the job has at most {most} ranks: pass ranks from 0 "
+                f"to {most - 1}"
+            )
 
     @property
     def all_nodes(self) -> tuple[str, ...]:
@@ -329,6 +339,7 @@ def resolve_settings(
     push_image: bool = False,
     detach: bool = False,
     keep_running: bool = False,
+    ranks: str | None = None,
     insecure_engines: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> LaunchSettings:
@@ -378,6 +389,7 @@ def resolve_settings(
         push_image=push_image,
         detach=detach,
         keep_running=keep_running,
+        shown_ranks=None if ranks is None else parse_ranks(ranks),
         **{key: value for key, value in chosen.items() if value is not None},
     )
 

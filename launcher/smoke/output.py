@@ -1,6 +1,7 @@
 """horovodrun's output, line by line: which rank wrote it, and each rank's last error line (pure functions).
 
-horovodrun --gloo prefixes every line a rank writes with `[RANK]<stdout>:` or `[RANK]<stderr>:`, and writes
+horovodrun --gloo prefixes every line a rank writes with `[RANK]<stdout>:` or `[RANK]<stderr>:` (the rank tag,
+launcher/core/ranktag.py), and writes
 `Process RANK exit with status code N.` for each rank that exits non-zero, in the order they end.
 """
 
@@ -10,7 +11,8 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-RANK_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+from launcher.core.ranktag import split_tag
+
 RANK_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$")
 ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?|(?:error|fatal)\b.*)$", re.I)
 """A line that states an error: a Python exception's last traceback line (`RuntimeError: ...`), or `error: ...`."""
@@ -34,10 +36,8 @@ class Line:
 
 def parse(raw: str) -> Line:
     text = raw.rstrip("\r\n")
-    found = RANK_LINE.match(text)
-    if found:
-        return Line(int(found.group(1)), found.group(2), found.group(3))
-    return Line(None, "stdout", text)
+    tagged = split_tag(text)
+    return Line(*tagged) if tagged else Line(None, "stdout", text)
 
 
 def shown_driver_traceback(lines: list[Line]) -> list[str]:
