@@ -19,6 +19,7 @@ from launcher.core.job import JobSpec, Worker
 from launcher.core.options import SettingsError
 from launcher.core.protocol import (
     HOSTFILE_PATH,
+    JOB_LOG,
     JOB_LOST,
     JOB_PRIVATE_FILES,
     JOB_SPEC,
@@ -199,6 +200,16 @@ def test_an_elastic_job_below_its_minimum_names_the_lost_workers():
                             "`docker compose ps -a` shows how they ended")
     assert said[-2:] == ["job FAILED (exit status 1); the workers stop now",
                          f"results: {job.run_dir} (metrics.jsonl, curves.png, tb/, checkpoints/)"]
+
+
+def test_the_jobs_whole_output_is_kept_in_its_run_folder_before_its_end_is_told():
+    clock = Clock()
+    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
+    transport.files[JOB_LOG] = "[1,0]<stdout>:hello\n[1,1]<stdout>:hello\n"
+    end, _ = run(spec(run_folder="/shared/runs/c0ffee00"), clock, transport)
+    assert end == JobEnd(0)
+    assert transport.files["/shared/runs/c0ffee00/job.log"] == "[1,0]<stdout>:hello\n[1,1]<stdout>:hello\n"
+    assert list(transport.files).index("/shared/runs/c0ffee00/job.log") < list(transport.files).index(JOB_STATUS)
 
 
 def test_keep_running_leaves_the_workers_up():

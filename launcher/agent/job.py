@@ -37,12 +37,14 @@ from launcher.core.protocol import (
     HOME,
     HOSTFILE_PATH,
     HOSTKEYS_DIR,
+    JOB_LOG,
     JOB_LOST,
     JOB_PRIVATE_FILES,
     JOB_STALL,
     JOB_STATUS,
     KEEP_RUNNING,
     KEEPALIVE_INTERVAL_SECONDS,
+    KEPT_JOB_LOG,
     KNOWN_HOSTS,
     SILENCE_SECONDS,
     SSH_CONFIG,
@@ -539,8 +541,17 @@ class Agent:
             self.say(f"results: {spec.output_dir} (Horovod's records){where}")
         elif spec.results_hint:
             self.say(f"results: {spec.results_hint}")
+        self.keep_output()
         self.transport.write(JOB_STATUS, end.message() + "\n")
         self.wind_down(end, workers, patience)
+
+    def keep_output(self) -> None:
+        """The job's whole output (JOB_LOG, where the launcher's door keeps it) into its run folder: the containers
+        and their logs go when the job ends, the shared folder stays."""
+        folder = self.spec.run_folder
+        output = self.transport.read(JOB_LOG) if folder else None
+        if folder and output is not None:
+            self.transport.write(f"{folder}/{KEPT_JOB_LOG}", output)
 
     def horovod_records(self) -> None:
         """Where the run's timeline and autotune log are (--timeline, --autotune), each with what it shows in one

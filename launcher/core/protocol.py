@@ -100,6 +100,9 @@ JOB_PRIVATE_FILES = (CLUSTER_KEY, SECRETS_FILE, JOB_SPEC)
 the secrets (already gone once the agent read them) and the job's spec."""
 JOB_LOG = f"{HOME}/job.log"
 """The agent's and the job's output, in the multi-host launcher's rank-0 container (`launcher logs`, `status`)."""
+KEPT_JOB_LOG = "job.log"
+"""In the job's run folder: JOB_LOG as it was when the job ended (every rank's lines, tagged), kept after the
+containers are gone (`launcher results` brings it home)."""
 JOB_STATUS = f"{HOME}/job.status"
 """The job-end message, written once the job has ended, however it ended."""
 JOB_END_FILE = f"{HOME}/.job-ended"
