@@ -3,6 +3,7 @@
     .venv/bin/python -m tests.bench_launcher
     .venv/bin/python -m tests.bench_launcher --soak 20
     .venv/bin/python -m tests.bench_launcher --push
+    .venv/bin/python -m tests.bench_launcher --lost-node
 
 - time from `launcher start` to the first training step: cold (the image pushed to node_2) and warm;
 - how a worker killed mid-run, Ctrl-C and a taken SSH port end: exit status, seconds after the event,
@@ -10,6 +11,10 @@
 - --push: the cold launch (`--push-image` to nodes that start empty, to the first training step and to the end)
   for 1 node and for 3 nodes, side by side in one run: one export streams to every node at once, so 3 nodes should
   cost about what 1 does;
+- --lost-node: a node lost mid-run (its worker killed after epoch 2 of 12), two ways side by side in one run: the
+  job's agent restarting it on a warm spare (--max-restarts 1 --spares node_3), and the manual way (the job fails,
+  then the same start again on node_1,node_3 with --resume, at once, as if someone were watching): the seconds from
+  the loss to the first training step after it;
 - --soak N: N cycles of an attached start ended by Ctrl-C, then a detached start and `launcher stop`; what
   the launcher left on the nodes afterwards (containers, networks, volumes) and the wall time.
 """
@@ -121,9 +126,48 @@ def push_scaling() -> None:
         cluster.stop()
 
 
+def lost_node() -> None:
+    from tests.test_launcher_multihost import BackgroundLaunch, first_step_after, kill_worker
+
+    cluster = Cluster(Path("/var/lib/horovod-stack-test") / uuid.uuid4().hex[:8])
+    try:
+        cluster.start(2, spares=1)
+        env_file = str(cluster.env_file())
+
+        def training(name: str, *flags: str, resume: bool = False) -> BackgroundLaunch:
+            return BackgroundLaunch(cluster, "start", "--env-file", env_file, *flags, "--", "--dataset", "synthetic",
+                                    "--epochs", "12", "--checkpoint-dir", f"/shared/runs/{name}/ck",
+                                    *(["--resume"] if resume else []))
+
+        restarted = training("restarted", "--push-image", "--max-restarts", "1", "--spares", "node_3")
+        restarted.wait_for("epoch 2/12:", timeout=900)  # after the image's copy to all three
+        lost = kill_worker(cluster, "node_2")
+        spare_step = first_step_after(restarted, restarted.wait_for("resuming from")) - lost
+        spare_status, _, _ = restarted.finish()
+
+        failed = training("manual")
+        failed.wait_for("epoch 2/12:")
+        lost = kill_worker(cluster, "node_2")
+        failed_status, _, _ = failed.finish()
+        ended = time.monotonic() - lost
+        again = training("manual", "--nodes", "node_1,node_3", resume=True)  # the node left and the spare
+        manual_step = first_step_after(again, again.wait_for("resuming from")) - lost
+        again_status, _, _ = again.finish()
+        print("| a node lost after epoch 2 of 12 | the job | first training step after the loss |\n|---|---|---|\n"
+              f"| --max-restarts 1 --spares node_3 | went on (exit {spare_status}) | {spare_step:.0f} s |\n"
+              f"| manual re-run on node_1,node_3 --resume | failed (exit {failed_status}) {ended:.0f} s after the "
+              f"loss; the re-run exited {again_status} | {manual_step:.0f} s, plus the time until someone notices |",
+              flush=True)
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--push"]:
         push_scaling()
+        return
+    if sys.argv[1:2] == ["--lost-node"]:
+        lost_node()
         return
     cluster = Cluster(Path("/var/lib/horovod-stack-test") / uuid.uuid4().hex[:8])
     try:
