@@ -75,7 +75,8 @@ START = {
     "what it chose go into the run folder (autotune.csv, autotune.json). Default: AUTOTUNE in .env.",
     "dry_run": "Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
     "ranks": "Show only these ranks' lines of the job's output here, e.g. 0 or 0,3 (the job agent's own lines too); "
-    "the job's log keeps every rank's: `launcher logs --rank N` while the job runs (default: every line).",
+    "the job's log keeps every rank's: `launcher logs --rank N` while the job runs, job.log in its run folder after "
+    "(default: every line).",
 }
 
 LOGS = {
