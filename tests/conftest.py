@@ -73,6 +73,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                     "(tests/conftest.py)")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without xdist (the launcher installed alone) has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """xdist's own grouping (--dist loadgroup) renames node ids, which pytest 9.2 no longer allows; this scheduler
     groups by room instead: one work unit per room, so each of the two workers takes one."""
