@@ -35,9 +35,9 @@ USER_SCRIPT = Path(__file__).parent / "user_script"
 
 @pytest.fixture(scope="module")
 def cluster(test_hosts: Cluster):
-    """The shared test hosts with no image on any node: the first test refuses them for lacking it, the second has both
-    nodes pull it from a registry, the third pushes it to the spare (node_3) as it starts the job; every later test
-    finds it everywhere."""
+    """The shared test hosts with no image on any node: the first test refuses them for lacking it, the second pushes
+    it to both and the spare at once (one export, three loads), as a user's first start does; every later test finds
+    it there."""
     for node in test_hosts.every_node:
         if test_hosts.has_image(IMAGE, node):  # another module ran first on these hosts
             node.client().images.remove(IMAGE, force=True)
@@ -81,35 +81,6 @@ def test_node_without_image_is_refused(cluster):
     assert_nothing_left(cluster)
 
 
-def test_an_image_in_a_registry_is_pulled_on_every_node_that_lacks_it(cluster):
-    """Both nodes lack the image; IMAGE names it in a registry by digest: each pulls it, at once, and the job trains.
-    (Then the nodes keep it under its usual name, as `docker tag` would: the tests after this one run with it.)"""
-    from tests.registry import Registry
-
-    source_id = docker.from_env().images.get(IMAGE).id
-    with Registry() as registry:
-        pushed, digest = registry.push(IMAGE, "horovod-stack:pulled")
-        # By digest: the very build pushed, whatever the tag says by the time a node pulls.
-        remote = f"{cluster.bridge_address}:{registry.port}/horovod-stack@{digest}"
-        result = launcher(cluster, *start_args(cluster, "--image", remote), *TRAIN)
-        pulls = re.findall(r"(node_\d): pulled \S+ in (\d+) s", result.stderr)
-        print(f"\nregistry: pushed in {pushed:.0f} s; pulled on both nodes at once: {pulls}")
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert sorted(node for node, _ in pulls) == ["node_1", "node_2"]
-        assert [node.client().images.get(remote).id for node in cluster.nodes] == [source_id] * 2
-
-        no_such_tag = f"{cluster.bridge_address}:{registry.port}/horovod-stack:no-such-tag"
-        missing = launcher(cluster, *start_args(cluster, "--image", no_such_tag), *TRAIN)
-        assert missing.returncode == 1
-        assert error_lines(missing)[0].startswith(f"error: node_1: pulling {no_such_tag} failed (") and (
-            "check the name and tag, or push the image there first" in error_lines(missing)[0]), missing.stderr
-    for node in cluster.nodes:
-        pulled = node.client().images.get(remote)
-        pulled.tag(*IMAGE.rsplit(":", 1))
-        node.client().images.remove(remote)  # the layers stay: the image's usual name holds them
-    assert_nothing_left(cluster)
-
-
 def test_push_image_then_train_across_both_hosts(cluster):
     # Both engines report the host name gpu-server (tests/multihost.py), and node_1 runs two ranks: Open MPI, which
     # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
@@ -120,10 +91,10 @@ def test_push_image_then_train_across_both_hosts(cluster):
     assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
     assert "connecting to node_1 (ssh://node_1)" in result.stderr
     assert "node_1: engine reachable at ssh://node_1" in result.stderr
-    # Copied to the one node that lacks it (the spare), from this machine's engine.
-    assert re.search(r"node_3: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), result.stderr
-    assert "node_3: image loaded" in result.stderr and "node_1: image loaded" not in result.stderr
-    assert "is the same on all 3 nodes" in result.stderr
+    # One export from this machine's engine, streamed to the nodes' and the spare's loads at once.
+    assert re.search(r"node_1, node_2, node_3: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), \
+        result.stderr
+    assert all(f"{node}: image loaded" in result.stderr for node in ("node_1", "node_2", "node_3"))
     assert (f"node_1, node_2: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, node-2), so "
             "Open MPI tells the nodes apart") in result.stderr
     assert "parameters identical on all 3 ranks" in result.stdout
@@ -799,6 +770,31 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
     assert error_lines(failing)[0].startswith(
         "error: the job stalled: no output and no new metrics for "), failing.stderr[-3000:]
     assert "rank 1 (node_2 pid" in error_lines(failing)[0] and "in wait_for_data at stall.py:" in error_lines(failing)[0]
+    assert_nothing_left(cluster)
+
+
+def test_an_image_in_a_registry_is_pulled_on_every_node_that_lacks_it(cluster):
+    from tests.registry import Registry
+
+    source_id = docker.from_env().images.get(IMAGE).id
+    with Registry() as registry:
+        pushed, digest = registry.push(IMAGE, "horovod-stack:pulled")
+        # By digest: the very build pushed, whatever the tag says by the time a node pulls.
+        remote = f"{cluster.bridge_address}:{registry.port}/horovod-stack@{digest}"
+        result = launcher(cluster, *start_args(cluster, "--image", remote), *TRAIN)
+        pulls = re.findall(r"(node_\d): pulled \S+ in (\d+) s", result.stderr)
+        print(f"\nregistry: pushed in {pushed:.0f} s; pulled on both nodes at once: {pulls}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert sorted(node for node, _ in pulls) == ["node_1", "node_2"]
+        assert [node.client().images.get(remote).id for node in cluster.nodes] == [source_id] * 2
+
+        no_such_tag = f"{cluster.bridge_address}:{registry.port}/horovod-stack:no-such-tag"
+        missing = launcher(cluster, *start_args(cluster, "--image", no_such_tag), *TRAIN)
+        assert missing.returncode == 1
+        assert error_lines(missing)[0].startswith(f"error: node_1: pulling {no_such_tag} failed (") and (
+            "check the name and tag, or push the image there first" in error_lines(missing)[0]), missing.stderr
+    for node in cluster.nodes:
+        node.client().images.remove(remote)  # the layers stay: horovod-stack:latest holds them
     assert_nothing_left(cluster)
 
 
