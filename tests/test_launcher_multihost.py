@@ -86,7 +86,7 @@ def test_push_image_then_train_across_both_hosts(cluster):
     # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
     started = time.monotonic()
     result = launcher(cluster, *start_args(cluster, "--push-image", "--nodes", "node_1:2,node_2:1",
-                                           "--spares", "node_3"), *TRAIN)
+                                           "--spares", "node_3", "--max-restarts", "1"), *TRAIN)
     print(f"\nlaunch with push took {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
     assert "connecting to node_1 (ssh://node_1)" in result.stderr
