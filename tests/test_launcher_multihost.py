@@ -95,8 +95,8 @@ def test_push_image_then_train_across_both_hosts(cluster):
     assert re.search(r"node_1, node_2, node_3: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), \
         result.stderr
     assert all(f"{node}: image loaded" in result.stderr for node in ("node_1", "node_2", "node_3"))
-    assert (f"node_1, node_2: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, node-2), so "
-            "Open MPI tells the nodes apart") in result.stderr
+    assert (f"node_1, node_2, node_3: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, "
+            "node-2, node-3), so Open MPI tells the nodes apart") in result.stderr
     assert "parameters identical on all 3 ranks" in result.stdout
     summary = json.loads(node_file(cluster, "node_1", "/shared/runs/summary.json"))
     assert summary["final"]["val_accuracy"] >= 0.90
