@@ -163,11 +163,11 @@ def test_users_script_missing_on_the_nodes_is_named(cluster):
 def test_unreachable_node_fails_before_starting_anything(cluster):
     env_file = cluster.env_file()
     # A plain tcp:// engine off this machine needs INSECURE_ENGINES (tests/test_engine_access.py): allowed here.
-    env_file.write_text(env_file.read_text() + "DOCKER_HOST_NODE_3=tcp://10.213.7.99:2375\nINSECURE_ENGINES=1\n")
-    result = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_1,node_2,node_3", *TRAIN)
+    env_file.write_text(env_file.read_text() + "DOCKER_HOST_NODE_7=tcp://10.213.7.99:2375\nINSECURE_ENGINES=1\n")
+    result = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_1,node_2,node_7", *TRAIN)
     assert result.returncode == 1
-    assert error_lines(result) == ["error: node_3: cannot reach its Docker engine at tcp://10.213.7.99:2375 "
-                                   "(another address: DOCKER_HOST_NODE_3 in .env): no route to 10.213.7.99 (down, "
+    assert error_lines(result) == ["error: node_7: cannot reach its Docker engine at tcp://10.213.7.99:2375 "
+                                   "(another address: DOCKER_HOST_NODE_7 in .env): no route to 10.213.7.99 (down, "
                                    "or on a network this machine cannot reach)"]
     unknown = launcher(cluster, *start_args(cluster), "--nodes", "node_1,node_9", *TRAIN)
     assert unknown.returncode == 1
