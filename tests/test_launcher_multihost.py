@@ -623,7 +623,7 @@ def test_ctrl_c_during_doctor_links_removes_its_containers(cluster):
                                 "--link-seconds", "60"], env=cluster.launcher_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, preexec_fn=default_signal_dispositions)
     deadline = time.monotonic() + 120
-    while not all(cluster.project_containers().values()):  # the server on node_2, the probe on node_1
+    while not all(cluster.project_containers()[node.name] for node in cluster.nodes):  # node_2's server, node_1's probe
         assert time.monotonic() < deadline and process.poll() is None, process.communicate()
         time.sleep(0.5)
     process.send_signal(signal.SIGINT)
