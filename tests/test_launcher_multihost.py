@@ -980,31 +980,37 @@ def first_step_after(run: BackgroundLaunch, since: float, timeout: float = 180) 
 
 @pytest.mark.parametrize("loss", ["worker killed", "link down"])
 def test_a_fixed_job_that_loses_a_node_goes_on_on_a_warm_spare_from_its_checkpoint(cluster, loss):
-    """--max-restarts 1 --spares node_3: node_2 lost mid-run (its worker killed; or its link down, silence with no
-    TCP reset); the job's agent starts the job again on node_1 and the spare, whose worker was started and checked up
-    front, the trainer resuming after its last checkpointed epoch at the same world size; the job ends with exit
-    status 0, and the time from the loss to the first training step after it is printed."""
+    """SPARES=node_3 and MAX_RESTARTS=1 in .env: node_2 lost mid-run (its worker killed; or its link down, silence
+    with no TCP reset); the job's agent starts the job again on node_1 and the spare, whose worker was started and
+    checked up front, the trainer resuming after its last checkpointed epoch at the same world size; the job ends
+    with exit status 0, and the time from the loss to the first training step after it is printed."""
+    env_file = cluster.root / "spare.env"
+    env_file.write_text(cluster.env_file().read_text() + "SPARES=node_3\nMAX_RESTARTS=1\n")
     folder = f"/shared/runs/spare-{loss.split()[0]}-{int(time.time())}"
-    run = BackgroundLaunch(cluster, *start_args(cluster, "--max-restarts", "1", "--spares", "node_3"), "--",
-                           "--dataset", "synthetic", "--epochs", "12", "--checkpoint-dir", f"{folder}/ck",
-                           "--metrics-file", f"{folder}/metrics.jsonl")
-    run.wait_for("epoch 2/12:")
-    status = launcher(cluster, "status", "--env-file", str(cluster.env_file())).stdout
-    assert re.search(r"node_3: \S+ role=spare ", status), status
-    with contextlib.ExitStack() as lost:
-        gone = (kill_worker(cluster, "node_2") if loss == "worker killed"
-                else lost.enter_context(cluster.link_down(cluster.nodes[1])))
-        resumed = run.wait_for("resuming from", timeout=180)
-        stepped = first_step_after(run, resumed)
-        exit_status, output, stderr = run.finish()
+    run = BackgroundLaunch(cluster, "start", "--env-file", str(env_file), "--", "--dataset", "synthetic", "--epochs",
+                           "20", "--checkpoint-dir", f"{folder}/ck", "--metrics-file", f"{folder}/metrics.jsonl")
+    try:
+        run.wait_for("epoch 2/20:")
+        with contextlib.ExitStack() as lost:
+            gone = (kill_worker(cluster, "node_2") if loss == "worker killed"
+                    else lost.enter_context(cluster.link_down(cluster.nodes[1])))
+            resumed = run.wait_for("resuming from", timeout=180)
+            stepped = first_step_after(run, resumed)
+            status = launcher(cluster, "status", "--env-file", str(env_file)).stdout
+            exit_status, output, stderr = run.finish()
+    finally:
+        if run.process.poll() is None:  # a failed assertion: the next test starts on clean nodes
+            launcher(cluster, "stop", "--env-file", str(env_file))
+            run.finish()
     print(f"\n{loss} on node_2: training again on node_1,node_3 {stepped - gone:.1f} s later (resumed after "
           f"{resumed - gone:.1f} s); exit status {exit_status}")
+    assert re.search(r"node_3: \S+ role=spare ", status), status
     assert exit_status == 0, stderr[-3000:] + output[-3000:]
     [line] = [line for line in stderr.splitlines() if "restart 1/1: " in line]
     reason = "node_2 went silent" if loss == "link down" else "node_2's worker was lost"
     assert f"restart 1/1: {reason}; resuming after epoch " in line and line.endswith(" on node_1,node_3"), line
     records = [json.loads(line) for line in node_file(cluster, "node_1", f"{folder}/metrics.jsonl").splitlines()]
-    assert [record["epoch"] for record in records] == list(range(1, 13))
+    assert [record["epoch"] for record in records] == list(range(1, 21))
     assert {record["world_size"] for record in records} == {2}
     assert records[-1]["val_accuracy"] >= 0.9
     assert_nothing_left(cluster)
