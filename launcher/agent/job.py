@@ -550,7 +550,7 @@ class Agent:
         and their logs go when the job ends, the shared folder stays."""
         folder = self.spec.run_folder
         output = self.transport.read(JOB_LOG) if folder else None
-        if folder and output is not None:
+        if output is not None:
             self.transport.write(f"{folder}/{KEPT_JOB_LOG}", output)
 
     def horovod_records(self) -> None:

@@ -156,7 +156,7 @@ def check_nodes(
     unchecked = ClusterPlan.of(settings, cluster_id="-")
     checked = on_each(
         list(zip(engines, facts, strict=True)),
-        lambda node: host_facts(unchecked, *node) if node[1].image_id else node[1],
+        lambda engine_fact: host_facts(unchecked, *engine_fact) if engine_fact[1].image_id else engine_fact[1],
     )
     for fact in checked:
         if fact.image_id is None:

@@ -189,7 +189,7 @@ class ClusterPlan:
         return self.settings.ranks_per_node
 
     def slots(self, node: Node) -> int:
-        return node.slots or self.slots_per_node
+        return self.settings.ranks_on(node.name)
 
     @property
     def total_ranks(self) -> int:

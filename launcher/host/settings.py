@@ -193,7 +193,7 @@ class LaunchSettings:
             )
         if self.job.workdir is not None:
             self._check_workdir(Path(self.job.workdir))
-        most = sum(self.node_slots.get(node, self.ranks_per_node) for node in self.all_nodes)
+        most = sum(self.ranks_on(node) for node in self.all_nodes)
         if self.shown_ranks and max(self.shown_ranks) >= most:
             raise SettingsError(
                 f"--ranks names rank {max(self.shown_ranks)}, but the job has at most {most} ranks: pass ranks from 0 "
@@ -223,6 +223,10 @@ class LaunchSettings:
     def ranks_per_node(self) -> int:
         """Ranks on a node without a count of its own: one per GPU, else the slots, else 1 (core/ranks.py)."""
         return ranks_per_node(self.slots, self.gpus_per_node, LAUNCHER)
+
+    def ranks_on(self, node: str) -> int:
+        """The ranks `node` runs: its own count (node:RANKS, a hostfile's slots), else ranks_per_node."""
+        return self.node_slots.get(node, self.ranks_per_node)
 
     @staticmethod
     def _check_workdir(folder: Path) -> None:
