@@ -22,14 +22,53 @@ from pathlib import Path
 import docker
 import psutil
 
-BRIDGE = "hstbr0"
-SUBNET = "10.213.7"
 NIC = "hst0"
-HOSTS_MARK = "# horovod-stack test node"
+"""Each node's one NIC, inside its namespace."""
 SHARED_HOST_NAME = "gpu-server"
 """The host name every test host's engine reports."""
 PRIVATE_ENGINE = Path("/opt/horovod-stack/engine/root/usr")
 """Where scripts/host-setup.sh unpacks Debian 13's engine when the host has none of its own."""
+
+
+TEST_ROOT = Path("/var/lib/horovod-stack-test")
+
+
+@dataclass(frozen=True)
+class Network:
+    """The names one harness takes on this machine: its bridge, subnet, namespaces, veths, /etc/hosts lines, folder
+    and node names. Each harness has a number of its own, so two run at once (the test hosts every multi-host module
+    shares, and a module's own) and each removes only what is its own."""
+
+    number: int = 0
+    node_prefix: str = "node"
+
+    @property
+    def bridge(self) -> str:
+        return f"hstbr{self.number}"
+
+    @property
+    def subnet(self) -> str:
+        """The first three octets: nodes are .11 and up, this machine's end of the bridge .1."""
+        return f"10.213.{7 + self.number}"
+
+    @property
+    def namespace_prefix(self) -> str:
+        return f"hst{self.number}-"
+
+    @property
+    def hosts_mark(self) -> str:
+        return f"# horovod-stack test node, harness {self.number}"
+
+    @property
+    def folder(self) -> Path:
+        return TEST_ROOT / f"harness-{self.number}"
+
+    def veth(self, index: int) -> str:
+        """This machine's end of node `index`'s link."""
+        return f"hst{self.number}v{index}"
+
+    def node(self, index: int) -> TestNode:
+        return TestNode(f"{self.node_prefix}_{index}", index, self)
 
 
 def engine_env() -> dict[str, str]:
@@ -50,15 +89,20 @@ class TestNode:
 
     name: str
     index: int
-    root: Path
+    network: Network
+    root: Path = Path()
 
     @property
     def namespace(self) -> str:
-        return f"hst-{self.name.replace('_', '')}"
+        return f"{self.network.namespace_prefix}{self.name.replace('_', '')}"
 
     @property
     def address(self) -> str:
-        return f"{SUBNET}.{10 + self.index}"
+        return f"{self.network.subnet}.{10 + self.index}"
+
+    @property
+    def veth(self) -> str:
+        return self.network.veth(self.index)
 
     @property
     def socket(self) -> Path:
@@ -78,6 +122,7 @@ class TestNode:
 @dataclass
 class Cluster:
     root: Path
+    network: Network = field(default_factory=Network)
     nodes: list[TestNode] = field(default_factory=list)
     """The nodes a job runs on (NODES in env_file)."""
     spares: list[TestNode] = field(default_factory=list)
@@ -92,22 +137,24 @@ class Cluster:
 
     def start(self, count: int = 2, spares: int = 0) -> None:
         self.teardown_leftovers()
-        sh("ip", "link", "add", BRIDGE, "type", "bridge")
-        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
-        sh("ip", "link", "set", BRIDGE, "up")
+        bridge = self.network.bridge
+        sh("ip", "link", "add", bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{self.bridge_address}/24", "dev", bridge)
+        sh("ip", "link", "set", bridge, "up")
         # dockerd sets FORWARD to DROP and bridged frames pass iptables: let the nodes talk to each other.
-        sh("iptables", "-I", "FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT")
+        sh("iptables", "-I", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT")
         hosts = []
         for index in range(1, count + spares + 1):
-            node = TestNode(f"node_{index}", index, self.root / f"node_{index}")
+            node = self.network.node(index)
+            node.root = self.root / node.name
             node.root.mkdir(parents=True)
             sh("ip", "netns", "add", node.namespace)
-            sh("ip", "link", "add", f"hstv{index}", "type", "veth", "peer", "name", NIC, "netns", node.namespace)
-            sh("ip", "link", "set", f"hstv{index}", "master", BRIDGE, "up")
+            sh("ip", "link", "add", node.veth, "type", "veth", "peer", "name", NIC, "netns", node.namespace)
+            sh("ip", "link", "set", node.veth, "master", bridge, "up")
             sh("ip", "-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", NIC)
             sh("ip", "-n", node.namespace, "link", "set", NIC, "up")
             sh("ip", "-n", node.namespace, "link", "set", "lo", "up")
-            hosts.append(f"{node.address} {node.name} {HOSTS_MARK}\n")
+            hosts.append(f"{node.address} {node.name} {self.network.hosts_mark}\n")
             (self.nodes if index <= count else self.spares).append(node)
         with open("/etc/hosts", "a") as etc_hosts:
             etc_hosts.writelines(hosts)
@@ -130,7 +177,7 @@ class Cluster:
                               "dockerd", "--data-root", str(node.root / "data"), "--exec-root",
                               str(node.root / "exec"), "--pidfile", str(node.root / "dockerd.pid"), "-H",
                               node.engine_url, "--bridge=none", "--iptables=false", "--ip6tables=false",
-                              "--insecure-registry", f"{SUBNET}.0/24"),  # tests/registry.py, over plain HTTP
+                              "--insecure-registry", f"{self.network.subnet}.0/24"),  # tests/registry.py, over plain HTTP
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=engine_env()))
         deadline = time.monotonic() + 60
         while True:
@@ -179,7 +226,7 @@ class Cluster:
     @property
     def bridge_address(self) -> str:
         """This machine's address on the test network (where tests/registry.py serves)."""
-        return f"{SUBNET}.1"
+        return f"{self.network.subnet}.1"
 
     def launcher_env(self) -> dict[str, str]:
         """Environment for running `launcher` against these nodes: node_1 over ssh://, the rest by override."""
@@ -261,7 +308,7 @@ class Cluster:
     def shaped(self, mbit: float) -> Iterator[None]:
         """Every node's link limited to `mbit` each way for the block (tc token buckets on both ends of its veth, as
         app.bench.netns shapes the benches' links: a slow LAN), then unshaped again."""
-        ends = [(["tc"], f"hstv{node.index}") for node in self.nodes]
+        ends = [(["tc"], node.veth) for node in self.nodes]
         ends += [(["tc", "-n", node.namespace], NIC) for node in self.nodes]
         for tc, device in ends:
             sh(*tc, "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb",
@@ -314,33 +361,33 @@ class Cluster:
                 sh("umount", "-l", target, check=False)
         for namespace in sh("ip", "netns", "list", check=False).stdout.split("\n"):
             name = namespace.split(" ")[0]
-            if name.startswith("hst-node"):
+            if name.startswith(self.network.namespace_prefix):
                 sh("ip", "netns", "delete", name, check=False)
-        sh("ip", "link", "delete", BRIDGE, check=False)
-        while sh("iptables", "-D", "FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT", check=False).returncode == 0:
+        bridge = self.network.bridge
+        sh("ip", "link", "delete", bridge, check=False)
+        while sh("iptables", "-D", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT", check=False).returncode == 0:
             pass
         lines = Path("/etc/hosts").read_text().splitlines(keepends=True)
-        kept = [line for line in lines if HOSTS_MARK not in line]
+        kept = [line for line in lines if not line.rstrip("\n").endswith(self.network.hosts_mark)]
         if kept != lines:
             Path("/etc/hosts").write_text("".join(kept))
 
 
-TEST_ROOT = Path("/var/lib/horovod-stack-test")
 IMAGE_COPY_BYTES = 7 * 1024**3
 """Each node engine holds a copy of the image (about 6.7 GB)."""
 
 
 @contextlib.contextmanager
-def started_cluster(count: int = 2, spares: int = 0) -> Iterator[Cluster]:
-    """A fresh harness of `count` test hosts and `spares` more, refused up front when the disk cannot hold their copies
-    of the image (and 2 GB to spare); removed however the block ends."""
+def started_cluster(count: int = 2, spares: int = 0, network: Network = Network(), reserve: int = 0) -> Iterator[Cluster]:
+    """A fresh harness of `count` test hosts and `spares` more on `network`, refused up front when the disk cannot hold
+    their copies of the image, `reserve` bytes more and 2 GB to spare; removed however the block ends."""
     TEST_ROOT.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(TEST_ROOT).free
-    needed = (count + spares) * IMAGE_COPY_BYTES + 2 * 1024**3
+    needed = (count + spares) * IMAGE_COPY_BYTES + reserve + 2 * 1024**3
     if free < needed:
         raise RuntimeError(f"the test hosts need {needed / 1024**3:.0f} GiB free under {TEST_ROOT}, only "
                            f"{free / 1024**3:.1f} GiB is: free disk space (docker image prune, old checkouts)")
-    harness = Cluster(TEST_ROOT / uuid.uuid4().hex[:8])
+    harness = Cluster(network.folder / uuid.uuid4().hex[:8], network)
     try:
         harness.start(count=count, spares=spares)
         yield harness

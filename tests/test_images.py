@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
-from launcher.host import images
+from launcher.host import images, launch
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError
 from launcher.host.settings import resolve_settings
 from launcher.host.engines import NodeError, pull_failure
-from tests.conftest import StandInEngine as Engine
+from tests.conftest import StandInEngine as Engine, launch_settings
 
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -88,6 +88,17 @@ def test_pulls_run_on_every_node_and_a_missing_tag_is_one_line():
     assert str(refused.value) == ("node_1: pulling registry.example:5000/missing:1 failed (manifest unknown); check "
                                   "the name and tag, or push the image there first (docker push "
                                   "registry.example:5000/missing:1)")
+
+
+def test_only_the_nodes_that_lack_a_registry_image_pull_it():
+    hosts = {"node_1": "10.0.0.1", "node_2": "10.0.0.2"}  # both names resolve on both nodes
+    has, lacks = Engine("node_1", resolves=hosts), Engine("node_2", image=None, resolves=hosts)
+    said: list[str] = []
+    settings = launch_settings(nodes=("node_1", "node_2"), image="registry.example:5000/img:1")
+    launch.check_nodes(settings, [has, lacks], say=said.append)
+    assert (has.pulled, lacks.pulled) == ([], ["registry.example:5000/img:1"])
+    assert [line for line in said if " pulled " in line] == ["node_2: pulled registry.example:5000/img:1 in 0 s"]
+    assert "image registry.example:5000/img:1 (0123456789ab) is the same on all 2 nodes" in said
 
 
 @pytest.mark.parametrize("why, fix", [

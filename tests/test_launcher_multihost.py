@@ -19,7 +19,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import docker
 import pytest
 
 from tests.multihost import SHARED_HOST_NAME, Cluster
@@ -36,8 +35,8 @@ USER_SCRIPT = Path(__file__).parent / "user_script"
 @pytest.fixture(scope="module")
 def cluster(test_hosts: Cluster):
     """The shared test hosts with no image on any node: the first test refuses them for lacking it, the second pushes
-    it to both nodes at once (one export, two loads), as a user's first start does; the registry test has the spare
-    pull it. Every test after those finds it there."""
+    it to both and the spare at once (one export, three loads), as a user's first start does; every later test finds
+    it there. (A pull from a registry has a test host of its own: tests/test_registry_pull.py.)"""
     for node in test_hosts.every_node:
         if test_hosts.has_image(IMAGE, node):  # another module ran first on these hosts
             node.client().images.remove(IMAGE, force=True)
@@ -85,16 +84,18 @@ def test_push_image_then_train_across_both_hosts(cluster):
     # Both engines report the host name gpu-server (tests/multihost.py), and node_1 runs two ranks: Open MPI, which
     # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
     started = time.monotonic()
-    result = launcher(cluster, *start_args(cluster, "--push-image", "--nodes", "node_1:2,node_2:1"), *TRAIN)
+    result = launcher(cluster, *start_args(cluster, "--push-image", "--nodes", "node_1:2,node_2:1",
+                                           "--spares", "node_3", "--max-restarts", "1"), *TRAIN)
     print(f"\nlaunch with push took {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
     assert "connecting to node_1 (ssh://node_1)" in result.stderr
     assert "node_1: engine reachable at ssh://node_1" in result.stderr
-    # One export from this machine's engine, streamed to both nodes' loads at once.
-    assert re.search(r"node_1, node_2: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), result.stderr
-    assert "node_1: image loaded" in result.stderr and "node_2: image loaded" in result.stderr
-    assert (f"node_1, node_2: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, node-2), so "
-            "Open MPI tells the nodes apart") in result.stderr
+    # One export from this machine's engine, streamed to the nodes' and the spare's loads at once.
+    assert re.search(r"node_1, node_2, node_3: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), \
+        result.stderr
+    assert all(f"{node}: image loaded" in result.stderr for node in ("node_1", "node_2", "node_3"))
+    assert (f"node_1, node_2, node_3: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, "
+            "node-2, node-3), so Open MPI tells the nodes apart") in result.stderr
     assert "parameters identical on all 3 ranks" in result.stdout
     summary = json.loads(node_file(cluster, "node_1", "/shared/runs/summary.json"))
     assert summary["final"]["val_accuracy"] >= 0.90
@@ -768,37 +769,6 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
     assert error_lines(failing)[0].startswith(
         "error: the job stalled: no output and no new metrics for "), failing.stderr[-3000:]
     assert "rank 1 (node_2 pid" in error_lines(failing)[0] and "in wait_for_data at stall.py:" in error_lines(failing)[0]
-    assert_nothing_left(cluster)
-
-
-def test_an_image_in_a_registry_is_pulled_on_every_node_that_lacks_it(cluster):
-    """IMAGE names the image in a registry: the spare (node_3) lacks it and pulls it; node_1 holds it under that name
-    already (as after an earlier pull) and is not pulled again; the job trains on both. The spare keeps the image
-    for the tests after this one."""
-    from tests.registry import Registry
-
-    source_id = docker.from_env().images.get(IMAGE).id
-    node_1, spare = cluster.nodes[0], cluster.spares[0]
-    with Registry() as registry:
-        pushed, _ = registry.push(IMAGE, "horovod-stack:pulled")
-        repository = f"{cluster.bridge_address}:{registry.port}/horovod-stack"
-        remote = f"{repository}:pulled"
-        node_1.client().images.get(IMAGE).tag(repository, "pulled")
-        result = launcher(cluster, *start_args(cluster, "--image", remote, "--nodes", "node_1,node_3"), *TRAIN)
-        pulls = re.findall(r"(node_\d): pulled \S+ in (\d+) s", result.stderr)
-        print(f"\nregistry: pushed in {pushed:.0f} s; pulled where it lacked: {pulls}")
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert [node for node, _ in pulls] == ["node_3"], result.stderr[-3000:]
-        assert spare.client().images.get(remote).id == source_id
-
-        no_such_tag = f"{repository}:no-such-tag"
-        missing = launcher(cluster, *start_args(cluster, "--image", no_such_tag), *TRAIN)
-        assert missing.returncode == 1
-        assert error_lines(missing)[0].startswith(f"error: node_1: pulling {no_such_tag} failed (") and (
-            "check the name and tag, or push the image there first" in error_lines(missing)[0]), missing.stderr
-    spare.client().images.get(remote).tag(*IMAGE.rsplit(":", 1))
-    for node in (node_1, spare):
-        node.client().images.remove(remote)  # the layers stay: the image's usual name holds them
     assert_nothing_left(cluster)
 
 

@@ -29,7 +29,7 @@ import docker
 import pytest
 import yaml
 
-from tests.multihost import NIC, SUBNET, Cluster, TestNode
+from tests.multihost import NIC, Cluster, Network, TestNode
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +42,8 @@ LAUNCHER = str(Path(sys.executable).parent / "launcher")
 NAMESPACE = "default"
 LABEL = "horovod-stack.test-mpijob"
 POD_NETWORK = "mpijob-pods"
+SUBNET = Network().subnet
+"""The shared test hosts' subnet (tests/conftest.py's test_hosts), where the pods get addresses too."""
 LAUNCHER_POD_ADDRESS = f"{SUBNET}.130"
 """Worker i's pod has .131+i; the node engines' IPAM hands out nothing below .128."""
 
