@@ -247,7 +247,7 @@ def stacks(
 def logs(
     nodes: str | None = typer.Option(None, help=flags.NODES),
     hostfile: Path | None = typer.Option(None, help=flags.HOSTFILE),
-    node: str | None = typer.Option(None, help="Whose worker to show (default: rank 0's node)."),
+    node: str | None = typer.Option(None, help=flags.LOGS["node"]),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
     tail: int | None = typer.Option(
         None,
@@ -270,13 +270,12 @@ def logs(
     if problem:
         fail(problem, 2)
     try:
-        chunks = clusters.logs(engines_of(settings), node, follow, tail)
-        if rank is None and grep is None and tee is None:
-            write_out(chunks)
-        else:
-            ranklogs.relay(streams.decoded(chunks), sys.stdout, rank, grep, ranklogs.Tee(tee) if tee else None)
+        own, job = clusters.logs(engines_of(settings), node, follow, tail)
+        note = ranklogs.show(own, job, sys.stdout, rank, grep, ranklogs.Tee(tee) if tee else None, node)
     except clusters.ClusterError as error:
         fail(str(error))
+    if note:
+        echo_to_stderr(f"note: {note}")
 
 
 @app.command("doctor")

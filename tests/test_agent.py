@@ -338,6 +338,7 @@ def test_discovery_and_the_hostfile_give_each_worker_its_own_rank_count(tmp_path
     end, said = run(spec(workers=workers), clock, transport)
     assert transport.files[HOSTFILE_PATH] == "10.0.0.1 slots=4\n10.0.0.2 slots=2\n"
     assert "hostfile: 10.0.0.1:4 10.0.0.2:2" in said
+    assert "ranks by node: node_1 0-3, node_2 4-5" in said  # what `launcher logs --node` goes by
 
 
 def test_a_job_past_its_time_limit_is_ended_with_every_ranks_stack_and_exit_status_124():

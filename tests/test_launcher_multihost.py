@@ -282,6 +282,10 @@ def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cl
     print(status.stdout)
     assert "failed (exit status 1): RuntimeError: user script failed on purpose on rank 1" in status.stdout
     assert "succeeded (exit status 0)" in status.stdout
+    by_node = {node: launcher(cluster, "logs", "--env-file", str(cluster.env_file()), "--node", node).stdout
+               for node in ("node_1", "node_2")}  # rank 0 ran on node_1, rank 1 on node_2
+    assert "[1,1]<stderr>:RuntimeError: user script failed on purpose on rank 1" in by_node["node_2"], by_node
+    assert "failed on purpose" not in by_node["node_1"] and "[1,0]<" not in by_node["node_2"], by_node
     stop = launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
     assert stop.returncode == 0 and "node_1: removed 2 container(s)" in stop.stdout
     assert_nothing_left(cluster)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from itertools import chain
 
 import pytest
 
@@ -104,12 +105,12 @@ def test_status_reads_the_end_of_a_long_log_for_the_last_epoch_and_the_error():
 
 def test_logs_show_the_whole_output_or_its_last_lines():
     log = b"".join(b"line %d\n" % number for number in range(1, 2001))
-    assert b"".join(clusters.logs([Rank0Node(log, "exit status 0")], None, False)) == b"worker: sshd up\n" + log
-    last = b"".join(clusters.logs([Rank0Node(log, "exit status 0")], None, False, tail=2))
+    assert b"".join(chain(*clusters.logs([Rank0Node(log, "exit status 0")], None, False))) == b"worker: sshd up\n" + log
+    last = b"".join(chain(*clusters.logs([Rank0Node(log, "exit status 0")], None, False, tail=2)))
     assert last == b"worker: sshd up\nline 1999\nline 2000\n"
 
 
 def test_following_a_running_job_streams_from_the_agent_not_the_file():
     node = Rank0Node(b"line\n" * 10_000, None, running=True)
-    assert b"".join(clusters.logs([node], None, True)) == b"worker: sshd up\nfollowed\n"
+    assert b"".join(chain(*clusters.logs([node], None, True))) == b"worker: sshd up\nfollowed\n"
     assert node.followed and node.chunks_read == 0

@@ -83,6 +83,62 @@ def test_without_tee_nothing_is_written(tmp_path):
     assert out.getvalue() == "[1,0]<stdout>:y\n" and list(tmp_path.iterdir()) == []
 
 
+# --- logs --node: the lines of the ranks that ran on a node ----------------------------------------------------------
+RESTARTED_JOB = [
+    "[agent 12:00:00] hostfile: 10.0.0.1:2 10.0.0.2:1\n",
+    "[agent 12:00:00] ranks by node: node_1 0-1, node_2 2\n",
+    "[1,0]<stdout>:epoch 1\n", "[1,2]<stdout>:node_2 here\n", "12:00:03 [rank 0] epoch 1 done\n",
+    "[agent 12:00:09] restart 1/1: node_2's worker was lost; resuming after epoch 1 on node_1,node_3\n",
+    "[agent 12:00:10] ranks by node: node_1 0-1, node_3 2\n",
+    "[1,2]<stdout>:node_3 here\n", "[1,1]<stderr>:rank 1 warns\n",
+]
+
+
+@pytest.mark.parametrize("node, rank, grep, shown", [
+    ("node_2", None, None, ["[1,2]<stdout>:node_2 here\n"]),
+    ("node_3", None, None, ["[1,2]<stdout>:node_3 here\n"]),   # a restart's ranks are the spare's
+    ("node_1", None, None, ["[1,0]<stdout>:epoch 1\n", "12:00:03 [rank 0] epoch 1 done\n",
+                            "[1,1]<stderr>:rank 1 warns\n"]),
+    ("node_1", 1, None, ["[1,1]<stderr>:rank 1 warns\n"]),
+    ("node_1", None, "epoch", ["[1,0]<stdout>:epoch 1\n", "12:00:03 [rank 0] epoch 1 done\n"]),
+    ("node_9", None, None, []),
+])
+def test_node_keeps_the_lines_of_the_ranks_placed_there_as_each_run_placed_them(node, rank, grep, shown):
+    out = io.StringIO()
+    ranklogs.relay(["".join(RESTARTED_JOB)], out, rank, grep, node=ranklogs.NodeView(node))
+    assert out.getvalue() == "".join(shown)
+
+
+@pytest.mark.parametrize("counts, line", [
+    ([("node_1", 2), ("node_2", 1)], "ranks by node: node_1 0-1, node_2 2"),
+    ([("node_1", 1)], "ranks by node: node_1 0"),
+    ([("10.0.0.1", 4), ("10.0.0.2", 4)], "ranks by node: 10.0.0.1 0-3, 10.0.0.2 4-7"),
+])
+def test_a_placement_line_says_which_ranks_each_node_runs_and_reads_back(counts, line):
+    from launcher.core.ranks import placement_line, read_placement
+
+    assert placement_line(counts) == line
+    first = 0
+    expected = {}
+    for node, count in counts:
+        expected[node], first = range(first, first + count), first + count
+    assert read_placement(line) == expected
+    assert read_placement("hostfile: 10.0.0.1:1") is None and read_placement("ranks by node: node_1 x") is None
+
+
+def test_logs_node_shows_the_workers_own_output_then_its_ranks_lines_or_says_why_none():
+    out = io.StringIO()
+    own = [b"[worker 12:00:00] sshd listening\n"]
+    note = ranklogs.show(own, ["".join(RESTARTED_JOB).encode()], out, None, None, None, "node_2")
+    assert (out.getvalue(), note) == ("[worker 12:00:00] sshd listening\n[1,2]<stdout>:node_2 here\n", None)
+    elastic = [b"[agent 12:00:00] running: horovodrun ...\n[1]<stdout>:epoch 1\n"]
+    note = ranklogs.show([], elastic, io.StringIO(), None, None, None, "node_2")
+    assert note is not None and note.startswith("no line of the job's output is placed on node_2: an elastic job's")
+    whole = io.StringIO()
+    assert ranklogs.show(own, [b"[1,2]<stdout>:x\n"], whole, None, None, None, None) is None
+    assert whole.getvalue() == "[worker 12:00:00] sshd listening\n[1,2]<stdout>:x\n"
+
+
 def test_logs_takes_the_new_options():
     from tests.test_docs import cli_options
 

@@ -341,6 +341,7 @@ def test_a_spare_is_checked_before_it_is_needed_then_takes_the_lost_nodes_place(
     assert any(address == S4.address and "probe" in command for address, command in transport.commands[:40])
     assert "restart 1/2: node_2's worker was lost; starting over on node_1,node_4,node_3" in said
     assert transport.files["/home/mpiuser/hostfile"] == "10.0.0.1 slots=1\n10.0.0.4 slots=1\n10.0.0.3 slots=1\n"
+    assert "ranks by node: node_1 0, node_4 1, node_3 2" in said  # the spare runs the lost node's rank now
     assert not any(line.startswith("waiting up to") for line in said)
     assert transport.lines[S5.address].last_word == "exit status 0"  # the unused spare is told, and stops
 

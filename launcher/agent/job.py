@@ -54,6 +54,7 @@ from launcher.core.protocol import (
     JobEnd,
     Signalled,
 )
+from launcher.core.ranks import placement_line
 
 DISCOVERY_SSH_TIMEOUT = 2
 REFUSED_JOB_PATIENCE_SECONDS = 30
@@ -258,6 +259,8 @@ class Agent:
         self.running = {worker.address for worker in ready}
         self.transport.write(HOSTFILE_PATH, hostfile(ready, spec.slots))
         self.say(f"hostfile: {' '.join(f'{worker.address}:{spec.slots_of(worker)}' for worker in ready)}")
+        if not spec.elastic:  # an elastic job's ranks move with each reset; horovodrun places them
+            self.say(placement_line([(worker.name, spec.slots_of(worker)) for worker in ready]))
         self.say(f"running: {' '.join(argv)}")
         watch = ElasticClaims(self) if spec.elastic else None
         lifelines = LifelineWatch(self)

@@ -53,3 +53,35 @@ def ranks_per_node(slots: int | None, gpus: int, names: RankNames) -> int:
     if problem:
         raise SettingsError(problem)
     return gpus or slots or 1
+
+
+# --- where each rank runs -----------------------------------------------------------------------------------------
+PLACEMENT = "ranks by node: "
+"""How the job agent's line starts that says, as each run of a fixed-size job starts, which ranks each node runs:
+`ranks by node: node_1 0-1, node_2 2`. `launcher logs --node` reads it from the job's output, so a restart on other
+nodes moves the ranks it shows."""
+
+
+def placement_line(counts: list[tuple[str, int]]) -> str:
+    """The placement of ranks on nodes given in hostfile order with their rank counts, as mpirun's `-map-by slot`
+    places them: the first node's ranks first."""
+    parts, first = [], 0
+    for node, count in counts:
+        last = first + count - 1
+        parts.append(f"{node} {first}" if count == 1 else f"{node} {first}-{last}")
+        first = last + 1
+    return PLACEMENT + ", ".join(parts)
+
+
+def read_placement(text: str) -> dict[str, range] | None:
+    """Each node's ranks from a placement line (what follows PLACEMENT), or None when `text` is not one."""
+    if not text.startswith(PLACEMENT):
+        return None
+    placement = {}
+    for part in text[len(PLACEMENT) :].split(", "):
+        node, _, ranks = part.strip().rpartition(" ")
+        first, _, last = ranks.partition("-")
+        if not node or not first.isdigit() or not (last or first).isdigit():
+            return None
+        placement[node] = range(int(first), int(last or first) + 1)
+    return placement

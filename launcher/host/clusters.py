@@ -109,17 +109,31 @@ def node_problem(settings: LaunchSettings, node: str | None) -> str | None:
     return f"--node {node} is not one of --nodes {','.join(settings.nodes)}"
 
 
-def logs(engines: list[NodeEngine], node: str | None, follow: bool, tail: int | None = None) -> Iterator[bytes]:
-    """A worker's own output (`node`'s, default rank 0's); on rank 0's node the job's output too (its last `tail`
-    lines when given), also after the job ended, and with `follow`, streamed until the job ends."""
-    engine = next(engine for engine in engines if engine.node.name == node) if node else engines[0]
+def logs(
+    engines: list[NodeEngine], node: str | None, follow: bool, tail: int | None = None
+) -> tuple[Iterator[bytes], Iterator[bytes]]:
+    """A worker's own output (`node`'s, default rank 0's), and the job's (rank 0's container's, its last `tail` lines
+    when given, also after the job ended, and with `follow`, streamed until the job ends; nothing before a job)."""
+    rank0 = engines[0]
+    engine = next(engine for engine in engines if engine.node.name == node) if node else rank0
+
+    def own() -> Iterator[bytes]:
+        yield from engine.logs(stack_container(engine).id)
+
+    def job() -> Iterator[bytes]:
+        container = stack_container(rank0)
+        job_log = rank0.stream_file(container.id, JOB_LOG)
+        if job_log is not None and container.running and follow:  # the agent's follower returns once the job ended
+            yield from rank0.exec_stream(container.id, [*AGENT, "follow"])[1]
+        elif job_log is not None:  # ended jobs keep their output too
+            yield from job_log if tail is None else [streams.tail_lines(job_log, tail)]
+
+    return own(), job()
+
+
+def stack_container(engine: NodeEngine) -> Container:
+    """The stack's container on the node, or one ClusterError saying there is none."""
     containers = engine.cluster_containers()
     if not containers:
         raise ClusterError(f"{engine.node.name}: no container of the stack there; start one with `launcher start`")
-    container = containers[0]
-    yield from engine.logs(container.id)
-    job_log = engine.stream_file(container.id, JOB_LOG)
-    if job_log is not None and container.running and follow:  # the job agent's follower: it returns once the job ended
-        yield from engine.exec_stream(container.id, [*AGENT, "follow"])[1]
-    elif job_log is not None:  # ended jobs keep their output too
-        yield from job_log if tail is None else [streams.tail_lines(job_log, tail)]
+    return containers[0]

@@ -80,6 +80,8 @@ START = {
 }
 
 LOGS = {
+    "node": "That node's worker's own output, then the job's lines of the ranks that ran there (after a restart on "
+    "a spare, the spare's); default: rank 0's worker and the whole job.",
     "rank": "Only the lines rank N wrote, as their prefix says: mpirun's [1,N]<stdout>:, elastic horovodrun's "
     "[N]<stdout>: or the bundled trainer's [rank N] (the job agent's own lines and untagged ones are left out).",
     "grep": "Only the lines that hold this text (with --rank: of that rank).",
