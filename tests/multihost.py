@@ -136,7 +136,6 @@ class Cluster:
         return self.nodes + self.spares
 
     def start(self, count: int = 2, spares: int = 0) -> None:
-        self.teardown_leftovers()
         bridge = self.network.bridge
         sh("ip", "link", "add", bridge, "type", "bridge")
         sh("ip", "addr", "add", f"{self.bridge_address}/24", "dev", bridge)
@@ -346,7 +345,8 @@ class Cluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def teardown_leftovers(self) -> None:
-        """Removes what this harness makes, also after a run that was killed before its own teardown."""
+        """Removes what this harness makes, also after a run that was killed before its own teardown: its processes,
+        mounts, namespaces, bridge, firewall rule, /etc/hosts lines and the folders (image copies) of earlier ones."""
         base = str(self.root.parent)
         # By process name: sshd retitles itself ("sshd: /usr/sbin/sshd -D ..."), so its argv[0] is no path.
         strays = [p for p in psutil.process_iter(["cmdline", "name"]) if p.info["cmdline"] and p.pid != os.getpid()
@@ -371,6 +371,9 @@ class Cluster:
         kept = [line for line in lines if not line.rstrip("\n").endswith(self.network.hosts_mark)]
         if kept != lines:
             Path("/etc/hosts").write_text("".join(kept))
+        for folder in self.root.parent.glob("*"):
+            if folder != self.root:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 IMAGE_COPY_BYTES = 7 * 1024**3
@@ -381,13 +384,14 @@ IMAGE_COPY_BYTES = 7 * 1024**3
 def started_cluster(count: int = 2, spares: int = 0, network: Network = Network(), reserve: int = 0) -> Iterator[Cluster]:
     """A fresh harness of `count` test hosts and `spares` more on `network`, refused up front when the disk cannot hold
     their copies of the image, `reserve` bytes more and 2 GB to spare; removed however the block ends."""
+    harness = Cluster(network.folder / uuid.uuid4().hex[:8], network)
+    harness.teardown_leftovers()  # a killed run's test hosts hold image copies too
     TEST_ROOT.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(TEST_ROOT).free
     needed = (count + spares) * IMAGE_COPY_BYTES + reserve + 2 * 1024**3
     if free < needed:
         raise RuntimeError(f"the test hosts need {needed / 1024**3:.0f} GiB free under {TEST_ROOT}, only "
                            f"{free / 1024**3:.1f} GiB is: free disk space (docker image prune, old checkouts)")
-    harness = Cluster(network.folder / uuid.uuid4().hex[:8], network)
     try:
         harness.start(count=count, spares=spares)
         yield harness
