@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -96,6 +96,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return room_of(nodeid)
 
     return TwoRooms(config, log)
+
+
+# --- figures the tests measure -------------------------------------------------------------------------------------
+@pytest.fixture
+def measured(record_property: Callable[[str, object], None]) -> Callable[[str], None]:
+    """Records one figure the test measured (how long a push, a restart or a stop took) for the run's summary: under
+    pytest-xdist a passed test's prints are not shown, and these figures belong in every run's log, CI's too."""
+
+    def record(line: str) -> None:
+        print(f"\n{line}")
+        record_property("measured", line)
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The figures the tests measured (`measured`), one line each with the test that measured it."""
+    figures = {(report.nodeid, value) for outcome in ("passed", "failed") for report in
+               terminalreporter.stats.get(outcome, []) for name, value in report.user_properties if name == "measured"}
+    if figures:
+        terminalreporter.section("figures the tests measured")
+        for nodeid, value in sorted(figures):
+            terminalreporter.line(f"{value}  [{nodeid.rsplit('/', 1)[-1]}]")
 
 
 @pytest.fixture(scope="session")

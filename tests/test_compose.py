@@ -252,7 +252,7 @@ def horovod_rank(container) -> int | None:
     return ranks.pop() if len(ranks) == 1 else None
 
 
-def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, compose_run, tmp_path):
+def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, compose_run, tmp_path, measured):
     """ELASTIC_MIN_WORKERS=2 of 3: `docker kill` one worker after epoch 1; training goes on with 2 and finishes."""
     run = compose_run(WORKERS="3", ELASTIC_MIN_WORKERS="2", EPOCHS="10")
     log = tmp_path / "compose.log"
@@ -272,7 +272,7 @@ def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, com
     assert process.returncode == 0, output[-5000:]
     assert "world size 3 -> 2" in output and "job succeeded (exit status 0)" in output, output[-5000:]
     gap = re.search(r"first step at world size 2, ([0-9.]+) s after the last step", output).group(1)
-    print(f"\nelastic (compose): {gap} s from the last step at world size 3 to the first at world size 2")
+    measured(f"elastic (compose): {gap} s from the last step at world size 3 to the first at world size 2")
     exit_codes = sorted((c.labels["com.docker.compose.service"], c.attrs["State"]["ExitCode"])
                         for c in project_containers(engine, run.project))
     assert exit_codes == [("launcher", 0), ("worker", 0), ("worker", 0), ("worker", 137)], exit_codes
@@ -288,7 +288,7 @@ def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, com
     assert project_containers(engine, run.project, status="running") == []
 
 
-def test_killed_launcher_container_stops_every_worker_and_up_returns(engine, compose_run, tmp_path):
+def test_killed_launcher_container_stops_every_worker_and_up_returns(engine, compose_run, tmp_path, measured):
     """`docker kill` of the job's driver mid-run: its lifelines close, the workers stop, plain `up` returns."""
     run = compose_run(DATASET="synthetic", EPOCHS="200")
     log = tmp_path / "compose.log"
@@ -306,13 +306,13 @@ def test_killed_launcher_container_stops_every_worker_and_up_returns(engine, com
             process.kill()
     output = ANSI_ESCAPE.sub("", log.read_text())
     left = [c.name for c in project_containers(engine, run.project, status="running")]
-    print(f"\ncompose launcher killed: `up` returned {took:.1f} s later, running containers left: {left}")
+    measured(f"compose launcher killed: `up` returned {took:.1f} s later, running containers left: {left}")
     assert left == []
     assert output.count("compose's launcher container went away (its ssh lifeline closed); stopping") == 2, \
         output[-3000:]
 
 
-def test_a_paused_worker_ends_the_job_within_a_minute_naming_it(engine, compose_run, tmp_path):
+def test_a_paused_worker_ends_the_job_within_a_minute_naming_it(engine, compose_run, tmp_path, measured):
     """`docker pause` stops a worker answering without a TCP reset, as a silent node does: the job ends, naming it."""
     run = compose_run(DATASET="synthetic", EPOCHS="200")
     log = tmp_path / "compose.log"
@@ -335,7 +335,7 @@ def test_a_paused_worker_ends_the_job_within_a_minute_naming_it(engine, compose_
             process.kill()
     output = ANSI_ESCAPE.sub("", log.read_text())
     left = [c.name for c in project_containers(engine, run.project, status="running")]
-    print(f"\ncompose worker paused: job FAILED {ended:.1f} s later; running containers left: {left}")
+    measured(f"compose worker paused: job FAILED {ended:.1f} s later; running containers left: {left}")
     cause = f"{address} went silent (no answer for 15 s: link down, host down or powered off)"
     assert f"error: {cause}; ending the job" in output and "job FAILED (exit status" in output, output[-3000:]
     assert ended <= 60 and left == []

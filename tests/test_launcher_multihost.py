@@ -82,12 +82,12 @@ def test_node_without_image_is_refused(cluster):
     assert_nothing_left(cluster)
 
 
-def test_push_image_then_train_across_both_hosts(cluster):
+def test_push_image_then_train_across_both_hosts(cluster, measured):
     # Both engines report the host name gpu-server (tests/multihost.py), and node_1 runs two ranks: Open MPI, which
     # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
     started = time.monotonic()
     result = launcher(cluster, *start_args(cluster, "--push-image", "--nodes", "node_1:2,node_2:1"), *TRAIN)
-    print(f"\nlaunch with push took {time.monotonic() - started:.0f} s")
+    measured(f"launch with push took {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
     assert "connecting to node_1 (ssh://node_1)" in result.stderr
     assert "node_1: engine reachable at ssh://node_1" in result.stderr
@@ -117,7 +117,7 @@ def test_a_spare_that_lacks_the_image_gets_it_before_the_job_starts(cluster):
     assert_nothing_left(cluster)
 
 
-def test_warm_start_with_no_nic_pinned_trains_over_the_nodes_own_nic(cluster):
+def test_warm_start_with_no_nic_pinned_trains_over_the_nodes_own_nic(cluster, measured):
     # Each node's engine made a docker0 of 172.17.0.1/16, the same on both: a rank that took it would "reach" its
     # own host and hang. Unpinned, the job leaves every virtual NIC out and runs over the nodes' one real NIC.
     started = time.monotonic()
@@ -130,16 +130,16 @@ def test_warm_start_with_no_nic_pinned_trains_over_the_nodes_own_nic(cluster):
         assert line in result.stderr, result.stderr
     summary = json.loads(node_file(cluster, "node_1", "/shared/runs/summary.json"))
     assert summary["final"]["val_accuracy"] >= 0.90
-    print(f"\nwarm launch, start to exit: {time.monotonic() - started:.0f} s")
+    measured(f"warm launch, start to exit: {time.monotonic() - started:.0f} s")
     assert_nothing_left(cluster)
 
 
-def test_users_script_from_workdir_runs_on_both_hosts_with_its_exit_status(cluster):
+def test_users_script_from_workdir_runs_on_both_hosts_with_its_exit_status(cluster, measured):
     """The article's `mpirun ... python mnist_train.py`, as `launcher start --workdir DIR -- python SCRIPT`."""
     started = time.monotonic()
     result = launcher(cluster, *start_args(cluster, "--workdir", str(USER_SCRIPT), "--env", "USER_SETTING=on"),
                       "--", "python", "allreduce_train.py", "--exit-status", "3")
-    print(f"\nwarm --workdir launch, start to exit: {time.monotonic() - started:.1f} s")
+    measured(f"warm --workdir launch, start to exit: {time.monotonic() - started:.1f} s")
     assert result.returncode == 3, result.stderr[-3000:] + result.stdout[-3000:]
     assert "copied to /workdir on 2 node(s)" in result.stderr
     assert "-x USER_SETTING=on " in result.stderr
@@ -188,7 +188,7 @@ def test_unreachable_node_fails_before_starting_anything(cluster):
     assert_nothing_left(cluster)
 
 
-def test_a_node_that_drops_every_packet_is_named_within_the_connect_timeout(cluster):
+def test_a_node_that_drops_every_packet_is_named_within_the_connect_timeout(cluster, measured):
     """node_1's namespace drops whatever reaches it (a host powered off, a firewall): doctor and start each give up
     on it after CONNECT_TIMEOUT with one line, instead of waiting on ssh for minutes."""
     env_file = cluster.env_file()
@@ -200,7 +200,7 @@ def test_a_node_that_drops_every_packet_is_named_within_the_connect_timeout(clus
         doctor = launcher(cluster, "doctor", "--env-file", str(env_file), timeout=120)
         doctor_seconds = time.monotonic() - started
         start = launcher(cluster, "start", "--env-file", str(env_file), *TRAIN, timeout=120)
-    print(f"\ndoctor against a silent node returned after {doctor_seconds:.1f} s")
+    measured(f"doctor against a silent node returned after {doctor_seconds:.1f} s")
     assert doctor.returncode == 1
     assert doctor.stdout.startswith("connecting to node_1 (ssh://node_1)\n"), doctor.stdout
     assert f"node_1: engine        FAIL {expected.removeprefix('node_1: ')}" in doctor.stdout, doctor.stdout
@@ -259,7 +259,7 @@ def seconds_between(earlier: str, later: str) -> float:
     return (parse(later) - parse(earlier)).total_seconds()
 
 
-def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster):
+def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster, measured):
     detached = launcher(cluster, *start_args(cluster, "--detach", "--device", "/dev/null:/dev/hst-test-device"),
                         "--", "--dataset", "digits", "--epochs", "2")
     assert detached.returncode == 0, detached.stderr[-3000:]
@@ -268,7 +268,7 @@ def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster):
     rank0 = next(c for c in containers if c.labels["horovod-stack.role"] == "rank0")
     _, log_stat = rank0.get_archive("/home/mpiuser/job.log")
     lags = [seconds_between(log_stat["mtime"], c.attrs["State"]["FinishedAt"]) for c in containers]
-    print(f"\ncontainers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's last line")
+    measured(f"containers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's last line")
     assert max(lags) <= 10 and [c.attrs["State"]["ExitCode"] for c in containers] == [0, 0]
     for container in containers:  # what NCCL asks of a container
         assert container.attrs["HostConfig"]["CapAdd"] == ["IPC_LOCK", "SYS_PTRACE"]  # SYS_PTRACE: py-spy
@@ -327,12 +327,12 @@ def test_worker_killed_mid_run(cluster):
     assert_nothing_left(cluster)
 
 
-def test_ctrl_c_during_training_removes_everything(cluster):
+def test_ctrl_c_during_training_removes_everything(cluster, measured):
     process = start_in_background(cluster)
     sent = time.monotonic()
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
-    print(f"\nSIGINT to an attached launch: exit status {process.returncode} in {time.monotonic() - sent:.1f} s, "
+    measured(f"SIGINT to an attached launch: exit status {process.returncode} in {time.monotonic() - sent:.1f} s, "
           f"containers left {cluster.project_containers()}")
     assert process.returncode == 130
     assert [l for l in stderr.splitlines() if l.startswith("error: ")] == [
@@ -344,7 +344,7 @@ def test_ctrl_c_during_training_removes_everything(cluster):
     (signal.SIGTERM, 143, "stopped (SIGTERM)"),
     (signal.SIGHUP, 129, "the terminal closed (SIGHUP)"),
 ])
-def test_sigterm_or_sighup_during_training_removes_everything(cluster, signum, status, words):
+def test_sigterm_or_sighup_during_training_removes_everything(cluster, signum, status, words, measured):
     """A service manager's or CI's SIGTERM, a closed terminal's SIGHUP: as Ctrl-C, the cluster goes on every node."""
     process = start_in_background(cluster)
     sent = time.monotonic()
@@ -352,14 +352,14 @@ def test_sigterm_or_sighup_during_training_removes_everything(cluster, signum, s
     _, stderr = process.communicate(timeout=120)
     took = time.monotonic() - sent
     left = cluster.project_containers()
-    print(f"\n{signal.Signals(signum).name} to an attached launch: exit status {process.returncode} in {took:.1f} s, "
+    measured(f"{signal.Signals(signum).name} to an attached launch: exit status {process.returncode} in {took:.1f} s, "
           f"containers left {left}")
     assert process.returncode == status and took <= 10, stderr[-3000:]
     assert error_lines(run_result(stderr)) == [f"error: {words}; the cluster's containers were removed"]
     assert_nothing_left(cluster)
 
 
-def test_a_killed_launcher_leaves_the_job_to_the_cluster_which_ends_it(cluster):
+def test_a_killed_launcher_leaves_the_job_to_the_cluster_which_ends_it(cluster, measured):
     """SIGKILL (a crash, a laptop that sleeps): the job runs to its end, then every container stops by itself."""
     process = start_in_background(cluster, ["--", "--dataset", "digits", "--epochs", "15"])
     process.kill()
@@ -369,7 +369,7 @@ def test_a_killed_launcher_leaves_the_job_to_the_cluster_which_ends_it(cluster):
     _, log_stat = rank0.get_archive("/home/mpiuser/job.log")
     lags = [seconds_between(log_stat["mtime"], c.attrs["State"]["FinishedAt"]) for c in containers]
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
-    print(f"\nlauncher SIGKILLed: containers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's "
+    measured(f"launcher SIGKILLed: containers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's "
           f"last line; {status.stdout.splitlines()[0]}")
     assert max(lags) <= 15 and [c.attrs["State"]["ExitCode"] for c in containers] == [0, 0]
     assert "succeeded (exit status 0): epoch 15 of 15" in status.stdout.splitlines()[0], status.stdout
@@ -377,7 +377,7 @@ def test_a_killed_launcher_leaves_the_job_to_the_cluster_which_ends_it(cluster):
     assert_nothing_left(cluster)
 
 
-def test_a_killed_rank0_container_stops_the_other_workers(cluster):
+def test_a_killed_rank0_container_stops_the_other_workers(cluster, measured):
     """rank 0's container killed (docker kill, out of memory, its host gone): node_2's worker stops by itself."""
     detached = launcher(cluster, *start_args(cluster, "--detach"), *LONG_TRAIN)
     assert detached.returncode == 0, detached.stderr[-3000:]
@@ -395,7 +395,7 @@ def test_a_killed_rank0_container_stops_the_other_workers(cluster):
     # The entrypoint's last word, among sshd's own lines about the closed sessions (it logs at INFO)
     last_line = next(line for line in reversed(worker.logs(tail=10).decode().splitlines()) if " worker] " in line)
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
-    print(f"\nrank 0's container killed: node_2's worker stopped {took:.1f} s later ({last_line}); "
+    measured(f"rank 0's container killed: node_2's worker stopped {took:.1f} s later ({last_line}); "
           f"{status.stdout.splitlines()[0]}")
     assert "rank 0's container on node_1 went away (its ssh lifeline closed); stopping" in last_line
     assert "failed: rank 0's container stopped (exit status 137) before the job ended" in status.stdout
@@ -476,14 +476,14 @@ def world_sizes(cluster: Cluster, metrics: str) -> list[int]:
             for line in node_file(cluster, "node_1", f"/shared/runs/{metrics}").splitlines()]
 
 
-def test_elastic_job_takes_a_restarted_worker_back(cluster):
+def test_elastic_job_takes_a_restarted_worker_back(cluster, measured):
     """--restart-workers: the launcher starts node_2's killed worker again and it rejoins (2 -> 1 -> 2)."""
     run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-rejoin.jsonl", "--restart-workers", epochs=30))
     run.wait_for("epoch 2/30:")
     killed = kill_worker(cluster, "node_2")
     run.wait_for("world size 2 -> 1", timeout=120)
     rejoined = run.wait_for("world size 1 -> 2", timeout=300)
-    print(f"\nelastic (launcher): node_2 back in training {rejoined - killed:.1f} s after it was killed")
+    measured(f"elastic (launcher): node_2 back in training {rejoined - killed:.1f} s after it was killed")
     status, output, stderr = run.finish()
     assert status == 0, stderr[-3000:] + output[-3000:]
     assert "node_2: its worker container stopped (killed); the elastic job goes on without it" in stderr
@@ -513,14 +513,14 @@ def test_elastic_job_below_its_minimum_fails_naming_the_lost_node(cluster):
 SILENT_NODE_2 = "node_2 went silent (no answer for 15 s: link down, host down or powered off)"
 
 
-def test_a_node_that_goes_silent_ends_a_fixed_job_within_a_minute(cluster):
+def test_a_node_that_goes_silent_ends_a_fixed_job_within_a_minute(cluster, measured):
     """node_2's link set down mid-run (a pulled cable, a powered-off host: no TCP reset): the job ends, naming it."""
     run = BackgroundLaunch(cluster, *start_args(cluster, "--push-image"), *LONG_TRAIN)
     run.wait_for("epoch 1/200:")
     with cluster.link_down(cluster.nodes[1]) as cut:
         status, _, stderr = run.finish(timeout=180)
         took = time.monotonic() - cut
-    print(f"\nnode_2's link down: the launcher exited {took:.1f} s later with status {status}: "
+    measured(f"node_2's link down: the launcher exited {took:.1f} s later with status {status}: "
           f"{error_lines(run_result(stderr))}")
     assert status == 1 and error_lines(run_result(stderr)) == [f"error: {SILENT_NODE_2}"], stderr[-3000:]
     assert took <= 60
@@ -528,14 +528,14 @@ def test_a_node_that_goes_silent_ends_a_fixed_job_within_a_minute(cluster):
     assert_nothing_left(cluster)
 
 
-def test_elastic_job_goes_on_without_a_node_that_went_silent(cluster):
+def test_elastic_job_goes_on_without_a_node_that_went_silent(cluster, measured):
     """--elastic --min-nodes 1: node_2's link set down mid-run; training goes on with node_1 and finishes."""
     run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-silent.jsonl"))
     run.wait_for("epoch 2/30:")
     with cluster.link_down(cluster.nodes[1]) as cut:
         went_on = run.wait_for("first step at world size 1", timeout=180) - cut
     status, output, stderr = run.finish()
-    print(f"\nelastic, node_2's link down: first step at world size 1 {went_on:.1f} s after the cut, exit status "
+    measured(f"elastic, node_2's link down: first step at world size 1 {went_on:.1f} s after the cut, exit status "
           f"{status}")
     assert status == 0, stderr[-3000:] + output[-3000:]
     assert f"{SILENT_NODE_2}; host discovery drops it and the elastic job goes on without it" in stderr
@@ -931,7 +931,7 @@ def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, 
     assert_nothing_left(cluster)
 
 
-def test_a_fixed_job_that_loses_a_node_is_restarted_on_the_other_from_its_checkpoint(cluster):
+def test_a_fixed_job_that_loses_a_node_is_restarted_on_the_other_from_its_checkpoint(cluster, measured):
     """--max-restarts 1 --min-nodes 1: node_2's worker killed mid-run; the job's agent starts the job again on node_1
     alone, the trainer resuming after its last checkpointed epoch, and the job ends with exit status 0."""
     folder = f"/shared/runs/restart-{int(time.time())}"
@@ -942,7 +942,7 @@ def test_a_fixed_job_that_loses_a_node_is_restarted_on_the_other_from_its_checkp
     killed = kill_worker(cluster, "node_2")
     resumed = run.wait_for("resuming from", timeout=180)
     status, output, stderr = run.finish()
-    print(f"\nnode_2's worker killed: the restarted job resumed {resumed - killed:.1f} s later, exit status {status}")
+    measured(f"node_2's worker killed: the restarted job resumed {resumed - killed:.1f} s later, exit status {status}")
     assert status == 0, stderr[-3000:] + output[-3000:]
     [line] = [line for line in stderr.splitlines() if "restart 1/1: " in line]
     assert line.endswith(" on node_1") and "restart 1/1: node_2's worker was lost; resuming after epoch " in line
@@ -965,7 +965,7 @@ def first_step_after(run: BackgroundLaunch, since: float, timeout: float = 180) 
 
 
 @pytest.mark.parametrize("loss", ["worker killed", "link down"])
-def test_a_fixed_job_that_loses_a_node_goes_on_on_a_warm_spare_from_its_checkpoint(cluster, loss):
+def test_a_fixed_job_that_loses_a_node_goes_on_on_a_warm_spare_from_its_checkpoint(cluster, loss, measured):
     """SPARES=node_3 and MAX_RESTARTS=1 in .env: node_2 lost mid-run (its worker killed; or its link down, silence
     with no TCP reset); the job's agent starts the job again on node_1 and the spare, whose worker was started and
     checked up front, the trainer resuming after its last checkpointed epoch at the same world size; the job ends
@@ -988,7 +988,7 @@ def test_a_fixed_job_that_loses_a_node_goes_on_on_a_warm_spare_from_its_checkpoi
         if run.process.poll() is None:  # a failed assertion: the next test starts on clean nodes
             launcher(cluster, "stop", "--env-file", str(env_file))
             run.finish()
-    print(f"\n{loss} on node_2: training again on node_1,node_3 {stepped - gone:.1f} s later (resumed after "
+    measured(f"{loss} on node_2: training again on node_1,node_3 {stepped - gone:.1f} s later (resumed after "
           f"{resumed - gone:.1f} s); exit status {exit_status}")
     assert re.search(r"node_3: \S+ role=spare ", status), status
     assert exit_status == 0, stderr[-3000:] + output[-3000:]

@@ -1,6 +1,5 @@
 """The launch plan and settings: pure, table-driven."""
 
-import dataclasses
 import os
 import re
 import subprocess
@@ -33,7 +32,7 @@ from launcher.core.protocol import (
 )
 from launcher.host import workdir
 from launcher.host.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
-from launcher.host.settings import LaunchSettings, engine_override_key, load_env_file, parse_gpus, resolve_settings
+from launcher.host.settings import engine_override_key, load_env_file, parse_gpus, resolve_settings
 from tests.conftest import container, launch_settings
 from tests.conftest import plan_of as make_plan
 

@@ -273,7 +273,7 @@ def sshd_lines(container) -> list[str]:
     return [line for line in container.logs().decode(errors="replace").splitlines() if not line.startswith("[")]
 
 
-def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with_the_jobs_status(operator):
+def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with_the_jobs_status(operator, measured):
     """Worker 1's pod starts LATE_SECONDS after the others (its node busy, a queue): worker 0 waits for its claim
     unclaimed all that while, and its exec readiness probe leaves no line in its log."""
     document = export("conformance", "--workers", "2", "--", "--dataset", "digits", "--epochs", "5",
@@ -298,7 +298,7 @@ def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with
 
     started = time.monotonic()
     status, log, workers = job.run(late={1: LATE_SECONDS}, while_late=probe_worker_0)
-    print(f"\nMPIJob conformance: worker 1 started {LATE_SECONDS} s late; launcher exit status {status} after "
+    measured(f"MPIJob conformance: worker 1 started {LATE_SECONDS} s late; launcher exit status {status} after "
           f"{time.monotonic() - started:.0f} s\n" + "\n".join(line for line in log.splitlines()
                                                               if line.startswith("[agent ")))
     assert status == 0, log[-6000:]
@@ -322,13 +322,13 @@ def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with
         assert "the job ended (exit status 0); stopping" in worker_log
 
 
-def test_a_worker_that_never_starts_fails_the_job_after_its_schedule_timeout(operator):
+def test_a_worker_that_never_starts_fails_the_job_after_its_schedule_timeout(operator, measured):
     """--schedule-timeout: the launcher pod's agent gives up on a worker pod that never starts (a GPU queue that
     never frees one), so the launcher's Job fails and the MPIJob with it, instead of waiting in Created for good."""
     document = export("conformance-late", "--workers", "2", "--schedule-timeout", "15", "--", "python", "-c", "pass")
     started = time.monotonic()
     status, log, workers = operator(document).run(timeout=300, late={1: math.inf})
-    print(f"\nMPIJob conformance (a worker that never starts, --schedule-timeout 15): launcher exit status {status} "
+    measured(f"MPIJob conformance (a worker that never starts, --schedule-timeout 15): launcher exit status {status} "
           f"after {time.monotonic() - started:.0f} s\n"
           + "\n".join(line for line in log.splitlines() if line.startswith("[agent ")))
     assert status == 2, log[-4000:]

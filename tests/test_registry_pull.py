@@ -31,7 +31,7 @@ def puller():
         yield harness
 
 
-def test_an_image_in_a_registry_is_pulled_where_it_lacks_and_the_job_trains_on_it(puller: Cluster):
+def test_an_image_in_a_registry_is_pulled_where_it_lacks_and_the_job_trains_on_it(puller: Cluster, measured):
     source_id = docker.from_env().images.get(IMAGE).id
     node = puller.nodes[0]
     with Registry() as registry:
@@ -40,7 +40,7 @@ def test_an_image_in_a_registry_is_pulled_where_it_lacks_and_the_job_trains_on_i
         remote = f"{repository}:pulled"
         result = launcher(puller, *start_args(puller, "--image", remote, "--nodes", f"{node.name}:2"), *TRAIN)
         pulls = re.findall(r"(\w+): pulled \S+ in (\d+) s", result.stderr)
-        print(f"\nregistry: pushed in {pushed:.0f} s; pulled: {pulls}")
+        measured(f"registry: pushed in {pushed:.0f} s; pulled: {pulls}")
         assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
         assert [name for name, _ in pulls] == [node.name], result.stderr[-3000:]
         assert node.client().images.get(remote).id == source_id

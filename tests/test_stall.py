@@ -5,7 +5,6 @@ test_compose.py.)"""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
