@@ -10,11 +10,12 @@ The rooms, by folder:
 - cli.py, the face on top: declares the commands and flags, calls the host side, prints; no logic of its own;
 - launcher/host/, the user's machine: flags, settings, access and reach (the engines' addresses), engines,
   preflight, plan, images, workdir, launch and its signal policy (signals), clusters (status, logs, stacks,
-  results, stop), jobstate, results, streams, doctor, links and linkcheck (doctor --links), trainer (the bundled
-  trainer's options, checked before any node is contacted);
-- launcher/core/, what every side reads: options, job, nics (which NIC is mine here), ranks (ranks per node),
-  protocol, pod_contract (an MPIJob launcher pod's arguments), stall, sshtrust, imageref, restart (a lost node's
-  restart), metrics (the trainer's metrics file, read), ranktag (the rank tag on a job's output lines);
+  results, stop), ranklogs (a job's output by rank and node), jobstate, results, streams, doctor, links and
+  linkcheck (doctor --links), trainer (the bundled trainer's options, checked before any node is contacted);
+- launcher/core/, what every side reads: options, job, nics (which NIC is mine here), ranks (ranks per node, and
+  which ranks a node runs), protocol, pod_contract (an MPIJob launcher pod's arguments), stall, sshtrust, imageref,
+  restart (a lost node's restart), metrics (the trainer's metrics file, read), ranktag (the rank tag on a job's
+  output lines);
 - launcher/agent/, what runs in the containers: the agent and its transport, compose's door, the MPIJob launcher
   pod's door (mpijob_pod), stacks, rank_nic, linkprobe;
 - launcher/k8s/, the Kubernetes door's document: the MPIJob, its pods' resources and Pod Security checks;

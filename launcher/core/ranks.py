@@ -7,6 +7,9 @@ worker pod), from the slots and the GPUs it was given. One rule for every door:
 
 Each door names the two counts in its own words (RankNames: the launcher's and the export's flags, compose's .env
 keys). A node's own count (`--nodes HOST:N`, a hostfile's `slots=N`) is that node's, GPUs or not (the plan's).
+
+And which ranks each node runs in a fixed-size job (mpirun's `-map-by slot` fills the hostfile in order), in the one
+line the job agent says at each run's start and `launcher logs --node` reads back.
 """
 
 from __future__ import annotations

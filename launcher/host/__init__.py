@@ -13,6 +13,7 @@
     launch.py     one launch in order: connect, check, start the workers, hand over trust, follow, clean up
     signals.py    which signals end an attached launch or a link test, how each is worded, its exit status
     clusters.py   the clusters already started: status, logs, stacks, results, stop
+    ranklogs.py   a job's output by rank and node: logs --rank/--node/--grep/--tee, start --ranks (pure)
     jobstate.py   a cluster's job state from what its containers hold (pure)
     results.py    a run folder copied home
     streams.py    byte streams from the engines, read as they arrive, and decoded for a terminal
