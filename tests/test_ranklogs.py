@@ -22,6 +22,9 @@ from tests.conftest import container
     ("[2]<stdout>:hello", (2, "stdout", "hello")),  # elastic horovodrun
     ("[1,0]<stdout>:", (0, "stdout", "")),
     ("[1,0]<stdout>:[1,1]<stdout>:x", (0, "stdout", "[1,1]<stdout>:x")),  # the rank's own text is left as it is
+    ("[1,2]<stddiag>:Open MPI's own warning\n", (2, "stddiag", "Open MPI's own warning\n")),
+    ("[1,0]<stdout>: epoch 1\n", (0, "stdout", " epoch 1\n")),  # Open MPI 5: a space after the colon
+    ("[prterun-gpu-a-4242@1,3]<stderr>: boom", (3, "stderr", " boom")),  # Open MPI 5: the job as a namespace
     ("12:00:01 [rank 0] epoch 1/3\n", None),
     ("x [1,0]<stdout>:not at the start\n", None),
     ("[1,x]<stdout>:not a tag\n", None),

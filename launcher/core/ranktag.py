@@ -1,6 +1,9 @@
 """The rank tag on a job's output lines, the one place its format is known: mpirun's `--tag-output`
-(`[1,3]<stdout>:`, `[JOBID,RANK]<STREAM>:`) and elastic horovodrun's (`[3]<stderr>:`), both written straight before
-the rank's own text. Every reader of a job's output goes through here: which rank wrote a line
+(`[1,3]<stdout>:`, `[JOBID,RANK]<STREAM>:`, STREAM also stddiag for Open MPI's own diagnostics) and elastic
+horovodrun's (`[3]<stderr>:`), both written straight before the rank's own text. Open MPI 5 (PRRTE) writes a space
+after the colon and may give the job as a namespace (`[prterun-host-4242@1,3]<stdout>: ...`): its ranks are read
+too, and the space stays with the text (the image's Open MPI 4.1 writes none, and a rank's own leading spaces, as in
+a traceback, are its text). Every reader of a job's output goes through here: which rank wrote a line
 (launcher/host/ranklogs.py, the smoke role), and what the rank wrote, for the parsers of the job's progress, its
 root cause and Horovod's stall warnings. Pure.
 """
@@ -11,7 +14,7 @@ import re
 
 TAG_OUTPUT = "--tag-output"
 """mpirun's flag that tags every line a rank writes (the job's mpirun line carries it: launcher/core/job.py)."""
-RANK_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
+RANK_TAG = re.compile(r"^\[(?:[^\[\],<>]+,)?(\d+)\]<(stdout|stderr|stddiag)>:")
 """mpirun's --tag-output prefix ([JOBID,RANK]<stream>:) or horovodrun's ([RANK]<stream>:)."""
 
 
