@@ -284,6 +284,9 @@ RANKS = 3
 MEGABYTES = 8.0
 RATE_TOLERANCE = 0.15
 PREDICTION_TOLERANCE = 0.20
+ATTEMPTS = 3
+"""Measurements taken before the test gives up: the test hosts' room runs beside this one (scripts/test.sh), and a
+burst of its work slows a probe or a ring step here; a link test or a prediction that is wrong misses every time."""
 
 
 def probe_between(network: netns.Network, source: int, target: int, seconds: float) -> Link | Unreachable:
@@ -311,28 +314,31 @@ def probe_between(network: netns.Network, source: int, target: int, seconds: flo
 def test_on_shaped_namespaces_the_links_match_the_shaping_and_the_prediction_a_measured_ring():
     from app.bench import ps_vs_ring
 
-    with netns.Network(RANKS, LINK_MBIT) as network:
-        links = [probe_between(network, a, b, seconds=1.5) for a, b in pairs(list(range(RANKS)))]
-        assert all(isinstance(link, Link) for link in links), links
-        measured = [link for link in links if isinstance(link, Link)]
-        exchanges = ps_vs_ring.measure(RANKS, SimpleNamespace(megabytes=MEGABYTES, steps=5), network)
-    ring, ps = exchanges["ring"], exchanges["ps"]
-    rates = [rate for link in measured for rate in (link.forward_mbit, link.backward_mbit)]
-    print(f"\nshaped {LINK_MBIT:g} Mbit/s each way; measured " + ", ".join(
-        f"{link.source}->{link.target} {link.forward_mbit:.1f}, {link.target}->{link.source} {link.backward_mbit:.1f}"
-        for link in measured) + " Mbit/s")
-    for line in format_matrix([f"rank{r}" for r in range(RANKS)], measured):
-        print(f"  {line}")
-    prediction = predict(measured, MEGABYTES, RANKS)
-    measured_ring = sorted(ring)[len(ring) // 2]
-    print(f"ring allreduce of {MEGABYTES:g} MB over {RANKS} ranks: predicted {prediction.ring_s * 1e3:.1f} ms "
-          f"(slowest link {prediction.link_mbit:.1f} Mbit/s), measured {measured_ring * 1e3:.1f} ms (median of "
-          f"{len(ring)} steps: {', '.join(f'{s * 1e3:.1f}' for s in ring)})")
-    print(f"parameter-server exchange: predicted {prediction.ps_s * 1e3:.1f} ms, measured "
-          f"{sorted(ps)[len(ps) // 2] * 1e3:.1f} ms (median)")
-    for rate in rates:
-        assert abs(rate / LINK_MBIT - 1) <= RATE_TOLERANCE, rates
-    assert abs(prediction.ring_s / measured_ring - 1) <= PREDICTION_TOLERANCE
+    for attempt in range(1, ATTEMPTS + 1):
+        with netns.Network(RANKS, LINK_MBIT) as network:
+            links = [probe_between(network, a, b, seconds=1.5) for a, b in pairs(list(range(RANKS)))]
+            assert all(isinstance(link, Link) for link in links), links
+            measured = [link for link in links if isinstance(link, Link)]
+            exchanges = ps_vs_ring.measure(RANKS, SimpleNamespace(megabytes=MEGABYTES, steps=5), network)
+        ring, ps = exchanges["ring"], exchanges["ps"]
+        rates = [rate for link in measured for rate in (link.forward_mbit, link.backward_mbit)]
+        print(f"\nattempt {attempt}: shaped {LINK_MBIT:g} Mbit/s each way; measured " + ", ".join(
+            f"{link.source}->{link.target} {link.forward_mbit:.1f}, {link.target}->{link.source} "
+            f"{link.backward_mbit:.1f}" for link in measured) + " Mbit/s")
+        for line in format_matrix([f"rank{r}" for r in range(RANKS)], measured):
+            print(f"  {line}")
+        prediction = predict(measured, MEGABYTES, RANKS)
+        measured_ring = sorted(ring)[len(ring) // 2]
+        print(f"ring allreduce of {MEGABYTES:g} MB over {RANKS} ranks: predicted {prediction.ring_s * 1e3:.1f} ms "
+              f"(slowest link {prediction.link_mbit:.1f} Mbit/s), measured {measured_ring * 1e3:.1f} ms (median of "
+              f"{len(ring)} steps: {', '.join(f'{s * 1e3:.1f}' for s in ring)})")
+        print(f"parameter-server exchange: predicted {prediction.ps_s * 1e3:.1f} ms, measured "
+              f"{sorted(ps)[len(ps) // 2] * 1e3:.1f} ms (median)")
+        rates_right = all(abs(rate / LINK_MBIT - 1) <= RATE_TOLERANCE for rate in rates)
+        if rates_right and abs(prediction.ring_s / measured_ring - 1) <= PREDICTION_TOLERANCE:
+            break
+    assert all(abs(rate / LINK_MBIT - 1) <= RATE_TOLERANCE for rate in rates), rates
+    assert abs(prediction.ring_s / measured_ring - 1) <= PREDICTION_TOLERANCE, (prediction, ring)
 
 
 # --- the Docker side, against the stand-in engine ---
