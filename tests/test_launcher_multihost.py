@@ -478,8 +478,8 @@ def world_sizes(cluster: Cluster, metrics: str) -> list[int]:
 
 def test_elastic_job_takes_a_restarted_worker_back(cluster, measured):
     """--restart-workers: the launcher starts node_2's killed worker again and it rejoins (2 -> 1 -> 2)."""
-    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-rejoin.jsonl", "--restart-workers", epochs=30))
-    run.wait_for("epoch 2/30:")
+    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-rejoin.jsonl", "--restart-workers", epochs=20))
+    run.wait_for("epoch 2/20:")
     killed = kill_worker(cluster, "node_2")
     run.wait_for("world size 2 -> 1", timeout=120)
     rejoined = run.wait_for("world size 1 -> 2", timeout=300)
@@ -530,8 +530,8 @@ def test_a_node_that_goes_silent_ends_a_fixed_job_within_a_minute(cluster, measu
 
 def test_elastic_job_goes_on_without_a_node_that_went_silent(cluster, measured):
     """--elastic --min-nodes 1: node_2's link set down mid-run; training goes on with node_1 and finishes."""
-    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-silent.jsonl"))
-    run.wait_for("epoch 2/30:")
+    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-silent.jsonl", epochs=20))
+    run.wait_for("epoch 2/20:")
     with cluster.link_down(cluster.nodes[1]) as cut:
         went_on = run.wait_for("first step at world size 1", timeout=180) - cut
     status, output, stderr = run.finish()
@@ -540,7 +540,7 @@ def test_elastic_job_goes_on_without_a_node_that_went_silent(cluster, measured):
     assert status == 0, stderr[-3000:] + output[-3000:]
     assert f"{SILENT_NODE_2}; host discovery drops it and the elastic job goes on without it" in stderr
     sizes = world_sizes(cluster, "elastic-silent.jsonl")
-    assert len(sizes) == 30 and sizes[0] == 2 and sizes[-1] == 1 and sizes == sorted(sizes, reverse=True), sizes
+    assert len(sizes) == 20 and sizes[0] == 2 and sizes[-1] == 1 and sizes == sorted(sizes, reverse=True), sizes
     assert_nothing_left(cluster)
 
 

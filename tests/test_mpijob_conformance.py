@@ -299,8 +299,8 @@ def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with
     started = time.monotonic()
     status, log, workers = job.run(late={1: LATE_SECONDS}, while_late=probe_worker_0)
     measured(f"MPIJob conformance: worker 1 started {LATE_SECONDS} s late; launcher exit status {status} after "
-          f"{time.monotonic() - started:.0f} s\n" + "\n".join(line for line in log.splitlines()
-                                                              if line.startswith("[agent ")))
+             f"{time.monotonic() - started:.0f} s")
+    print("\n".join(line for line in log.splitlines() if line.startswith("[agent ")))
     assert status == 0, log[-6000:]
     [(before, after)] = quiet
     assert after == before, f"the readiness probe left sshd lines: {after[len(before):]}"
@@ -329,8 +329,8 @@ def test_a_worker_that_never_starts_fails_the_job_after_its_schedule_timeout(ope
     started = time.monotonic()
     status, log, workers = operator(document).run(timeout=300, late={1: math.inf})
     measured(f"MPIJob conformance (a worker that never starts, --schedule-timeout 15): launcher exit status {status} "
-          f"after {time.monotonic() - started:.0f} s\n"
-          + "\n".join(line for line in log.splitlines() if line.startswith("[agent ")))
+             f"after {time.monotonic() - started:.0f} s")
+    print("\n".join(line for line in log.splitlines() if line.startswith("[agent ")))
     assert status == 2, log[-4000:]
     assert ("only 1 of 2 workers answered ssh on port 12345 within 15 s (still waiting for conformance-late-worker-1)"
             in log), log[-4000:]
