@@ -460,7 +460,7 @@ class BackgroundLaunch:
         return "" if self.process.poll() is None else self.process.stderr.read()[-3000:]
 
 
-def elastic_args(cluster: Cluster, metrics: str, *extra: str, epochs: int = 30) -> list[str]:
+def elastic_args(cluster: Cluster, metrics: str, *extra: str, epochs: int = 20) -> list[str]:
     return [*start_args(cluster, "--push-image", "--elastic", "--min-nodes", "1", *extra), "--", "--dataset",
             "synthetic", "--epochs", str(epochs), "--metrics-file", f"/shared/runs/{metrics}"]
 
@@ -478,7 +478,7 @@ def world_sizes(cluster: Cluster, metrics: str) -> list[int]:
 
 def test_elastic_job_takes_a_restarted_worker_back(cluster, measured):
     """--restart-workers: the launcher starts node_2's killed worker again and it rejoins (2 -> 1 -> 2)."""
-    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-rejoin.jsonl", "--restart-workers", epochs=20))
+    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-rejoin.jsonl", "--restart-workers"))
     run.wait_for("epoch 2/20:")
     killed = kill_worker(cluster, "node_2")
     run.wait_for("world size 2 -> 1", timeout=120)
@@ -530,7 +530,7 @@ def test_a_node_that_goes_silent_ends_a_fixed_job_within_a_minute(cluster, measu
 
 def test_elastic_job_goes_on_without_a_node_that_went_silent(cluster, measured):
     """--elastic --min-nodes 1: node_2's link set down mid-run; training goes on with node_1 and finishes."""
-    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-silent.jsonl", epochs=20))
+    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-silent.jsonl"))
     run.wait_for("epoch 2/20:")
     with cluster.link_down(cluster.nodes[1]) as cut:
         went_on = run.wait_for("first step at world size 1", timeout=180) - cut
