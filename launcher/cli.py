@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, NoReturn
@@ -49,12 +48,6 @@ def fail(message: str, code: int = 1) -> NoReturn:
     for line in message.splitlines() or [""]:
         echo_to_stderr(f"error: {line}")
     raise typer.Exit(code)
-
-
-def write_out(chunks: Iterable[bytes]) -> None:
-    for text in streams.decoded(chunks):
-        sys.stdout.write(text)
-        sys.stdout.flush()
 
 
 def settings_from(env_file: Path | None, **given: Any) -> LaunchSettings:
@@ -239,7 +232,7 @@ def stacks(
         stream, engine, exec_id = clusters.stacks(engines_of(settings), cluster, native)
     except clusters.ClusterError as error:
         fail(str(error))
-    write_out(stream)
+    streams.write_decoded(stream, sys.stdout)
     raise typer.Exit(engine.exec_exit_code(exec_id) or 0)
 
 

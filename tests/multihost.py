@@ -342,11 +342,7 @@ class Cluster:
                     os.killpg(process.pid, signal.SIGKILL)
         self.processes.clear()
         self.teardown_leftovers()
-        # Each node's folder holds a copy of the image (some 100,000 files): removed side by side, not one by one.
-        removals = [subprocess.Popen(["rm", "-rf", str(folder)]) for folder in self.root.glob("*")]
-        for removal in removals:
-            removal.wait()
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_side_by_side([self.root])
 
     def teardown_leftovers(self) -> None:
         """Removes what this harness makes, also after a run that was killed before its own teardown: its processes,
@@ -375,12 +371,17 @@ class Cluster:
         kept = [line for line in lines if not line.rstrip("\n").endswith(self.network.hosts_mark)]
         if kept != lines:
             Path("/etc/hosts").write_text("".join(kept))
-        for removal in [subprocess.Popen(["rm", "-rf", str(folder)]) for folder in self.root.parent.glob("*/*")
-                        if folder.parent != self.root]:
-            removal.wait()
-        for folder in self.root.parent.glob("*"):
-            if folder != self.root:
-                shutil.rmtree(folder, ignore_errors=True)
+        remove_side_by_side([folder for folder in self.root.parent.glob("*") if folder != self.root])
+
+
+def remove_side_by_side(folders: list[Path]) -> None:
+    """Removes harness folders: each node's folder in one holds a copy of the image (some 100,000 files), so the
+    nodes' folders go side by side, not one by one."""
+    removals = [subprocess.Popen(["rm", "-rf", str(node)]) for folder in folders for node in folder.glob("*")]
+    for removal in removals:
+        removal.wait()
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 IMAGE_COPY_BYTES = 7 * 1024**3

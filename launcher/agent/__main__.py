@@ -25,7 +25,6 @@ from launcher.agent.transport import SshTransport, Transport, read_text, stop_on
 from launcher.core.job import JobSpec
 from launcher.core.options import one_line
 from launcher.core.protocol import (
-    AGENT_PREFIX,
     COMPOSE_SECRETS_DIR,
     JOB_END_FILE,
     JOB_LOG,
@@ -35,6 +34,7 @@ from launcher.core.protocol import (
     KEEP_RUNNING,
     WORKER_CLAIMED,
     JobEnd,
+    agent_line,
     lost_driver_message,
     parse_job_end,
 )
@@ -105,7 +105,7 @@ def follow(
             chunk = b""
             if time.monotonic() - started > wait_start:
                 print(
-                    f"{AGENT_PREFIX}-] error: the job's agent wrote no {log_path} within {wait_start:.0f} s", flush=True
+                    agent_line("-", f"error: the job's agent wrote no {log_path} within {wait_start:.0f} s"), flush=True
                 )
                 return 1
         if chunk:

@@ -33,7 +33,6 @@ from launcher.core.job import JobSpec, Worker, command_probe, hostfile, pin_know
 from launcher.core.options import names_in
 from launcher.core.protocol import (
     AGENT,
-    AGENT_PREFIX,
     HOME,
     HOSTFILE_PATH,
     HOSTKEYS_DIR,
@@ -53,6 +52,7 @@ from launcher.core.protocol import (
     WORKER_CLAIMED,
     JobEnd,
     Signalled,
+    agent_line,
 )
 from launcher.core.ranks import placement_line
 
@@ -73,7 +73,7 @@ Say = Callable[[str], None]
 
 
 def say(message: str) -> None:
-    print(f"{AGENT_PREFIX}{time.strftime('%H:%M:%S')}] {message}", flush=True)
+    print(agent_line(time.strftime("%H:%M:%S"), message), flush=True)
 
 
 class JobError(RuntimeError):

@@ -154,6 +154,20 @@ class Signalled(BaseException):
 # --- messages -----------------------------------------------------------------------------------------------------
 AGENT_PREFIX = "[agent "
 """Every line the agent itself prints starts so ("[agent 12:00:01] ..."): the launcher tells them from the job's."""
+
+
+def agent_line(stamp: str, message: str) -> str:
+    """One line the agent prints: AGENT_PREFIX, when (HH:MM:SS, or - when it cannot say), the message."""
+    return f"{AGENT_PREFIX}{stamp}] {message}"
+
+
+def agent_message(line: str) -> str | None:
+    """The message of one of the agent's lines (agent_line's), without its line break; None for any other line."""
+    if not line.startswith(AGENT_PREFIX) or "] " not in line:
+        return None
+    return line.split("] ", 1)[1].rstrip("\n")
+
+
 LOST_PREFIX = "lost: "
 """How a worker's end file starts when the job's driver went away instead of ending the job."""
 KEEP_RUNNING = "keep running"

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import IO
 
 from launcher.core.options import SettingsError
-from launcher.core.protocol import AGENT_PREFIX
+from launcher.core.protocol import agent_message
 from launcher.core.ranks import read_placement
 from launcher.core.ranktag import tagged_rank
-from launcher.host.streams import decoded
+from launcher.host.streams import decoded, write_decoded
 
 TRAINER_RANK = re.compile(r"^(?:\S+ )?\[rank (\d+)\] ")
 """The bundled trainer's log lines: `HH:MM:SS [rank N] ...`."""
@@ -106,9 +106,8 @@ class Tee:
 
 def placement_in(line: str) -> dict[str, range] | None:
     """Each node's ranks, where `line` is the job agent's placement line (`[agent 12:00:01] ranks by node: ...`)."""
-    if not line.startswith(AGENT_PREFIX):
-        return None
-    return read_placement(line.split("] ", 1)[-1].rstrip("\n"))
+    message = agent_message(line)
+    return None if message is None else read_placement(message)
 
 
 class NodeView:
@@ -163,15 +162,12 @@ def show(
     own output as it is and the job's lines of that node's ranks. Returns a note for stderr when --node found no
     placement to go by (an elastic job's output), else None."""
     if node is None and rank is None and grep is None and tee is None:
-        for text in decoded(itertools.chain(own, job)):
-            out.write(text)
-            out.flush()
+        write_decoded(itertools.chain(own, job), out)
         return None
     if node is None:
         relay(decoded(itertools.chain(own, job)), out, rank, grep, tee)
         return None
-    for text in decoded(own):
-        out.write(text)
+    write_decoded(own, out)
     view = NodeView(node)
     relay(decoded(job), out, rank, grep, tee, view)
     if view.placed:

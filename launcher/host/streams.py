@@ -8,6 +8,7 @@ import codecs
 import io
 from collections import deque
 from collections.abc import Iterable, Iterator
+from typing import IO
 
 BLOCK = 64 * 1024
 
@@ -64,6 +65,13 @@ def tail_lines(chunks: Iterable[bytes], count: int) -> bytes:
     if pending and count > 0:
         lines.append(pending)
     return b"".join(lines)
+
+
+def write_decoded(chunks: Iterable[bytes], out: IO[str]) -> None:
+    """The stream to `out` as it arrives (decoded), each piece flushed: a followed job's lines show as they come."""
+    for text in decoded(chunks):
+        out.write(text)
+        out.flush()
 
 
 def decoded(chunks: Iterable[bytes]) -> Iterator[str]:
