@@ -61,10 +61,10 @@ everything else. The test hosts' tests mostly wait on containers, timeouts and t
 well on two cores."""
 
 
-RUN_LAST = frozenset({"test_registry_pull.py"})
-"""Modules run after the rest of their room: a 6.7 GB push to a registry and a pull onto a test host of the module's
-own are heavy on the disk, so they come late, while the test hosts' room mostly waits on jobs, and not at the start,
-while it copies the image to its own nodes."""
+RUN_LAST = frozenset({"test_image_delivery.py"})
+"""Modules run after the rest of their room: a 6.7 GB push to a registry, a pull onto a test host of the module's own
+and a push to its spare are heavy on the disk, so they come late, while the test hosts' room mostly waits on jobs,
+and not at the start, while it copies the image to its own nodes."""
 
 
 def module_of(nodeid: str) -> str:

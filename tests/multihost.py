@@ -91,6 +91,7 @@ class TestNode:
     index: int
     network: Network
     root: Path = Path()
+    dockerd: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
     def namespace(self) -> str:
@@ -158,18 +159,28 @@ class Cluster:
         with open("/etc/hosts", "a") as etc_hosts:
             etc_hosts.writelines(hosts)
         for node in self.every_node:
-            self.start_dockerd(node)
-            # As on hosts where Docker runs with its default bridge: a docker0 of 172.17.0.1/16 on every node, which
-            # a rank must not take for a way to another node. (The node engines run with --bridge=none, and such an
-            # engine deletes a docker0 it finds at start: so it is made afterwards.)
-            sh("ip", "-n", node.namespace, "link", "add", "docker0", "type", "bridge")
-            sh("ip", "-n", node.namespace, "addr", "add", "172.17.0.1/16", "dev", "docker0")
-            sh("ip", "-n", node.namespace, "link", "set", "docker0", "up")
+            self.start_engine(node)
         self.start_ssh_front(self.nodes[0])
 
+    def start_engine(self, node: TestNode) -> None:
+        self.start_dockerd(node)
+        # As on hosts where Docker runs with its default bridge: a docker0 of 172.17.0.1/16 on every node, which
+        # a rank must not take for a way to another node. (The node engines run with --bridge=none, and such an
+        # engine deletes a docker0 it finds at start: so it is made afterwards.)
+        sh("ip", "-n", node.namespace, "link", "add", "docker0", "type", "bridge")
+        sh("ip", "-n", node.namespace, "addr", "add", "172.17.0.1/16", "dev", "docker0")
+        sh("ip", "-n", node.namespace, "link", "set", "docker0", "up")
+
+    def stop_engine(self, node: TestNode) -> None:
+        if node.dockerd is not None:
+            self.processes.remove(node.dockerd)
+            stop_process_group(node.dockerd)
+            node.dockerd = None
+        sh("ip", "-n", node.namespace, "link", "delete", "docker0", check=False)
+
     def start_dockerd(self, node: TestNode) -> None:
-        log = open(node.root / "dockerd.log", "w")
-        self.processes.append(subprocess.Popen(
+        log = open(node.root / "dockerd.log", "a")
+        node.dockerd = subprocess.Popen(
             # One host name for every node, as servers cloned from one image have: Open MPI tells nodes apart by host
             # name, so the launcher must give each worker its own (its containers would otherwise take this one).
             node.in_namespace("unshare", "--uts", "sh", "-c", f'hostname {SHARED_HOST_NAME} && exec "$0" "$@"',
@@ -177,7 +188,8 @@ class Cluster:
                               str(node.root / "exec"), "--pidfile", str(node.root / "dockerd.pid"), "-H",
                               node.engine_url, "--bridge=none", "--iptables=false", "--ip6tables=false",
                               "--insecure-registry", f"{self.network.subnet}.0/24"),  # tests/registry.py, over plain HTTP
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=engine_env()))
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=engine_env())
+        self.processes.append(node.dockerd)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -264,6 +276,27 @@ class Cluster:
         if not self.has_image(image, node):
             print(f"\nimage loaded on {node.name} in {self.load_image(image, node):.0f} s")
 
+    def copy_images(self, source: TestNode, target: TestNode) -> float:
+        """Gives `target` every image `source` holds, in seconds and with no more disk: its engine's image store
+        becomes a copy of the source's whose layer files are hard links to the same files. (Image layers are never
+        written to: a container writes a layer of its own, and the engine rewrites its metadata by renaming a new
+        file over the old.) For a test host that needs the image for what a test is about, which is not the copy.
+        Returns the seconds it took."""
+        assert target is not self.nodes[0], "node_1's ssh front holds its engine's socket"
+        started = time.monotonic()
+        self.stop_engine(target)
+        source_data, target_data = source.root / "data", target.root / "data"
+        for part in ("image", "overlay2"):
+            shutil.rmtree(target_data / part, ignore_errors=True)
+        sh("cp", "-a", str(source_data / "image"), str(target_data))
+        # A running engine's data root is a bind mount of itself, and a hard link cannot cross mounts: the copy runs
+        # in a mount namespace of its own, where those bind mounts are lifted.
+        sh("unshare", "--mount", "--propagation", "private", "sh", "-c",
+           'for root in "$0" "$1"; do while umount -l "$root" 2>/dev/null; do :; done; done; '
+           'exec cp -a --link "$0/overlay2" "$1"', str(source_data), str(target_data))
+        self.start_engine(target)
+        return time.monotonic() - started
+
     def project_containers(self) -> dict[str, list[str]]:
         return {node.name: [c.name for c in node.client().containers.list(
             all=True, filters={"label": "horovod-stack.cluster"})] for node in self.every_node}
@@ -334,12 +367,7 @@ class Cluster:
             except Exception:
                 pass
         for process in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
+            stop_process_group(process)
         self.processes.clear()
         self.teardown_leftovers()
         remove_side_by_side([self.root])
@@ -372,6 +400,16 @@ class Cluster:
         if kept != lines:
             Path("/etc/hosts").write_text("".join(kept))
         remove_side_by_side([folder for folder in self.root.parent.glob("*") if folder != self.root])
+
+
+def stop_process_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the process's group (a dockerd and its containerd, an sshd), SIGKILL after 30 s."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def remove_side_by_side(folders: list[Path]) -> None:

@@ -36,14 +36,25 @@ USER_SCRIPT = Path(__file__).parent / "user_script"
 @pytest.fixture(scope="module")
 def cluster(test_hosts: Cluster):
     """The shared test hosts with no image on any node: the first test refuses them for lacking it, the second pushes
-    it to both nodes at once (one export, two loads), as a user's first start does, and the third to the spare, as a
-    start with a spare that lacks it does; every later test finds it there. (Three loads at once would need 40 GB of
-    disk at their peak, each load holding the image's archive and its layers. A pull from a registry has a test host
-    of its own: tests/test_registry_pull.py.)"""
+    it to both nodes at once (one export, two loads), as a user's first start does; every later test finds it there.
+    (A push to a spare that lacks it, and a pull from a registry, have test hosts of their own in the other room:
+    tests/test_image_delivery.py.)"""
     for node in test_hosts.every_node:
         if test_hosts.has_image(IMAGE, node):  # another module ran first on these hosts
             node.client().images.remove(IMAGE, force=True)
     return test_hosts
+
+
+@pytest.fixture
+def spare(cluster: Cluster):
+    """node_3, holding the image node_1 was pushed: copied from node_1's engine in seconds (tests/multihost.py's
+    copy_images), since a third load of 6.7 GB would add minutes to this room, and the push to a spare is tested on
+    hosts of its own."""
+    node = cluster.spares[0]
+    if not cluster.has_image(IMAGE, node):
+        assert cluster.has_image(IMAGE, cluster.nodes[0]), "node_1 lacks the image: run this module from its start"
+        print(f"\nimage store of node_1 copied to {node.name} in {cluster.copy_images(cluster.nodes[0], node):.0f} s")
+    return node
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -103,18 +114,6 @@ def test_push_image_then_train_across_both_hosts(cluster, measured):
     assert [rank["host"] for rank in summary["ranks"]] == ["node-1", "node-1", "node-2"]
     rank_addresses = [rank["addresses"] for rank in summary["ranks"]]
     assert cluster.nodes[0].address in rank_addresses[1] and cluster.nodes[1].address in rank_addresses[2]
-    assert_nothing_left(cluster)
-
-
-def test_a_spare_that_lacks_the_image_gets_it_before_the_job_starts(cluster):
-    """--spares node_3 --push-image: the spare is the one node without the image, so the export goes to it alone, and
-    its worker is started and checked up front, before anything needs it."""
-    result = launcher(cluster, *start_args(cluster, "--push-image", "--spares", "node_3", "--max-restarts", "1"),
-                      "--", "--dataset", "digits", "--epochs", "1")
-    assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
-    assert re.search(r"\] node_3: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), result.stderr
-    assert "node_3: image loaded" in result.stderr and "node_1: image loaded" not in result.stderr
-    assert "node_3: spare, sshd answers; out of the hostfile until a restart needs it" in result.stderr
     assert_nothing_left(cluster)
 
 
@@ -260,11 +259,23 @@ def seconds_between(earlier: str, later: str) -> float:
     return (parse(later) - parse(earlier)).total_seconds()
 
 
-def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster, measured):
+def test_detached_job_shows_its_latest_epoch_then_winds_down_by_itself_and_says_how_it_ended(cluster, measured):
     detached = launcher(cluster, *start_args(cluster, "--detach", "--device", "/dev/null:/dev/hst-test-device"),
-                        "--", "--dataset", "digits", "--epochs", "2")
+                        "--", "--dataset", "synthetic", "--epochs", "40")
     assert detached.returncode == 0, detached.stderr[-3000:]
     assert "every container stops when the job ends" in detached.stderr
+    deadline = time.monotonic() + 180
+    while True:  # `status` while it runs
+        status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
+        first = status.stdout.splitlines()[0] if status.stdout else ""
+        if "running: epoch " in first:
+            break
+        assert "running: no epoch finished yet" in first, status.stdout + status.stderr
+        assert time.monotonic() < deadline, status.stdout
+        time.sleep(1)
+    print(f"\n{status.stdout}")
+    assert re.search(r"running: epoch \d+( of 40)?, val accuracy [0-9.]+, \d+ samples/s$", first), first
+    assert [line.split()[-1] for line in status.stdout.splitlines()[1:]] == ["running", "running"]
     containers = wait_until_stopped(cluster)  # the launcher process is long gone: nothing depends on it
     rank0 = next(c for c in containers if c.labels["horovod-stack.role"] == "rank0")
     _, log_stat = rank0.get_archive("/home/mpiuser/job.log")
@@ -279,10 +290,10 @@ def test_detached_job_winds_down_by_itself_and_says_how_it_ended(cluster, measur
 
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
     print(status.stdout)
-    assert "succeeded (exit status 0): epoch 2 of 2, val accuracy" in status.stdout
+    assert "succeeded (exit status 0): epoch 40 of 40, val accuracy" in status.stdout
     assert status.stdout.count("exited (exit status 0)") == 2
     logs = launcher(cluster, "logs", "--env-file", str(cluster.env_file()))
-    assert "epoch 1/2:" in logs.stdout and "parameters identical on all 2 ranks" in logs.stdout
+    assert "epoch 1/40:" in logs.stdout and "parameters identical on all 2 ranks" in logs.stdout
 
 
 def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cluster):
@@ -653,39 +664,13 @@ def test_ctrl_c_during_doctor_links_removes_its_containers(cluster):
     assert_nothing_left(cluster)
 
 
-def test_status_during_a_detached_run_shows_its_latest_epoch(cluster):
-    detached = launcher(cluster, *start_args(cluster, "--detach"), *LONG_TRAIN)
-    assert detached.returncode == 0, detached.stderr[-3000:]
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
-            first = status.stdout.splitlines()[0] if status.stdout else ""
-            if "running: epoch " in first:
-                break
-            assert "running: no epoch finished yet" in first, status.stdout + status.stderr
-            assert time.monotonic() < deadline, status.stdout
-            time.sleep(3)
-        print(f"\n{status.stdout}")
-        assert re.search(r"running: epoch \d+( of 200)?, val accuracy [0-9.]+, \d+ samples/s$", first), first
-        assert [line.split()[-1] for line in status.stdout.splitlines()[1:]] == ["running", "running"]
-    finally:
-        launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
-    assert_nothing_left(cluster)
-
-
 def ranks_per_host(output: str) -> list[str]:
     return sorted(re.findall(r"user-script rank \d+ of 3 on \S+ \(\d hosts, (\d) rank\(s\) on this one\)", output))
 
 
-@pytest.mark.parametrize("how", ["nodes", "hostfile"])
-def test_per_node_rank_counts_put_two_ranks_on_node_1_and_one_on_node_2(cluster, how):
-    if how == "nodes":
-        nodes = ["--nodes", "node_1:2,node_2:1"]
-    else:
-        hostfile = cluster.root / "hostfile"
-        hostfile.write_text("# rank 0 first\nnode_1 slots=2\n\nnode_2 slots=1  # the small box\n")
-        nodes = ["--hostfile", str(hostfile)]
+def test_per_node_rank_counts_put_two_ranks_on_node_1_and_one_on_node_2(cluster):
+    """--nodes node_1:2,node_2:1 (a --hostfile of the same counts makes the same plan: tests/test_launcher_plan.py)."""
+    nodes = ["--nodes", "node_1:2,node_2:1"]
     env_file = cluster.root / "no-nodes.env"
     env_file.write_text("\n".join(line for line in cluster.env_file().read_text().splitlines()
                                   if not line.startswith("NODES=")) + "\n")
@@ -744,7 +729,9 @@ def test_dry_run_prints_the_plan_and_starts_nothing(cluster):
 
 
 def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster):
-    """Rank 1 (node_2) blocks in a function of its own; rank 0 (node_1) waits for it in an allreduce."""
+    """Rank 1 (node_2) blocks in a function of its own; rank 0 (node_1) waits for it in an allreduce. (--stall-action
+    fail, the same agent's watch ending the job with that root cause, is tests/test_compose.py's
+    test_a_stalled_job_shows_every_ranks_stack_and_fails_when_asked, and its error line tests/test_stall.py's.)"""
     stall_args = ["--workdir", str(USER_SCRIPT), "--stall-timeout", "20", "--env", "HOROVOD_STALL_CHECK_TIME_SECONDS=5"]
     # The job's time limit ends it by itself once the stall has been seen (then `status` says so; nothing runs on).
     started = launcher(cluster, *start_args(cluster, "--detach", "--time-limit", "50", *stall_args), "--", "python",
@@ -781,14 +768,6 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
     print(f"\n$ launcher status  # after --time-limit 50\n{status}")
     assert "failed (exit status 124): the job ran past its time limit of 50 s; rank 1 (node_2 pid" in status, status
     launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
-    assert_nothing_left(cluster)
-
-    failing = launcher(cluster, *start_args(cluster, *stall_args, "--stall-action", "fail"), "--", "python",
-                       "stall.py")
-    assert failing.returncode != 0
-    assert error_lines(failing)[0].startswith(
-        "error: the job stalled: no output and no new metrics for "), failing.stderr[-3000:]
-    assert "rank 1 (node_2 pid" in error_lines(failing)[0] and "in wait_for_data at stall.py:" in error_lines(failing)[0]
     assert_nothing_left(cluster)
 
 
@@ -969,13 +948,13 @@ def first_step_after(run: BackgroundLaunch, since: float, timeout: float = 180) 
 
 
 @pytest.mark.parametrize("loss", ["worker killed", "link down"])
-def test_a_fixed_job_that_loses_a_node_goes_on_on_a_warm_spare_from_its_checkpoint(cluster, loss, measured):
+def test_a_fixed_job_that_loses_a_node_goes_on_on_a_warm_spare_from_its_checkpoint(cluster, spare, loss, measured):
     """SPARES=node_3 and MAX_RESTARTS=1 in .env: node_2 lost mid-run (its worker killed; or its link down, silence
     with no TCP reset); the job's agent starts the job again on node_1 and the spare, whose worker was started and
     checked up front, the trainer resuming after its last checkpointed epoch at the same world size; the job ends
     with exit status 0, and the time from the loss to the first training step after it is printed."""
     env_file = cluster.root / "spare.env"
-    env_file.write_text(cluster.env_file().read_text() + "SPARES=node_3\nMAX_RESTARTS=1\n")
+    env_file.write_text(cluster.env_file().read_text() + f"SPARES={spare.name}\nMAX_RESTARTS=1\n")
     folder = f"/shared/runs/spare-{loss.split()[0]}-{int(time.time())}"
     run = BackgroundLaunch(cluster, "start", "--env-file", str(env_file), "--", "--dataset", "synthetic", "--epochs",
                            "20", "--checkpoint-dir", f"{folder}/ck", "--metrics-file", f"{folder}/metrics.jsonl")

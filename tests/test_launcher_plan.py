@@ -582,9 +582,12 @@ def test_per_node_counts_reach_the_hostfile_the_gpus_and_the_plan_line(tmp_path)
     assert "6 ranks on 2 node(s) [gpu-a: 4 rank(s) on 4 GPU(s) (ssh://gpu-a), gpu-b: 2 rank(s) on 2 GPU(s)" in (
         plan.describe())
     hosts = tmp_path / "hosts"
-    hosts.write_text("gpu-a slots=4\ngpu-b slots=2\n")
-    from_file = ClusterPlan.of(resolve_settings({"NODES": "x"}, nodes=None, hostfile=hosts))
+    hosts.write_text("# rank 0 first\ngpu-a slots=4\n\ngpu-b slots=2  # the small box\n")
+    from_file = ClusterPlan.of(resolve_settings({"NODES": "x"}, nodes=None, hostfile=hosts, gpus="2"),
+                               cluster_id="c0ffee00")
     assert [plan.slots(node) for node in from_file.nodes] == [4, 2]
+    # The same plan, run for real with --nodes on the test hosts (test_per_node_rank_counts_put_two_ranks_on_node_1...)
+    assert from_file.describe() == plan.describe() and from_file.job_spec() == spec
 
 
 @pytest.mark.parametrize("env, flags, message", [
