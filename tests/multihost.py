@@ -390,7 +390,14 @@ class Cluster:
         for namespace in sh("ip", "netns", "list", check=False).stdout.split("\n"):
             name = namespace.split(" ")[0]
             if name.startswith(self.network.namespace_prefix):
+                # Whatever still runs there (a container's process its engine left behind) would keep the namespace,
+                # and with it the node's veth, alive past `ip netns delete`: the next start could not make it again.
+                kill_all(sh("ip", "netns", "pids", name, check=False).stdout.split(), f"left in {name}")
                 sh("ip", "netns", "delete", name, check=False)
+        for link in sh("ip", "-o", "link", "show", "type", "veth", check=False).stdout.splitlines():
+            name = link.split(": ")[1].split("@")[0]
+            if name.startswith(self.network.veth(0)[:-1]):  # this harness's ends, whatever holds their peers
+                sh("ip", "link", "delete", name, check=False)
         bridge = self.network.bridge
         sh("ip", "link", "delete", bridge, check=False)
         while sh("iptables", "-D", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT", check=False).returncode == 0:
@@ -400,6 +407,16 @@ class Cluster:
         if kept != lines:
             Path("/etc/hosts").write_text("".join(kept))
         remove_side_by_side([folder for folder in self.root.parent.glob("*") if folder != self.root])
+
+
+def kill_all(pids: list[str], where: str) -> None:
+    processes = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            processes.append(psutil.Process(int(pid)))
+            print(f"\nstopping {processes[-1].name()} ({pid}), {where}")
+            processes[-1].kill()
+    psutil.wait_procs(processes, timeout=20)
 
 
 def stop_process_group(process: subprocess.Popen) -> None:
