@@ -734,40 +734,44 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
     test_a_stalled_job_shows_every_ranks_stack_and_fails_when_asked, and its error line tests/test_stall.py's.)"""
     stall_args = ["--workdir", str(USER_SCRIPT), "--stall-timeout", "20", "--env", "HOROVOD_STALL_CHECK_TIME_SECONDS=5"]
     # The job's time limit ends it by itself once the stall has been seen (then `status` says so; nothing runs on).
-    started = launcher(cluster, *start_args(cluster, "--detach", "--time-limit", "50", *stall_args), "--", "python",
+    # At 50 s it once came first: with this machine's other room pushing 6.7 GB, the script started late, and the
+    # stall (20 s without output) was not yet seen.
+    started = launcher(cluster, *start_args(cluster, "--detach", "--time-limit", "90", *stall_args), "--", "python",
                        "stall.py")
     assert started.returncode == 0, started.stderr[-3000:]
-    deadline = time.monotonic() + 120
-    while "stall-script rank 0 of 2 started" not in launcher(cluster, "logs", "--env-file",
-                                                             str(cluster.env_file())).stdout:
-        assert time.monotonic() < deadline, "the stall script did not start"
-        time.sleep(2)
-    time.sleep(3)
-    stacks = launcher(cluster, "stacks", "--env-file", str(cluster.env_file()))
-    print(f"\n$ launcher stacks\n{stacks.stdout}")
-    assert stacks.returncode == 0, stacks.stderr
-    assert re.search(r"^rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+", stacks.stdout, re.M), stacks.stdout
-    assert re.search(r"^rank 0 \(node_1 pid \d+\) in \w+ at mpi_ops.py:\d+, from main at stall.py:\d+", stacks.stdout,
-                     re.M), stacks.stdout
+    try:
+        deadline = time.monotonic() + 120
+        while "stall-script rank 0 of 2 started" not in launcher(cluster, "logs", "--env-file",
+                                                                 str(cluster.env_file())).stdout:
+            assert time.monotonic() < deadline, "the stall script did not start"
+            time.sleep(2)
+        time.sleep(3)
+        stacks = launcher(cluster, "stacks", "--env-file", str(cluster.env_file()))
+        print(f"\n$ launcher stacks\n{stacks.stdout}")
+        assert stacks.returncode == 0, stacks.stderr
+        assert re.search(r"^rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+", stacks.stdout, re.M), stacks.stdout
+        assert re.search(r"^rank 0 \(node_1 pid \d+\) in \w+ at mpi_ops.py:\d+, from main at stall.py:\d+", stacks.stdout,
+                         re.M), stacks.stdout
 
-    deadline = time.monotonic() + 90
-    while "stalled for" not in (status := launcher(cluster, "status", "--env-file", str(cluster.env_file())).stdout):
-        assert time.monotonic() < deadline, status
-        time.sleep(3)
-    print(f"\n$ launcher status\n{status}")
-    assert re.search(r"stalled for \d+ s: rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+ while rank 0 ",
-                     status), status
-    assert "Horovod: rank 1 missing from" in status, status
-    logs = launcher(cluster, "logs", "--env-file", str(cluster.env_file())).stdout
-    assert "the job looks stalled: no output and no new metrics for" in logs and "wait_for_data (" in logs
-    deadline = time.monotonic() + 120  # until the job has failed and every container has stopped by itself
-    while "failed" not in (status := launcher(cluster, "status", "--env-file", str(cluster.env_file())).stdout) or (
-            " running" in status.split("\n", 1)[1]):
-        assert time.monotonic() < deadline, status
-        time.sleep(3)
-    print(f"\n$ launcher status  # after --time-limit 50\n{status}")
-    assert "failed (exit status 124): the job ran past its time limit of 50 s; rank 1 (node_2 pid" in status, status
-    launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
+        deadline = time.monotonic() + 90
+        while "stalled for" not in (status := launcher(cluster, "status", "--env-file", str(cluster.env_file())).stdout):
+            assert time.monotonic() < deadline, status
+            time.sleep(3)
+        print(f"\n$ launcher status\n{status}")
+        assert re.search(r"stalled for \d+ s: rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+ while rank 0 ",
+                         status), status
+        assert "Horovod: rank 1 missing from" in status, status
+        logs = launcher(cluster, "logs", "--env-file", str(cluster.env_file())).stdout
+        assert "the job looks stalled: no output and no new metrics for" in logs and "wait_for_data (" in logs
+        deadline = time.monotonic() + 120  # until the job has failed and every container has stopped by itself
+        while "failed" not in (status := launcher(cluster, "status", "--env-file", str(cluster.env_file())).stdout) or (
+                " running" in status.split("\n", 1)[1]):
+            assert time.monotonic() < deadline, status
+            time.sleep(3)
+        print(f"\n$ launcher status  # after --time-limit 90\n{status}")
+        assert "failed (exit status 124): the job ran past its time limit of 90 s; rank 1 (node_2 pid" in status, status
+    finally:  # a failed assertion too: the next test starts on clean nodes
+        launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
     assert_nothing_left(cluster)
 
 
