@@ -63,9 +63,13 @@ class Network:
     def folder(self) -> Path:
         return TEST_ROOT / f"harness-{self.number}"
 
+    @property
+    def veth_prefix(self) -> str:
+        return f"hst{self.number}v"
+
     def veth(self, index: int) -> str:
         """This machine's end of node `index`'s link."""
-        return f"hst{self.number}v{index}"
+        return f"{self.veth_prefix}{index}"
 
     def node(self, index: int) -> TestNode:
         return TestNode(f"{self.node_prefix}_{index}", index, self)
@@ -396,7 +400,7 @@ class Cluster:
                 sh("ip", "netns", "delete", name, check=False)
         for link in sh("ip", "-o", "link", "show", "type", "veth", check=False).stdout.splitlines():
             name = link.split(": ")[1].split("@")[0]
-            if name.startswith(self.network.veth(0)[:-1]):  # this harness's ends, whatever holds their peers
+            if name.startswith(self.network.veth_prefix):  # this harness's ends, whatever holds their peers
                 sh("ip", "link", "delete", name, check=False)
         bridge = self.network.bridge
         sh("ip", "link", "delete", bridge, check=False)

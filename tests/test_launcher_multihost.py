@@ -749,12 +749,14 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
         stacks = launcher(cluster, "stacks", "--env-file", str(cluster.env_file()))
         print(f"\n$ launcher stacks\n{stacks.stdout}")
         assert stacks.returncode == 0, stacks.stderr
-        assert re.search(r"^rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+", stacks.stdout, re.M), stacks.stdout
-        assert re.search(r"^rank 0 \(node_1 pid \d+\) in \w+ at mpi_ops.py:\d+, from main at stall.py:\d+", stacks.stdout,
+        assert re.search(r"^rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+", stacks.stdout,
                          re.M), stacks.stdout
+        assert re.search(r"^rank 0 \(node_1 pid \d+\) in \w+ at mpi_ops.py:\d+, from main at stall.py:\d+",
+                         stacks.stdout, re.M), stacks.stdout
 
         deadline = time.monotonic() + 90
-        while "stalled for" not in (status := launcher(cluster, "status", "--env-file", str(cluster.env_file())).stdout):
+        while "stalled for" not in (status := launcher(cluster, "status", "--env-file",
+                                                       str(cluster.env_file())).stdout):
             assert time.monotonic() < deadline, status
             time.sleep(3)
         print(f"\n$ launcher status\n{status}")
