@@ -54,11 +54,12 @@ RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,targe
 
 FROM runtime AS image
 # Horovod's runner, patched where installed (pure Python, the wheel stays cached): elastic jobs' ssh pins host keys
-# and puts no environment values on command lines (docker/patch-horovod-runner.sh).
+# and puts no environment values on command lines; its rendezvous takes only the job's own requests, unpickles no
+# code and listens on the pinned NIC (docker/horovod-runner/patch.py).
 RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
-    --mount=type=bind,source=docker/patch-horovod-runner.sh,target=/tmp/patch-horovod-runner.sh \
+    --mount=type=bind,source=docker/horovod-runner,target=/tmp/horovod-runner \
     pip install --no-deps /dist/horovod-*.whl \
- && /tmp/patch-horovod-runner.sh "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+ && python /tmp/horovod-runner/patch.py "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
  && horovodrun --check-build
 # py-spy reads another process's memory: the workers get the SYS_PTRACE capability (launcher/core/protocol.py
 # WORKER_CAPABILITIES, compose.yaml), and the binary may use it as mpiuser, which hosts with Yama's ptrace_scope 1
@@ -71,11 +72,13 @@ RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,targe
  && apt-get update && apt-get install -y --no-install-recommends libcap2-bin && rm -rf /var/lib/apt/lists/* \
  && setcap cap_sys_ptrace+ep "$(readlink -f /opt/venv/bin/py-spy)"
 # Runs as a non-root user, sshd and mpirun included (the entrypoint sees to it: USER below). /cluster holds the
-# per-cluster SSH trust (a volume filled at run time); /shared the datasets, checkpoints and metrics; /workdir the
+# per-cluster SSH trust, filled at run time: the public key (ssh/), rank 0's private key and secrets (private/, never a
+# volume), the workers' host keys (hostkeys/); /shared the datasets, checkpoints and metrics; /workdir the
 # user's code, if any.
 RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
- && mkdir -p /cluster/ssh /cluster/hostkeys /shared /workdir \
- && chown -R mpiuser:mpiuser /cluster /shared /workdir
+ && mkdir -p /cluster/ssh /cluster/private /cluster/hostkeys /shared /workdir \
+ && chown -R mpiuser:mpiuser /cluster /shared /workdir \
+ && chmod 700 /cluster/private
 COPY app /opt/horovod-stack/app
 # The job agent (launcher/agent/) runs every job from the rank-0 container, whichever door started it.
 COPY launcher /opt/horovod-stack/launcher

@@ -18,8 +18,10 @@
 #                       on N ranks in this container over Gloo; the exit status is the job's. It runs as the owner of
 #                       the current folder (the user's mounted checkout, whoever owns it: GitHub's runner 1001,
 #                       GitLab's root, anyone): started as root (the image's default, or --user 0) it becomes that
-#                       owner with setpriv, so every file it leaves is the owner's; started as another user it runs as
-#                       that user, and says so in one line only if it must write and cannot (its JUnit report)
+#                       owner with setpriv, so every file it leaves is the owner's, with no capabilities (a root-owned
+#                       checkout runs as root without any, and no_new_privs); started as another user it runs as
+#                       that user, and says so in one line only if it must write and cannot (its JUnit report). The
+#                       harness and the bundled trainer run with the checkout off their import path (python -P)
 #   ANY OTHER COMMAND   run it (e.g. `horovodrun --check-build`)
 #
 # Who runs it: the image starts as root in the image's group (the Dockerfile's USER 0:1000), which only the smoke
@@ -116,17 +118,22 @@ run_worker() {
 run_smoke() {
   local owner uid home
   owner=$(stat -c %u:%g .)
-  if [ "$(id -u)" = 0 ] && [ "$(id -u):$(id -g)" != "$owner" ]; then
-    # No supplementary groups; no capabilities but for a root-owned folder (setuid to another user clears them):
-    # the folder's owner, as any process of theirs.
-    exec setpriv --reuid="${owner%%:*}" --regid="${owner#*:}" --clear-groups -- "$0" smoke "$@"
+  if [ "$(id -u)" = 0 ] && ! grep -qE '^CapBnd:[[:space:]]+0+$' /proc/self/status; then
+    # The folder's owner, as any process of theirs: no supplementary groups, and no capabilities even as root (a
+    # root-owned checkout): empty bounding and inheritable sets, so the exec below leaves none, and no_new_privs, so
+    # no setuid or file-capability binary gives any back. The code under test can then plant no setuid binary or
+    # device node in the mounted checkout.
+    exec setpriv --reuid="${owner%%:*}" --regid="${owner#*:}" --clear-groups --inh-caps=-all --bounding-set=-all \
+      --no-new-privs -- "$0" smoke "$@"
   fi
   uid=$(id -u)
   # A uid the image does not know (the runner's 1001) has no home: torch's, matplotlib's and pip's caches go to /tmp.
   home=$(getent passwd "$uid" | cut -d: -f6 || true)
   if [ -n "$home" ] && [ -w "$home" ]; then export HOME="$home"; else export HOME=/tmp/smoke-home; fi
   mkdir -p "$HOME"
-  exec python -m launcher.smoke "$@"
+  # -P: the checkout (the working folder) stays off the import path, so code under test cannot replace the harness
+  # that judges it (a launcher/smoke/ of its own).
+  exec python -P -m launcher.smoke "$@"
 }
 
 case "$ROLE" in

@@ -33,6 +33,10 @@
 #   the rendezvous, and its Python and torch take longer than that to start on a busy or cold node: the running
 #   ranks aborted and the job failed. A rendezvous now waits HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS for a key when
 #   that is longer (unset: as before); collectives keep their own timeout.
+# - Rendezvous secret (security): every request a rank's Gloo makes to horovodrun's rendezvous server carries the
+#   job's secret (HOROVOD_STACK_RENDEZVOUS_TOKEN, which the patched horovodrun makes per job and hands to its ranks
+#   through their environment, never a command line) as `Authorization: Bearer`; the server refuses a request without
+#   it (docker/horovod-runner/stack_guard.py).
 # The other fix, for CMake >= 4 refusing the bundled gloo's cmake_minimum_required < 3.5, is an
 # environment setting (CMAKE_POLICY_VERSION_MINIMUM=3.5) exported by install-horovod.sh.
 # This file's hash is part of the wheel cache key: change it and the wheel is rebuilt.
@@ -140,3 +144,10 @@ fi
 grep -q 'std::max(collective_timeout, rendezvous_timeout)' "$http_store" && grep -q '#include <algorithm>' "$http_store" &&
   grep -q ' or HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS"' "$http_store" ||
   { echo "patch-horovod-source: the rendezvous-wait change no longer applies to $http_store" >&2; exit 1; }
+
+if ! grep -q 'HOROVOD_STACK_RENDEZVOUS_TOKEN' "$http_store"; then
+  perl -0pi -e 's/(\/\/ Perform http request to rendezvous server with retry logic\n)/\/\/ horovod-stack: rendezvous secret (docker\/patch-horovod-source.sh): the job'"'"'s secret on every request.\nstatic std::vector<std::string> JobSecretHeaders() {\n  const char* token = std::getenv("HOROVOD_STACK_RENDEZVOUS_TOKEN");\n  if (token == nullptr || *token == '"'"'\\0'"'"') return {};\n  return {std::string("Authorization: Bearer ") + token};\n}\n\n$1/; s/request\.send\(method, body\);/request.send(method, body, JobSecretHeaders());/' "$http_store"
+fi
+grep -q 'request.send(method, body, JobSecretHeaders());' "$http_store" &&
+  grep -q 'std::getenv("HOROVOD_STACK_RENDEZVOUS_TOKEN")' "$http_store" ||
+  { echo "patch-horovod-source: the rendezvous-secret change no longer applies to $http_store" >&2; exit 1; }

@@ -59,6 +59,9 @@ def check_github_workflow(workflow: dict) -> None:
         assert job.get("steps"), f"job {name} has no steps"
         for step in job["steps"]:
             assert ("uses" in step) != ("run" in step), f"job {name}: a step needs one of uses: or run: ({step})"
+            if step.get("uses", "").startswith("actions/checkout@"):  # no token in .git/config for code under test
+                assert (step.get("with") or {}).get("persist-credentials") is False, f"job {name}: {step}"
+    assert "pull_request_target" not in triggers(workflow), "the smoke role would run a fork's code with secrets"
 
 
 def test_the_repositorys_workflow():

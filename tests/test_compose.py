@@ -119,11 +119,23 @@ def test_plain_compose_up_trains_across_containers_and_returns(engine, compose_r
 
     assert project_containers(engine, run.project, status="running") == []
     for container in project_containers(engine, run.project):  # what NCCL asks of a container
-        assert "IPC_LOCK" in container.attrs["HostConfig"]["CapAdd"]
         assert {"Name": "stack", "Soft": 64 * 1024**2, "Hard": 64 * 1024**2} in container.attrs["HostConfig"]["Ulimits"]
+        assert container.attrs["HostConfig"]["CapDrop"] == ["ALL"]
+        if container.labels["com.docker.compose.service"] == "worker":
+            assert sorted(container.attrs["HostConfig"]["CapAdd"]) == ["IPC_LOCK", "SYS_PTRACE"]
+            # the cluster's public key only, read-only; no folder of host keys any worker could write
+            assert {(m["Destination"], m["RW"]) for m in container.attrs["Mounts"] if m["Type"] == "volume"} == {
+                ("/shared", True), ("/cluster/ssh", False)}, container.attrs["Mounts"]
     launcher = next(c for c in project_containers(engine, run.project)
                     if c.labels["com.docker.compose.service"] == "launcher")
+    assert not launcher.attrs["HostConfig"]["CapAdd"], launcher.attrs["HostConfig"]["CapAdd"]
     assert not any(PRIVATE_KEY_MARK.decode() in variable for variable in launcher.attrs["Config"]["Env"])
+    # What the workers mount holds no private key: it stayed in the launcher's container.
+    workers_folder = subprocess.run(
+        ["docker", "run", "--rm", "-v", f"{run.project}_cluster-ssh:/keys:ro", "--entrypoint", "sh", IMAGE, "-c",
+         "ls /keys; cat /keys/*"], capture_output=True, text=True, check=True).stdout
+    assert workers_folder.startswith("authorized_keys\n") and PRIVATE_KEY_MARK.decode() not in workers_folder, \
+        workers_folder
     run.down()
     assert project_containers(engine, run.project) == []
 
@@ -252,14 +264,43 @@ def horovod_rank(container) -> int | None:
     return ranks.pop() if len(ranks) == 1 else None
 
 
+RENDEZVOUS_PROBE = USER_SCRIPT / "rendezvous_probe.py"
+MARKER = "/tmp/hst-rendezvous-ran-code"
+
+
+def probe_the_launcher(engine, run: ComposeRun) -> dict[int, list[str]]:
+    """A stranger's container on the project's network sends a pickle that runs code (and a GET of the ranks' keys)
+    to every port the launcher container listens on (horovodrun's rendezvous among them); what each port answered.
+    Nothing of the job listens on a wildcard address, and no pickle ran."""
+    launcher = next(c for c in project_containers(engine, run.project)
+                    if c.labels["com.docker.compose.service"] == "launcher")
+    sockets = launcher.exec_run(["ss", "-Hltn"]).output.decode().split("\n")
+    local = [line.split()[3] for line in sockets if line.strip()]
+    assert local and not [address for address in local if address.startswith(("0.0.0.0:", "*:", "[::]:"))], local
+    address = launcher.attrs["NetworkSettings"]["Networks"][f"{run.project}_default"]["IPAddress"]
+    ports = sorted({address_port.rsplit(":", 1)[1] for address_port in local})
+    output = engine.containers.run(IMAGE, ["python", "/probe/rendezvous_probe.py", address, MARKER, *ports],
+                                   network=f"{run.project}_default", remove=True,
+                                   volumes={str(USER_SCRIPT): {"bind": "/probe", "mode": "ro"}}).decode()
+    assert launcher.exec_run(["test", "-d", "/tmp"]).exit_code == 0  # the check's control
+    assert launcher.exec_run(["test", "-e", MARKER]).exit_code == 1, "a stranger's pickle ran in the launcher"
+    return {int(port): got for port, got in json.loads(output.strip().splitlines()[-1]).items()}
+
+
 def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, compose_run, tmp_path, measured):
-    """ELASTIC_MIN_WORKERS=2 of 3: `docker kill` one worker after epoch 1; training goes on with 2 and finishes."""
+    """ELASTIC_MIN_WORKERS=2 of 3: `docker kill` one worker after epoch 1; training goes on with 2 and finishes.
+    Before the kill, a stranger on the project's network probes every port of the launcher: its rendezvous refuses
+    (403, and a line naming the sender), and nothing it sends runs."""
     run = compose_run(WORKERS="3", ELASTIC_MIN_WORKERS="2", EPOCHS="10")
     log = tmp_path / "compose.log"
     # Plain `up`: --exit-code-from would stop the whole project as soon as the killed worker exits.
     process = run.start("up", log=log)
     try:
         wait_for_line(log, "epoch 1/10:", process, timeout=400)
+        answers = probe_the_launcher(engine, run)
+        measured(f"rendezvous probe of the compose launcher's listening ports: {answers}")
+        assert [port for port, got in answers.items() if got == ["403", "403", "403"]], answers
+        assert not [port for port, got in answers.items() if "200" in got], answers
         victim = next(c for c in project_containers(engine, run.project)
                       if c.labels["com.docker.compose.service"] == "worker" and horovod_rank(c) == 2)
         victim.kill()
@@ -271,6 +312,7 @@ def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, com
     output = ANSI_ESCAPE.sub("", log.read_text())
     assert process.returncode == 0, output[-5000:]
     assert "world size 3 -> 2" in output and "job succeeded (exit status 0)" in output, output[-5000:]
+    assert "horovod-stack: refused a rendezvous request from " in output, output[-5000:]
     gap = re.search(r"first step at world size 2, ([0-9.]+) s after the last step", output).group(1)
     measured(f"elastic (compose): {gap} s from the last step at world size 3 to the first at world size 2")
     exit_codes = sorted((c.labels["com.docker.compose.service"], c.attrs["State"]["ExitCode"])

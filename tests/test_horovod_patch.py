@@ -70,25 +70,50 @@ def load_module(path: Path, name: str):
     return module
 
 
-def test_the_runner_patch_pins_host_keys_and_keeps_values_off_command_lines(tmp_path, monkeypatch):
-    """docker/patch-horovod-runner.sh over this checkout's installed Horovod runner: elastic ranks' ssh no longer
-    trusts any host key, and a rank's command line holds no variable horovodrun has itself (a secret setting)."""
+def patched_runner(tmp_path: Path):
+    """A copy of this checkout's installed Horovod runner with docker/horovod-runner/patch.py applied (twice: the
+    second run must change nothing), its modules loaded from there."""
     import horovod
-    from horovod.runner.common.util.hosts import SlotInfo
 
     installed = Path(horovod.__file__).parent
-    for relative in ("runner/util/remote.py", "runner/gloo_run.py"):
-        (tmp_path / "horovod" / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(installed / relative, tmp_path / "horovod" / relative)
-    subprocess.run([str(ranks.REPO / "docker" / "patch-horovod-runner.sh"), str(tmp_path)], check=True,
-                   capture_output=True)
-    remote = load_module(tmp_path / "horovod/runner/util/remote.py", "patched_remote")
+    shutil.copytree(installed / "runner", tmp_path / "horovod" / "runner")
+    patch = [sys.executable, str(ranks.REPO / "docker" / "horovod-runner" / "patch.py"), str(tmp_path)]
+    subprocess.run(patch, check=True, capture_output=True)
+    first = {path: path.read_bytes() for path in (tmp_path / "horovod").rglob("*.py")}
+    subprocess.run(patch, check=True, capture_output=True)
+    assert {path: path.read_bytes() for path in (tmp_path / "horovod").rglob("*.py")} == first
+    return tmp_path / "horovod" / "runner"
+
+
+def test_the_runner_patch_pins_host_keys_and_keeps_values_off_command_lines(tmp_path, monkeypatch):
+    """docker/horovod-runner/patch.py over this checkout's installed Horovod runner: elastic ranks' ssh no longer
+    trusts any host key, and a rank's command line holds no variable horovodrun has itself (a secret setting)."""
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    runner = patched_runner(tmp_path)
+    remote = load_module(runner / "util/remote.py", "patched_remote")
     command = remote.get_ssh_command("true", "node_2", port=12345)
     assert "StrictHostKeyChecking" not in command and "-o 'SendEnv=*'" in command, command
 
     monkeypatch.setenv("API_KEY", "sk-SECRET123")
-    gloo_run = load_module(tmp_path / "horovod/runner/gloo_run.py", "patched_gloo_run")
+    monkeypatch.setenv("HOROVOD_STACK_RENDEZVOUS_TOKEN", "the-jobs-secret")
+    gloo_run = load_module(runner / "gloo_run.py", "patched_gloo_run")
     env = {**os.environ, "HOROVOD_FUSION_THRESHOLD": "0"}  # one of horovodrun's own settings, not in its environment
     line = gloo_run._slot_info_to_command_fn("python t.py", env)(SlotInfo("node_2", 1, 0, 1, 2, 1, 2))
     assert "sk-SECRET123" not in line and "API_KEY" not in line, line
+    assert "the-jobs-secret" not in line, line  # the rendezvous secret travels as any other inherited value
     assert "HOROVOD_FUSION_THRESHOLD=0" in line and "HOROVOD_RANK=1" in line
+
+
+def test_the_runner_patch_refuses_a_runner_it_does_not_know(tmp_path):
+    """A Horovod whose runner changed where an edit applies fails the patch, naming the file to check, rather than
+    shipping half patched."""
+    import horovod
+
+    shutil.copytree(Path(horovod.__file__).parent / "runner", tmp_path / "horovod" / "runner")
+    server = tmp_path / "horovod/runner/http/http_server.py"
+    server.write_text(server.read_text().replace("SINGLE_REQUEST_TIMEOUT\n", "REQUEST_TIMEOUT\n"))
+    done = subprocess.run([sys.executable, str(ranks.REPO / "docker" / "horovod-runner" / "patch.py"), str(tmp_path)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode != 0
+    assert "this Horovod's runner changed; check docker/horovod-runner/patch.py" in done.stderr, done.stderr

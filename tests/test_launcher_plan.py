@@ -256,7 +256,7 @@ def test_pinning_a_host_key_replaces_only_that_workers_old_key(known, expected):
 def test_ssh_client_config_is_strict_on_the_stacks_port():
     config = ssh_config(2222)
     assert "StrictHostKeyChecking yes" in config and "Port 2222" in config and "BatchMode yes" in config
-    assert "IdentityFile /cluster/ssh/id_ed25519" in config and "ConnectTimeout 10" in config
+    assert "IdentityFile /cluster/private/id_ed25519" in config and "ConnectTimeout 10" in config
 
 
 def test_every_ssh_into_the_cluster_and_every_workers_sshd_give_up_on_a_silent_peer_alike():
@@ -876,7 +876,7 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     engines = [Recorder("node-1"), Recorder("node-2")]
     containers = [container("w1", "c0ffee00"), container("w2", "c0ffee00", role="worker")]
     launch.hand_over_trust(plan, engines, containers, KeyPair(b"PRIVATE", "ssh-ed25519 PUBLIC"), 0, lambda _: None)
-    secrets = [(mode, content) for path, mode, content in engines[0].put if path == "/cluster/ssh/secrets.json"]
+    secrets = [(mode, content) for path, mode, content in engines[0].put if path == "/cluster/private/secrets.json"]
     assert secrets == [(0o600, json.dumps({"API_KEY": "sk-SECRET123"}).encode())]
     assert not any(b"sk-SECRET123" in content for _, _, content in engines[1].put)
     job = next(content for path, _, content in engines[0].put if path.endswith("job.json"))

@@ -189,10 +189,32 @@ def test_a_dataloader_with_workers_in_dockers_64_mb_of_shared_memory(tmp_path):
     assert owners(plain) == owners(roomy) == {LOADER.name: (IMAGE_USER, IMAGE_USER)}
 
 
+SHIPPED_HARNESS = """print("smoke: passed: 2 ranks over Gloo in 0.1 s (the checkout's own harness)")\n"""
+SHIPPED_TRAINER = """print("validation accuracy 1.000 (the checkout's own trainer)")\n"""
+
+
+def shipped_harness(folder: Path) -> None:
+    """The code under test ships its own launcher/smoke/__main__.py and app/train.py: found first on the import path,
+    they would judge themselves."""
+    for relative, text in (("launcher/smoke/__main__.py", SHIPPED_HARNESS), ("app/train.py", SHIPPED_TRAINER)):
+        path = folder / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for package in (path.parent, path.parent.parent):
+            if package != folder:
+                (package / "__init__.py").write_text("")
+        path.write_text(text)
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, 0, 0)
+
+
 def test_the_bundled_trainer_on_roots_checkout(tmp_path):
     """No command: the bundled trainer, briefly, on the digits set; it learned and the ranks agree; the JUnit report
-    parses. On a root-owned folder (a GitLab job's own checkout), the line as typed: root's, and stays root's."""
+    parses. On a root-owned folder (a GitLab job's own checkout), the line as typed: root's, and stays root's. That
+    checkout ships a launcher/smoke/__main__.py and an app/train.py of its own, which change nothing: the image's
+    harness and trainer judge it."""
     folder = checkout(tmp_path, 0)
+    shipped_harness(folder)
+    shipped = set(owners(folder))
     done, seconds = smoke(folder, "--junit", "smoke.xml")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
@@ -201,7 +223,22 @@ def test_the_bundled_trainer_on_roots_checkout(tmp_path):
     assert lines[-3].endswith("after 3 epochs (chance 0.100), parameters identical on all 2 ranks")
     assert float(lines[-3].split()[6]) >= 0.8
     assert junit(folder / "smoke.xml") == {"rank 0": None, "rank 1": None, "job: 2 ranks over Gloo": None}
-    assert owners(folder) == {"smoke.xml": (0, 0)}
+    assert "the checkout's own" not in done.stdout + done.stderr
+    assert {path: owner for path, owner in owners(folder).items() if path not in shipped} == {"smoke.xml": (0, 0)}
+
+
+@pytest.mark.parametrize("user", [None, "0"], ids=["line as typed", "--user 0"])
+def test_ranks_on_roots_checkout_have_no_capabilities(tmp_path, user):
+    """On a root-owned checkout the ranks run as root, with no capability and no_new_privs (Docker's default set
+    would let code under test plant setuid binaries or device nodes in the host's checkout), whether the container
+    starts as the image's default or with --user 0; what they leave stays root's."""
+    folder = checkout(tmp_path, 0, PROBE)
+    done, _ = smoke(folder, "--np", "2", "--", "python", PROBE.name, user=user)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] probe rank {rank} of 2: " in done.stdout
+        assert f"uid=0 CapEff=0000000000000000 NoNewPrivs=1" in done.stdout.split(f"[rank {rank}] probe rank")[1]
+    assert set(owners(folder).values()) == {(0, 0)}, owners(folder)
 
 
 def test_a_user_who_is_not_the_owner_reads_and_is_told_the_fix_only_to_write(tmp_path):

@@ -207,7 +207,7 @@ def test_the_bundled_trainers_checks(found, problem):
 
 def test_the_bundled_trainers_command_and_summary(tmp_path):
     command = trainer.command(tmp_path, 2)
-    assert command[:3] == ["python", "-m", "app.train"] and "--no-cuda" in command
+    assert command[:4] == ["python", "-P", "-m", "app.train"] and "--no-cuda" in command
     assert command[command.index("--epochs") + 1] == "2"
     assert command[command.index("--summary-file") + 1] == str(tmp_path / "summary.json")
     assert trainer.read_summary(tmp_path) is None

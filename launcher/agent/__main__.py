@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.agent import compose, stacks
+from launcher.agent.hostkeys import FirstContactAgent
 from launcher.agent.job import DISCOVERY_SSH_TIMEOUT, Agent, lost_addresses, say
 from launcher.agent.transport import SshTransport, Transport, read_text, stop_on_signals, write_atomically
 from launcher.core.job import JobSpec
@@ -48,7 +49,8 @@ def run_compose(environ: dict[str, str], args: list[str]) -> int:
         transport.write(JOB_SPEC, spec.to_json())
     except (ValueError, OSError) as error:  # SettingsError, or TRAIN_COMMAND that shlex cannot split
         return Agent(compose.fallback_spec(environ), transport).refuse(one_line(error)).status
-    return Agent(spec, transport).run().status
+    # Compose's workers publish no host keys: replicas of one service would share one writable folder for them.
+    return FirstContactAgent(spec, transport).run().status
 
 
 def run_spec(log_file: str | None) -> int:

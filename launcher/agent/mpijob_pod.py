@@ -19,22 +19,17 @@ Keys: the operator mounts its Secret at sshAuthMountPath (MPIJOB_SSH_AUTH_DIR): 
 authorized_keys, root-owned with mode 0644. The agent copies the private key to where the stack's ssh client reads
 the cluster's key (CLUSTER_KEY, mode 0600); each worker's entrypoint copies authorized_keys for its sshd.
 
-Host keys: the operator hands over no host keys, and pods share no folder the workers could publish theirs in (the
-other doors pin keys read from /cluster/hostkeys). So the agent learns each worker's host key at its first contact
-(ssh-keyscan of the worker's DNS name, inside the cluster's pod network, before the job starts) and stores it where
-the other doors' published keys go; from then on the agent's pinning is as strict as theirs: mpirun, the
-lifelines and elastic discovery refuse a worker whose key changes during the job. This is trust on first use: it
-rests on the cluster's DNS and pod network, the same ground the operator's own images stand on (they turn host-key
-checking off).
+Host keys: the operator hands over none, so the agent learns each worker's at its first contact
+(launcher/agent/hostkeys.py).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
 
-from launcher.agent.job import Agent, JobError
+from launcher.agent.hostkeys import FirstContactAgent, Scan, keyscan
+from launcher.agent.job import JobError
 from launcher.agent.transport import SshTransport, Transport, stop_on_signals
 from launcher.core.job import DoorWords, JobSpec, Worker, new_run_id
 from launcher.core.nics import IP_ADDRESSES, own_nic, parse_ip_addresses, subnet_of, virtual_subnets
@@ -42,14 +37,12 @@ from launcher.core.options import JobOptions, SettingsError, one_line
 from launcher.core.pod_contract import PodArgs, parse
 from launcher.core.protocol import (
     CLUSTER_KEY,
-    HOSTKEYS_DIR,
     JOB_SPEC,
     JOB_STATUS,
     MPIJOB_DISCOVERY,
     MPIJOB_HOSTFILE,
     MPIJOB_SSH_AUTH_DIR,
     RUNS_DIR,
-    SSH_CONNECT_TIMEOUT_SECONDS,
     JobEnd,
 )
 
@@ -120,33 +113,12 @@ def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]],
     )
 
 
-Scan = Callable[[str, int], str | None]
-
-
-def keyscan(address: str, port: int) -> str | None:
-    """The worker's ed25519 host key as 'TYPE BASE64', as its sshd offers it now; None while it does not answer."""
-    try:
-        done = subprocess.run(
-            ["ssh-keyscan", "-T", str(SSH_CONNECT_TIMEOUT_SECONDS), "-p", str(port), "-t", "ed25519", address],
-            capture_output=True,
-            text=True,
-            timeout=SSH_CONNECT_TIMEOUT_SECONDS + 5,
-        )
-    except subprocess.TimeoutExpired:
-        return None
-    for line in done.stdout.splitlines():
-        words = line.split()
-        if len(words) >= 3 and not line.startswith("#"):
-            return f"{words[1]} {words[2]}"
-    return None
-
-
-class OperatorAgent(Agent):
+class OperatorAgent(FirstContactAgent):
     """The job agent with the operator's key pair and host keys learnt on first contact (the module's docstring)."""
 
     def __init__(self, spec: JobSpec, transport: Transport, ssh_auth: str, scan: Scan = keyscan, **kwargs) -> None:
-        super().__init__(spec, transport, **kwargs)
-        self.ssh_auth, self.scan = ssh_auth, scan
+        super().__init__(spec, transport, scan, **kwargs)
+        self.ssh_auth = ssh_auth
 
     def prepare(self) -> None:
         super().prepare()
@@ -157,15 +129,6 @@ class OperatorAgent(Agent):
                 f"sshAuthMountPath, which must be {self.ssh_auth}; export the job with `launcher export mpijob`"
             )
         self.transport.write(CLUSTER_KEY, private, 0o600)  # ssh refuses a private key that others may read
-
-    def pin(self, worker: Worker) -> bool:
-        published = f"{HOSTKEYS_DIR}/{worker.address}.pub"
-        if not self.transport.read(published):
-            key = self.scan(worker.address, self.spec.options.ssh_port)
-            if not key:
-                return False
-            self.transport.write(published, key + "\n")
-        return super().pin(worker)
 
 
 def own_addresses() -> list[tuple[str, str]]:

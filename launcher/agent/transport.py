@@ -285,9 +285,8 @@ class SshTransport:
         from launcher.core.sshtrust import make_key_pair  # ssh-keygen, only where the agent makes the key
 
         keys = make_key_pair("horovod-stack cluster")
-        write_atomically(CLUSTER_KEY, keys.private.decode(), 0o600)
-        write_atomically(f"{CLUSTER_KEY}.pub", keys.public + "\n")
-        write_atomically(f"{CLUSTER_SSH_DIR}/authorized_keys", keys.public + "\n")
+        write_atomically(CLUSTER_KEY, keys.private.decode(), 0o600)  # this container's own file system alone
+        write_atomically(f"{CLUSTER_SSH_DIR}/authorized_keys", keys.public + "\n")  # compose: the workers' volume
 
     def make_run_dir(self, folder: str) -> None:
         run = Path(folder)

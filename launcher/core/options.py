@@ -202,7 +202,7 @@ class JobOptions:
     """Names of variables every rank gets whose values are secret (API keys, tokens): the values travel apart from the
     job (a 0600 file in rank 0's container, read and removed by the agent; an MPIJob's Kubernetes Secret) and reach
     the ranks through mpirun's environment (`-x NAME`) or elastic horovodrun's (inherited, or sent over ssh's own
-    channel: docker/patch-horovod-runner.sh), never a command line, a log or job.json."""
+    channel: docker/horovod-runner/patch.py), never a command line, a log or job.json."""
     network_interface: str | None = option(
         None, flag="--network-interface", key=NIC_SETTING, compose="NETWORK_INTERFACE", mpijob="--network-interface"
     )

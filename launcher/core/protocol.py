@@ -76,9 +76,13 @@ RUNS_DIR = f"{SHARED_MOUNT}/runs"
 WORKDIR = "/workdir"
 """Where the user's code sits in every container (--workdir, compose's WORKDIR); the job's working directory."""
 CLUSTER_SSH_DIR = "/cluster/ssh"
-"""The cluster's key pair and authorized_keys (compose: a volume the workers mount read-only)."""
-CLUSTER_KEY = f"{CLUSTER_SSH_DIR}/id_ed25519"
-SECRETS_FILE = f"{CLUSTER_SSH_DIR}/secrets.json"
+"""The cluster's public key, as the workers' sshd reads it (authorized_keys; compose: a volume the workers mount
+read-only)."""
+CLUSTER_PRIVATE_DIR = "/cluster/private"
+"""What rank 0's container (compose: the launcher's) alone holds, in its own file system, never on a volume or in
+another container: the cluster's private key and the job's secret settings."""
+CLUSTER_KEY = f"{CLUSTER_PRIVATE_DIR}/id_ed25519"
+SECRETS_FILE = f"{CLUSTER_PRIVATE_DIR}/secrets.json"
 """The job's secret settings in rank 0's container, {NAME: VALUE} as JSON, mode 0600, handed over as the private key
 is; the agent reads it and removes it before the job runs."""
 COMPOSE_SECRETS_DIR = "/run/secrets"

@@ -30,6 +30,7 @@ from launcher.core.protocol import (
     AGENT,
     AGENT_PREFIX,
     CLUSTER_KEY,
+    CLUSTER_PRIVATE_DIR,
     CLUSTER_SSH_DIR,
     HOSTKEYS_DIR,
     JOB_LOG,
@@ -248,7 +249,7 @@ def hand_over_trust(
     private = {PurePosixPath(CLUSTER_KEY).name: (keys.private, 0o600)}
     if plan.settings.secret_values:  # the agent reads and removes it before the job runs
         private[PurePosixPath(SECRETS_FILE).name] = (json.dumps(plan.settings.secret_values).encode(), 0o600)
-    rank0.put_files(container.id, CLUSTER_SSH_DIR, sshtrust.tar_files(private))
+    rank0.put_files(container.id, CLUSTER_PRIVATE_DIR, sshtrust.tar_files(private))
     rank0.put_files(
         container.id,
         HOSTKEYS_DIR,

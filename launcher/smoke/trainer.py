@@ -13,10 +13,12 @@ MIN_ACCURACY = 0.8
 
 
 def command(folder: Path, epochs: int = EPOCHS) -> list[str]:
-    """The trainer's command line; its metrics and summary go to `folder` (a temporary one, not the checkout)."""
+    """The trainer's command line; its metrics and summary go to `folder` (a temporary one, not the checkout), and the
+    checkout (the working folder) stays off its import path (-P): code under test cannot replace the trainer."""
     return [
-        "python", "-m", "app.train", "--dataset", "digits", "--epochs", str(epochs), "--no-cuda", "--progress", "lines",
-        "--metrics-file", str(folder / "metrics.jsonl"), "--summary-file", str(folder / "summary.json"),
+        "python", "-P", "-m", "app.train", "--dataset", "digits", "--epochs", str(epochs), "--no-cuda",
+        "--progress", "lines", "--metrics-file", str(folder / "metrics.jsonl"),
+        "--summary-file", str(folder / "summary.json"),
     ]  # fmt: skip
 
 

@@ -1,0 +1,176 @@
+"""Our fixes to an installed Horovod 0.28.1 runner (pure Python: no rebuild), for the jobs horovodrun starts (elastic
+jobs, the CI smoke role):
+    python3 docker/horovod-runner/patch.py SITE_PACKAGES
+
+- Pinned host keys: its ssh passed `-o StrictHostKeyChecking=no`, and a command-line option wins over the cluster's
+  ~/.ssh/config, so a worker with any host key was trusted. Without it the pinned known_hosts applies, as for
+  mpirun's ssh and the job agent's (launcher/core/job.py ssh_config).
+- No values on command lines: it put every variable of its environment on each rank's command line (visible in `ps`
+  on the driver's node and on every worker), secret settings included. Now a rank's command line carries only the
+  variables that differ from horovodrun's own environment (the per-rank HOROVOD_* ones and the like); the others
+  reach local ranks by inheritance, and remote ranks through ssh's own channel (SendEnv, which the workers' sshd
+  accepts: docker/sshd_config AcceptEnv).
+- A closed rendezvous (stack_guard.py, installed beside the runner's util modules): horovodrun makes one secret per
+  job for its ranks' environment; its HTTP servers refuse a request without it (403, one line naming the sender),
+  and a GET of the ranks' notification keys; nothing from the network is unpickled but plain data (the rendezvous)
+  or the runner's own message records (its HMAC-signed services); the rendezvous server and each rank's
+  notification service listen on the pinned NIC's address (every address only when none is pinned, as before).
+  The ranks' Gloo sends the secret too (docker/patch-horovod-source.sh).
+
+Each edit is an exact text replacement that must match once, so a Horovod whose runner changed fails here, loudly,
+instead of shipping unpatched; an edit already made is left as it is (running this twice changes nothing).
+"""
+
+from __future__ import annotations
+
+import py_compile
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MARK = "# horovod-stack"
+
+EDITS: dict[str, list[tuple[str, str]]] = {
+    "runner/util/remote.py": [
+        (
+            "SSH_COMMAND_PREFIX = 'ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no'\n",
+            f"SSH_COMMAND_PREFIX = \"ssh -o PasswordAuthentication=no -o 'SendEnv=*'\"  {MARK}: pinned keys, env by ssh\n",
+        ),
+    ],
+    "runner/gloo_run.py": [
+        (
+            "if env_util.is_exportable(key)]),\n",
+            "if env_util.is_exportable(key) and os.environ.get(key) != value]),"
+            f"  {MARK}: inherited or sent by ssh, never on a command line\n",
+        ),
+        (
+            "    global_rendezv_port = rendezvous.start()\n",
+            f"    global_rendezv_port = rendezvous.start(address=server_ip)  {MARK}: where the ranks reach it\n",
+        ),
+        (
+            "    global_rendezv_port = rendezvous.start(handler)\n",
+            "    global_rendezv_port = rendezvous.start(\n"
+            f"        handler, address=network.get_driver_ip(settings.nics) if settings.nics else '')  {MARK}: pinned NIC\n",
+        ),
+    ],
+    "runner/launch.py": [
+        (
+            "\nimport horovod\n",
+            f"\nimport horovod\nfrom horovod.runner.common.util import stack_guard  {MARK}\n",
+        ),
+        (
+            "def _run(args):\n",
+            f"def _run(args):\n    stack_guard.ensure_job_token()  {MARK}: this job's rendezvous secret, for its ranks\n",
+        ),
+    ],
+    "runner/util/network.py": [
+        (
+            "def find_port(server_factory):\n",
+            f"def find_port(server_factory, address=''):  {MARK}: the address to listen on ('': every one)\n",
+        ),
+        ("            addr = ('', port)\n", "            addr = (address, port)\n"),
+    ],
+    "runner/common/util/network.py": [
+        (
+            "from horovod.runner.common.util import secret\n",
+            f"from horovod.runner.common.util import secret, stack_guard  {MARK}\n",
+        ),
+        (
+            "        return cloudpickle.loads(message)\n",
+            f"        return stack_guard.loads_message(message)  {MARK}: the runner's messages only\n",
+        ),
+        (
+            "        self._server, _ = find_port(\n"
+            "            lambda addr: socketserver.ThreadingTCPServer(\n"
+            "                addr, self._make_handler()))\n",
+            f"        listen_address = stack_guard.listen_address(nics)  {MARK}: the pinned NIC's\n"
+            "        self._server, _ = find_port(\n"
+            "            lambda addr: socketserver.ThreadingTCPServer(\n"
+            "                addr, self._make_handler()), listen_address)\n",
+        ),
+        (
+            "        self._addresses = self._get_local_addresses()\n",
+            f"        self._addresses = stack_guard.bound_only(self._get_local_addresses(), listen_address)  {MARK}\n",
+        ),
+    ],
+    "runner/http/http_server.py": [
+        (
+            "from horovod.runner.util.network import find_port\n",
+            f"from horovod.runner.common.util import stack_guard  {MARK}\n"
+            "from horovod.runner.util.network import find_port\n",
+        ),
+        (
+            "    # Set timeout\n    timeout = SINGLE_REQUEST_TIMEOUT\n",
+            "    # Set timeout\n    timeout = SINGLE_REQUEST_TIMEOUT\n\n"
+            f"    {MARK}: only the job's own requests (its secret), and no rank's notification key read back\n"
+            "    def parse_request(self):\n"
+            "        return super().parse_request() and stack_guard.admit(self)\n",
+        ),
+        (
+            "    def start(self, handler_cls=RendezvousHandler):\n",
+            f"    def start(self, handler_cls=RendezvousHandler, address=''):  {MARK}: the address to listen on\n",
+        ),
+        (
+            "                addr, handler_cls, self._verbose))\n",
+            "                addr, handler_cls, self._verbose), address)\n",
+        ),
+    ],
+    "runner/http/http_client.py": [
+        (
+            "from horovod.runner.common.util import codec\n",
+            f"from horovod.runner.common.util import codec, stack_guard  {MARK}\n",
+        ),
+        ("        req = Request(url)\n", "        req = Request(url, headers=stack_guard.auth_headers())\n"),
+        (
+            "        req = Request(url, data=codec.dumps_base64(value, to_ascii=False))\n",
+            "        req = Request(url, data=codec.dumps_base64(value, to_ascii=False), headers=stack_guard.auth_headers())\n",
+        ),
+    ],
+    "runner/elastic/rendezvous.py": [
+        (
+            "from horovod.runner.common.util import codec\n",
+            f"from horovod.runner.common.util import stack_guard  {MARK}\n",
+        ),
+        (
+            "                addresses, secret_key = codec.loads_base64(value)\n",
+            f"                addresses, secret_key = stack_guard.loads_plain_base64(value)  {MARK}: plain data only\n",
+        ),
+    ],
+}
+
+
+def apply(text: str, old: str, new: str) -> str:
+    if new in text:
+        return text
+    if text.count(old) != 1:
+        raise SystemExit(f"patch.py: {old.strip()[:60]!r} is there {text.count(old)} times, not once: "
+                         "this Horovod's runner changed; check docker/horovod-runner/patch.py")
+    return text.replace(old, new)
+
+
+def patch(site: Path) -> list[Path]:
+    """Applies every edit under SITE/horovod (and installs stack_guard.py); the files it changed or checked."""
+    horovod = site / "horovod"
+    files = []
+    for relative, edits in EDITS.items():
+        path = horovod / relative
+        text = path.read_text()
+        for old, new in edits:
+            text = apply(text, old, new)
+        path.write_text(text)
+        files.append(path)
+    guard = horovod / "runner/common/util/stack_guard.py"
+    guard.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(HERE / "stack_guard.py", guard)
+    files.append(guard)
+    for path in files:
+        py_compile.compile(str(path), doraise=True)
+    return files
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: patch.py SITE_PACKAGES")
+    changed = patch(Path(sys.argv[1]))
+    print(f"patch-horovod-runner: patched {len(changed)} files under {sys.argv[1]}/horovod/runner")

@@ -1,0 +1,151 @@
+"""horovod-stack's guard on what horovodrun opens to the network (installed as horovod/runner/common/util/stack_guard.py
+by docker/horovod-runner/patch.py; its callers are the patched runner's modules).
+
+Horovod 0.28.1's runner listens on every address of the node and trusts whatever reaches it: its rendezvous server
+(HTTP) unpickles the body of any `PUT /worker_addresses/...` (code execution for anyone who reaches the port) and
+hands each rank's notification key to any `GET`. This module owns the rules that close that door:
+- one secret per job (TOKEN_VARIABLE): horovodrun makes it and hands it to its ranks through their environment
+  (inherited, or ssh's own channel; never a command line); every request to its HTTP servers must carry it
+  (`Authorization: Bearer`, also sent by the ranks' Gloo, docker/patch-horovod-source.sh), or gets a 403 and one
+  line on horovodrun's stderr naming the address it came from;
+- no one may read a rank's notification key back (GET on PRIVATE_SCOPES is refused);
+- no pickle from the network builds anything but plain data, or the runner's own message records;
+- a server listens on the pinned NIC's address, not on every address, when a NIC is pinned.
+Only the standard library and psutil (which the runner already needs): it imports nothing of Horovod's.
+"""
+
+import base64
+import hmac
+import io
+import os
+import pickle
+import secrets
+import socket
+import sys
+
+import psutil
+
+TOKEN_VARIABLE = "HOROVOD_STACK_RENDEZVOUS_TOKEN"
+"""The job's rendezvous secret, in horovodrun's environment and so in every rank's."""
+
+PRIVATE_SCOPES = ("worker_addresses",)
+"""Scopes no one reads back (horovod.runner.elastic.rendezvous.PUT_WORKER_ADDRESSES: each rank's notification
+service address and HMAC key, for horovodrun's driver alone)."""
+
+MAX_BODY_BYTES = 1 << 20
+"""A rendezvous value is a few hundred bytes (addresses, Gloo's keys); a larger body is refused unread."""
+
+MESSAGE_MODULES = frozenset(
+    {
+        "horovod.runner.common.util.network",
+        "horovod.runner.common.service.compute_service",
+        "horovod.runner.common.service.driver_service",
+        "horovod.runner.common.service.task_service",
+        "horovod.runner.driver.driver_service",
+        "horovod.runner.task.task_service",
+        "horovod.runner.elastic.worker",
+    }
+)
+"""Where the runner's service messages (PingRequest, HostsUpdatedRequest, ...) are defined."""
+
+
+def ensure_job_token():
+    """The job's secret: the one in the environment (a caller may give its own), else a new one put there, so that
+    every rank horovodrun starts inherits it."""
+    token = os.environ.get(TOKEN_VARIABLE)
+    if not token:
+        token = os.environ[TOKEN_VARIABLE] = secrets.token_urlsafe(32)
+    return token
+
+
+def auth_headers():
+    """The header a client of the job's HTTP servers sends (a rank, or horovodrun itself)."""
+    token = os.environ.get(TOKEN_VARIABLE)
+    return {"Authorization": "Bearer " + token} if token else {}
+
+
+def refusal(method, path, headers, expected_token):
+    """Why a request to the job's HTTP server is refused; None when it is admitted. `headers` maps names to values
+    (http.server's message object or a dict)."""
+    if not expected_token:
+        return "this server has no job secret (" + TOKEN_VARIABLE + " unset); horovodrun sets it for its ranks"
+    given = headers.get("Authorization") or ""
+    if not hmac.compare_digest(given.encode(), ("Bearer " + expected_token).encode()):
+        return "a wrong job secret" if given else "no job secret"
+    parts = path.split("/")
+    if method == "GET" and len(parts) > 1 and parts[1] in PRIVATE_SCOPES:
+        return "the " + parts[1] + " scope is not readable"
+    length = headers.get("Content-Length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+        return "a body of " + repr(length[:20]) + " bytes (at most " + str(MAX_BODY_BYTES) + ")"
+    return None
+
+
+def admit(handler):
+    """For an http.server request handler, once its request line and headers are parsed: True to serve it; else a
+    403 is sent, the connection closed and one line written to stderr naming where the request came from."""
+    why = refusal(handler.command, handler.path, handler.headers, os.environ.get(TOKEN_VARIABLE))
+    if why is None:
+        return True
+    sys.stderr.write(
+        "horovod-stack: refused a rendezvous request from %s (%s %r): %s\n"
+        % (handler.client_address[0], handler.command, handler.path[:80], why)
+    )
+    sys.stderr.flush()
+    handler.send_response(403)
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+    handler.close_connection = True
+    return False
+
+
+def listen_address(nics):
+    """The IPv4 address a service of the job listens on: the pinned NIC's (`nics`: one name, or the names given to
+    horovodrun's --network-interface; the last IPv4 address of the first, as Horovod's get_driver_ip picks), or ''
+    (every address, Horovod's own behaviour) when no NIC is pinned."""
+    if not nics:
+        return ""
+    name = nics if isinstance(nics, str) else sorted(nics)[0]
+    found = [entry.address for entry in psutil.net_if_addrs().get(name, []) if entry.family == socket.AF_INET]
+    if not found:
+        raise RuntimeError("the pinned network interface " + name + " has no IPv4 address on this node")
+    return found[-1]
+
+
+def bound_only(addresses, address):
+    """A service's advertised {NIC: [(address, port)]} cut to the address it listens on ('' : all of them)."""
+    if not address:
+        return addresses
+    return {nic: [pair for pair in pairs if pair[0] == address] for nic, pairs in addresses.items()
+            if any(pair[0] == address for pair in pairs)}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds plain data only (numbers, strings, bytes, lists, tuples, dicts, sets): any class or function refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError("refused to load " + module + "." + name + " from the network: plain data only")
+
+
+class _MessageUnpickler(pickle.Unpickler):
+    """Plain data, and the runner's own message records (a class named *Request or *Response in MESSAGE_MODULES,
+    and the elastic HostUpdateResult flag)."""
+
+    def find_class(self, module, name):
+        if module in MESSAGE_MODULES and (name.endswith(("Request", "Response")) or name == "HostUpdateResult"):
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
+        raise pickle.UnpicklingError("refused to load " + module + "." + name + " from the network: not a message")
+
+
+def loads_plain(data):
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+def loads_plain_base64(encoded):
+    return loads_plain(base64.b64decode(encoded))
+
+
+def loads_message(data):
+    return _MessageUnpickler(io.BytesIO(data)).load()

@@ -1,0 +1,169 @@
+"""The elastic job's rendezvous closed to strangers (docker/horovod-runner/stack_guard.py, patched into Horovod's
+runner): the rules as a table, the restricted loaders against a pickle that runs code, and the patched rendezvous
+server itself on loopback, as horovodrun starts it for an elastic job. The same on real hosts, against every port
+of rank 0's node during a job: tests/test_rendezvous_on_test_hosts.py and the compose elastic test."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import importlib.util
+import os
+import pickle
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "the-jobs-secret"
+
+
+def load_guard():
+    found = importlib.util.spec_from_file_location("stack_guard", REPO / "docker" / "horovod-runner" / "stack_guard.py")
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
+
+
+guard = load_guard()
+
+
+class RunsCode:
+    """Unpickled, it would create `marker`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "why"),
+    [
+        ("PUT", "/worker_addresses/node_2:0", {"Authorization": f"Bearer {TOKEN}", "Content-Length": "120"}, None),
+        ("GET", "/rank_and_size/node_2:0", {"Authorization": f"Bearer {TOKEN}"}, None),
+        ("GET", "/global/0", {"Authorization": f"Bearer {TOKEN}"}, None),
+        ("DELETE", "/global/0", {"Authorization": f"Bearer {TOKEN}"}, None),
+        ("PUT", "/worker_addresses/node_2:0", {"Content-Length": "120"}, "no job secret"),
+        ("PUT", "/worker_addresses/node_2:0", {"Authorization": "Bearer guessed"}, "a wrong job secret"),
+        ("PUT", "/worker_addresses/node_2:0", {"Authorization": TOKEN}, "a wrong job secret"),
+        ("GET", "/worker_addresses/node_2:0", {"Authorization": f"Bearer {TOKEN}"}, "the worker_addresses scope is "
+         "not readable"),
+        ("PUT", "/global/0", {"Authorization": f"Bearer {TOKEN}", "Content-Length": str(2 << 20)}, "a body of "
+         "'2097152' bytes (at most 1048576)"),
+        ("PUT", "/global/0", {"Authorization": f"Bearer {TOKEN}", "Content-Length": "-1"}, "a body of '-1' bytes "
+         "(at most 1048576)"),
+    ],
+)
+def test_which_requests_the_rendezvous_refuses(method, path, headers, why):
+    assert guard.refusal(method, path, headers, TOKEN) == why
+
+
+def test_a_server_without_a_job_secret_refuses_everything():
+    why = guard.refusal("GET", "/global/0", {"Authorization": "Bearer "}, None)
+    assert why.startswith("this server has no job secret (HOROVOD_STACK_RENDEZVOUS_TOKEN unset)")
+
+
+def test_the_plain_loader_builds_what_a_rank_sends_and_nothing_that_runs_code(tmp_path):
+    """A rank's PUT carries ({NIC: [(address, port)]}, key); a stranger's carries a pickle that runs a command."""
+    sent = ({"eth0": [("10.0.0.12", 40123)]}, b"\x01" * 32)
+    assert guard.loads_plain_base64(base64.b64encode(cloudpickle.dumps(sent))) == sent
+    marker = tmp_path / "ran"
+    with pytest.raises(pickle.UnpicklingError, match="refused to load posix.system from the network: plain data only"):
+        guard.loads_plain(pickle.dumps((RunsCode(marker), b"key")))
+    assert not marker.exists()
+
+
+def test_the_message_loader_builds_the_runners_messages_only(tmp_path):
+    """The runner's HMAC-signed services (a rank's notification service) take their own records, nothing else."""
+    from horovod.runner.common.util.network import BasicClient, PingRequest
+    from horovod.runner.elastic.worker import HostsUpdatedRequest, HostUpdateResult
+
+    request = guard.loads_message(cloudpickle.dumps(HostsUpdatedRequest(12.5, HostUpdateResult.added)))
+    assert (request.timestamp, request.res) == (12.5, HostUpdateResult.added)
+    assert isinstance(guard.loads_message(cloudpickle.dumps(PingRequest())), PingRequest)
+    marker = tmp_path / "ran"
+    with pytest.raises(pickle.UnpicklingError, match="refused to load posix.system from the network: not a message"):
+        guard.loads_message(pickle.dumps(RunsCode(marker)))
+    with pytest.raises(pickle.UnpicklingError, match="horovod.runner.common.util.network.BasicClient"):
+        guard.loads_message(cloudpickle.dumps(BasicClient))  # a class of the runner's that is not a message
+    assert not marker.exists()
+
+
+def test_a_service_listens_on_the_pinned_nics_address_only():
+    assert guard.listen_address(None) == "" and guard.listen_address(set()) == ""
+    assert guard.listen_address("lo") == "127.0.0.1" and guard.listen_address({"lo"}) == "127.0.0.1"
+    with pytest.raises(RuntimeError, match="the pinned network interface hst-none has no IPv4 address on this node"):
+        guard.listen_address("hst-none")
+    advertised = {"lo": [("127.0.0.1", 4000)], "eth0": [("10.0.0.11", 4000), ("10.0.0.99", 4000)]}
+    assert guard.bound_only(advertised, "10.0.0.11") == {"eth0": [("10.0.0.11", 4000)]}
+    assert guard.bound_only(advertised, "") == advertised
+
+
+class Driver:
+    """What the elastic rendezvous handler asks of horovodrun's driver."""
+
+    def __init__(self) -> None:
+        self.registered: list[tuple] = []
+
+    def register_worker_server(self, host, local_rank, addresses, secret_key) -> None:
+        self.registered.append((host, local_rank, addresses, secret_key))
+
+
+@pytest.fixture
+def rendezvous(monkeypatch):
+    """The installed (patched) Horovod runner's elastic rendezvous server, started as horovodrun starts it on a
+    pinned NIC (loopback here), with the job's secret in its environment."""
+    from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+    from horovod.runner.http import http_server
+
+    assert "stack_guard" in Path(http_server.__file__).read_text(), (
+        "this checkout's Horovod runner is not patched: scripts/setup.sh (docker/horovod-runner/patch.py)")
+    monkeypatch.setenv(guard.TOKEN_VARIABLE, TOKEN)
+    driver = Driver()
+    server = http_server.RendezvousServer()
+    port = server.start(create_rendezvous_handler(driver), address="127.0.0.1")
+    yield server, port, driver
+    server.stop()
+
+
+def ask(port: int, method: str, path: str, body: bytes | None = None, token: str | None = None) -> int | str:
+    """The HTTP status, or the error's name where the server closed the connection without one."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        return connection.getresponse().status
+    except (OSError, http.client.HTTPException) as error:
+        return type(error).__name__
+    finally:
+        connection.close()
+
+
+def test_the_rendezvous_server_takes_the_jobs_requests_and_refuses_a_strangers(rendezvous, tmp_path, capfd):
+    server, port, driver = rendezvous
+    assert server._httpd.server_address == ("127.0.0.1", port)  # not every address of the node
+    marker = tmp_path / "ran"
+    attack = base64.b64encode(pickle.dumps((RunsCode(marker), b"key")))
+    assert ask(port, "PUT", "/worker_addresses/intruder:0", attack) == 403
+    assert ask(port, "PUT", "/worker_addresses/intruder:0", attack, token="guessed") == 403
+    sent = ({"lo": [("127.0.0.1", 40123)]}, b"\x02" * 32)
+    assert ask(port, "PUT", "/worker_addresses/node_2:0", base64.b64encode(cloudpickle.dumps(sent)), TOKEN) == 200
+    assert driver.registered == [("node_2", 0, *sent)]
+    assert ask(port, "GET", "/worker_addresses/node_2:0", token=TOKEN) == 403  # the rank's key stays the driver's
+    assert ask(port, "PUT", "/global/0", b"gloo's address", TOKEN) == 200
+    assert ask(port, "GET", "/global/0", token=TOKEN) == 200
+    assert not marker.exists()
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("horovod-stack: refused")]
+    assert lines == [
+        "horovod-stack: refused a rendezvous request from 127.0.0.1 (PUT '/worker_addresses/intruder:0'): no job secret",
+        "horovod-stack: refused a rendezvous request from 127.0.0.1 (PUT '/worker_addresses/intruder:0'): a wrong job "
+        "secret",
+        "horovod-stack: refused a rendezvous request from 127.0.0.1 (GET '/worker_addresses/node_2:0'): the "
+        "worker_addresses scope is not readable",
+    ]
+    # a pickle that runs code, sent with the job's secret, still builds nothing (the request fails unanswered)
+    assert ask(port, "PUT", "/worker_addresses/node_3:0", attack, TOKEN) == "RemoteDisconnected"
+    assert not marker.exists() and len(driver.registered) == 1

@@ -1,0 +1,81 @@
+"""An elastic job's rank-0 node, scanned by a stranger on the job's network (the test hosts of tests/multihost.py:
+this machine's own address on their bridge is outside the job): nothing of the job listens on a wildcard address,
+the rendezvous refuses every request without the job's secret (403, and one line in the job's output naming the
+sender), a pickle sent to every listening port runs nothing, and the job finishes as if no one had asked. The rules
+and the server alone: tests/test_rendezvous_guard.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.multihost import Cluster
+
+pytestmark = pytest.mark.integration
+
+IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
+LAUNCHER = str(Path(sys.executable).parent / "launcher")
+PROBE = Path(__file__).parent / "user_script" / "rendezvous_probe.py"
+MARKER = "/tmp/hst-rendezvous-ran-code"
+WILDCARDS = ("0.0.0.0:", "*:", "[::]:")
+
+
+@pytest.fixture(scope="module")
+def cluster(test_hosts: Cluster) -> Cluster:
+    for node in test_hosts.nodes:
+        test_hosts.ensure_image(IMAGE, node)
+    return test_hosts
+
+
+def listening(cluster: Cluster, node_index: int) -> list[tuple[str, str]]:
+    """(local address:port, process) of every TCP socket listening in the node's network namespace."""
+    node = cluster.nodes[node_index]
+    lines = subprocess.run(node.in_namespace("ss", "-Hltnp"), capture_output=True, text=True, check=True).stdout
+    return [(line.split()[3], line.split()[-1]) for line in lines.splitlines() if line.strip()]
+
+
+def wait_for(process: subprocess.Popen, log: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout} s: {log.read_text()[-3000:]}"
+        time.sleep(0.5)
+
+
+def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_finishes(cluster, tmp_path, measured):
+    log = tmp_path / "launcher.log"
+    job = ["start", "--env-file", str(cluster.env_file()), "--elastic", "--min-nodes", "2", "--", "--dataset",
+           "synthetic", "--epochs", "4"]
+    with open(log, "w") as out:
+        process = subprocess.Popen([LAUNCHER, *job], env=cluster.launcher_env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(process, log, "epoch 1/4:", timeout=300)
+        sockets = listening(cluster, 0)
+        print("listening on node_1 during the job:\n" + "\n".join(f"  {local} {who}" for local, who in sockets))
+        assert [local for local, _ in sockets if local.startswith(WILDCARDS)] == [], sockets
+        ports = sorted({int(local.rsplit(":", 1)[1]) for local, _ in sockets})
+        probe = subprocess.run([sys.executable, str(PROBE), cluster.nodes[0].address, MARKER, *map(str, ports)],
+                               capture_output=True, text=True, timeout=120, check=True)
+        answers = {int(port): got for port, got in json.loads(probe.stdout).items()}
+        measured(f"rendezvous probe of node_1's {len(ports)} listening ports: {answers}")
+        assert [port for port, got in answers.items() if got == ["403", "403", "403"]], answers  # the rendezvous
+        assert not [port for port, got in answers.items() if "200" in got], answers
+        rank0 = cluster.nodes[0].client().containers.list(filters={"label": "horovod-stack.node=node_1"})
+        assert len(rank0) == 1 and rank0[0].exec_run(["test", "-d", "/tmp"]).exit_code == 0  # the check's control
+        assert rank0[0].exec_run(["test", "-e", MARKER]).exit_code == 1, "a stranger's pickle ran in rank 0's container"
+        process.wait(timeout=400)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=120)
+    output = log.read_text()
+    assert process.returncode == 0, output[-5000:]
+    refused = f"horovod-stack: refused a rendezvous request from {cluster.bridge_address} (PUT "
+    assert refused in output, output[-5000:]
+    assert cluster.project_containers() == {node.name: [] for node in cluster.every_node}
