@@ -268,9 +268,10 @@ RENDEZVOUS_PROBE = USER_SCRIPT / "rendezvous_probe.py"
 MARKER = "/tmp/hst-rendezvous-ran-code"
 
 
-def probe_the_launcher(engine, run: ComposeRun) -> dict[int, list[str]]:
+def probe_the_launcher(engine, run: ComposeRun) -> dict[str, list[str]]:
     """A stranger's container on the project's network sends a pickle that runs code (and a GET of the ranks' keys)
-    to every port the launcher container listens on (horovodrun's rendezvous among them); what each port answered.
+    to every port the launcher container listens on (horovodrun's rendezvous among them); what each listening
+    address:port answered.
     Nothing of the job listens on a wildcard address, and no pickle ran."""
     launcher = next(c for c in project_containers(engine, run.project)
                     if c.labels["com.docker.compose.service"] == "launcher")
@@ -284,7 +285,8 @@ def probe_the_launcher(engine, run: ComposeRun) -> dict[int, list[str]]:
                                    volumes={str(USER_SCRIPT): {"bind": "/probe", "mode": "ro"}}).decode()
     assert launcher.exec_run(["test", "-d", "/tmp"]).exit_code == 0  # the check's control
     assert launcher.exec_run(["test", "-e", MARKER]).exit_code == 1, "a stranger's pickle ran in the launcher"
-    return {int(port): got for port, got in json.loads(output.strip().splitlines()[-1]).items()}
+    where = {address_port.rsplit(":", 1)[1]: address_port for address_port in local}
+    return {where[port]: got for port, got in json.loads(output.strip().splitlines()[-1]).items()}
 
 
 def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, compose_run, tmp_path, measured):

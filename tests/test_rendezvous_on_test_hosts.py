@@ -62,7 +62,8 @@ def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_fi
         ports = sorted({int(local.rsplit(":", 1)[1]) for local, _ in sockets})
         probe = subprocess.run([sys.executable, str(PROBE), cluster.nodes[0].address, MARKER, *map(str, ports)],
                                capture_output=True, text=True, timeout=120, check=True)
-        answers = {int(port): got for port, got in json.loads(probe.stdout).items()}
+        where = {local.rsplit(":", 1)[1]: local for local, _ in sockets}
+        answers = {where[port]: got for port, got in json.loads(probe.stdout).items()}
         measured(f"rendezvous probe of node_1's {len(ports)} listening ports: {answers}")
         assert [port for port, got in answers.items() if got == ["403", "403", "403"]], answers  # the rendezvous
         assert not [port for port, got in answers.items() if "200" in got], answers

@@ -13,8 +13,9 @@ jobs, the CI smoke role):
 - A closed rendezvous (stack_guard.py, installed beside the runner's util modules): horovodrun makes one secret per
   job for its ranks' environment; its HTTP servers refuse a request without it (403, one line naming the sender),
   and a GET of the ranks' notification keys; nothing from the network is unpickled but plain data (the rendezvous)
-  or the runner's own message records (its HMAC-signed services); the rendezvous server and each rank's
-  notification service listen on the pinned NIC's address (every address only when none is pinned, as before).
+  or the runner's own message records (its HMAC-signed services); the rendezvous and key-value servers listen on
+  the address the ranks are given for them, and each rank's notification service on its pinned NIC's address (every
+  address only where no NIC is pinned: horovodrun's own task services, which the stack never starts).
   The ranks' Gloo sends the secret too (docker/patch-horovod-source.sh).
 
 Each edit is an exact text replacement that must match once, so a Horovod whose runner changed fails here, loudly,
@@ -49,6 +50,10 @@ EDITS: dict[str, list[tuple[str, str]]] = {
             f"    global_rendezv_port = rendezvous.start(address=server_ip)  {MARK}: where the ranks reach it\n",
         ),
         (
+            "        run_func_server_port = run_func_server.start_server()\n",
+            f"        run_func_server_port = run_func_server.start_server(server_ip)  {MARK}: where the ranks reach it\n",
+        ),
+        (
             "    global_rendezv_port = rendezvous.start(handler)\n",
             "    global_rendezv_port = rendezvous.start(\n"
             f"        handler, address=network.get_driver_ip(settings.nics) if settings.nics else '')  {MARK}: pinned NIC\n",
@@ -58,6 +63,10 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         (
             "\nimport horovod\n",
             f"\nimport horovod\nfrom horovod.runner.common.util import stack_guard  {MARK}\n",
+        ),
+        (
+            "        run_func_server_port = run_func_server.start_server()\n",
+            f"        run_func_server_port = run_func_server.start_server(driver_ip)  {MARK}: where the ranks reach it\n",
         ),
         (
             "def _run(args):\n",
@@ -114,6 +123,14 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         (
             "                addr, handler_cls, self._verbose))\n",
             "                addr, handler_cls, self._verbose), address)\n",
+        ),
+        (
+            "    def start_server(self):\n",
+            f"    def start_server(self, address=''):  {MARK}: the address to listen on\n",
+        ),
+        (
+            "                addr, KVStoreHandler, self.verbose))\n",
+            "                addr, KVStoreHandler, self.verbose), address)\n",
         ),
     ],
     "runner/http/http_client.py": [
