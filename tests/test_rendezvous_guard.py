@@ -76,20 +76,56 @@ def test_the_plain_loader_builds_what_a_rank_sends_and_nothing_that_runs_code(tm
     assert not marker.exists()
 
 
-def test_the_message_loader_builds_the_runners_messages_only(tmp_path):
-    """The runner's HMAC-signed services (a rank's notification service) take their own records, nothing else."""
-    from horovod.runner.common.util.network import BasicClient, PingRequest
-    from horovod.runner.elastic.worker import HostsUpdatedRequest, HostUpdateResult
+class GetattrOf:
+    """How Python 3.11.2 (Debian 12's, the image's) pickles an IntFlag member: getattr(HostUpdateResult, 'added')."""
 
-    request = guard.loads_message(cloudpickle.dumps(HostsUpdatedRequest(12.5, HostUpdateResult.added)))
-    assert (request.timestamp, request.res) == (12.5, HostUpdateResult.added)
+    def __reduce__(self):
+        from horovod.runner.elastic.worker import HostUpdateResult
+
+        return getattr, (HostUpdateResult, "added")
+
+
+def test_the_message_loader_builds_the_runners_messages_only(tmp_path):
+    """The runner's HMAC-signed services (a rank's notification service) take their own records, nothing else: not
+    a command, not a class of the runner's that is no message, not getattr (which reaches any attribute)."""
+    from horovod.runner.common.util.network import BasicClient, PingRequest
+    from horovod.runner.elastic.worker import HostsUpdatedRequest
+
+    request = guard.loads_message(cloudpickle.dumps(HostsUpdatedRequest(12.5, 2)))
+    assert (request.timestamp, request.res) == (12.5, 2)
     assert isinstance(guard.loads_message(cloudpickle.dumps(PingRequest())), PingRequest)
     marker = tmp_path / "ran"
     with pytest.raises(pickle.UnpicklingError, match="refused to load posix.system from the network: not a message"):
         guard.loads_message(pickle.dumps(RunsCode(marker)))
     with pytest.raises(pickle.UnpicklingError, match="horovod.runner.common.util.network.BasicClient"):
         guard.loads_message(cloudpickle.dumps(BasicClient))  # a class of the runner's that is not a message
+    with pytest.raises(pickle.UnpicklingError, match="refused to load builtins.getattr"):
+        guard.loads_message(pickle.dumps(GetattrOf()))
     assert not marker.exists()
+
+
+def test_a_host_update_reaches_a_ranks_notification_service(monkeypatch):
+    """The patched runner's own round trip, as horovodrun's driver tells rank 0 that a host came back: the client
+    sends the flag as a plain int, the service hands the rank a HostUpdateResult (Python 3.11.2 would have pickled
+    the enum member through getattr, which the loader refuses)."""
+    from horovod.runner.common.util import secret
+    from horovod.runner.elastic.worker import HostUpdateResult, WorkerNotificationClient, WorkerNotificationService
+
+    class Manager:
+        updates: list = []
+
+        def handle_hosts_updated(self, timestamp, update_res):
+            self.updates.append((timestamp, update_res))
+
+    key, manager = secret.make_secret_key(), Manager()
+    service = WorkerNotificationService(key, "lo", manager)
+    try:
+        assert service.addresses() == {"lo": [("127.0.0.1", service.get_port())]}
+        WorkerNotificationClient(service.addresses(), key, verbose=0).notify_hosts_updated(7.0, HostUpdateResult.added)
+    finally:
+        service.shutdown()
+    assert manager.updates == [(7.0, HostUpdateResult.added)]
+    assert isinstance(manager.updates[0][1], HostUpdateResult)
 
 
 def test_a_service_listens_on_the_pinned_nics_address_only():

@@ -15,7 +15,9 @@ jobs, the CI smoke role):
   and a GET of the ranks' notification keys; nothing from the network is unpickled but plain data (the rendezvous)
   or the runner's own message records (its HMAC-signed services); the rendezvous and key-value servers listen on
   the address the ranks are given for them, and each rank's notification service on its pinned NIC's address (every
-  address only where no NIC is pinned: horovodrun's own task services, which the stack never starts).
+  address only where no NIC is pinned: horovodrun's own task services, which the stack never starts). The
+  host-update flag crosses as a plain int: Python 3.11.2 (Debian 12's) pickles an IntFlag member as
+  `getattr(HostUpdateResult, 'added')`, and a loader that admitted getattr would admit any attribute of anything.
   The ranks' Gloo sends the secret too (docker/patch-horovod-source.sh).
 
 Each edit is an exact text replacement that must match once, so a Horovod whose runner changed fails here, loudly,
@@ -142,6 +144,17 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         (
             "        req = Request(url, data=codec.dumps_base64(value, to_ascii=False))\n",
             "        req = Request(url, data=codec.dumps_base64(value, to_ascii=False), headers=stack_guard.auth_headers())\n",
+        ),
+    ],
+    "runner/elastic/worker.py": [
+        (
+            "            self._manager.handle_hosts_updated(req.timestamp, req.res)\n",
+            "            self._manager.handle_hosts_updated(req.timestamp, HostUpdateResult(req.res))"
+            f"  {MARK}: an int on the wire\n",
+        ),
+        (
+            "        self._send(HostsUpdatedRequest(timestamp, update_res))\n",
+            f"        self._send(HostsUpdatedRequest(timestamp, int(update_res)))  {MARK}: no enum in the pickle\n",
         ),
     ],
     "runner/elastic/rendezvous.py": [

@@ -128,11 +128,11 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 class _MessageUnpickler(pickle.Unpickler):
-    """Plain data, and the runner's own message records (a class named *Request or *Response in MESSAGE_MODULES,
-    and the elastic HostUpdateResult flag)."""
+    """Plain data, and the runner's own message records (a class named *Request or *Response in MESSAGE_MODULES;
+    the patched runner sends the elastic host-update flag as an int)."""
 
     def find_class(self, module, name):
-        if module in MESSAGE_MODULES and (name.endswith(("Request", "Response")) or name == "HostUpdateResult"):
+        if module in MESSAGE_MODULES and name.endswith(("Request", "Response")):
             found = super().find_class(module, name)
             if isinstance(found, type):
                 return found

@@ -42,14 +42,15 @@ from launcher.core.protocol import (
 
 
 def run_compose(environ: dict[str, str], args: list[str]) -> int:
+    """Compose's job, or its refusal (the workers are told either way). Compose's workers publish no host keys (replicas
+    of one service would share one writable folder for them): the agent learns each at first contact."""
     transport = SshTransport()
     stop_on_signals(transport)
     try:
         spec = compose.job_spec(environ, args, compose.secret_names(transport.list_folder(COMPOSE_SECRETS_DIR)))
         transport.write(JOB_SPEC, spec.to_json())
     except (ValueError, OSError) as error:  # SettingsError, or TRAIN_COMMAND that shlex cannot split
-        return Agent(compose.fallback_spec(environ), transport).refuse(one_line(error)).status
-    # Compose's workers publish no host keys: replicas of one service would share one writable folder for them.
+        return FirstContactAgent(compose.fallback_spec(environ), transport).refuse(one_line(error)).status
     return FirstContactAgent(spec, transport).run().status
 
 
