@@ -1,7 +1,8 @@
-# The stack's image: Open MPI, sshd, Python 3.11 with torch 2.14.1 / torchvision 0.29.1 and their CUDA,
-# cuDNN and NCCL libraries (NVIDIA's wheels), and Horovod built with NCCL, MPI and Gloo ops; the trainer and
-# the entrypoint roles (worker: sshd; launcher: mpirun). The same image serves GPU hosts (through the NVIDIA
-# Container Toolkit) and CPU hosts (Gloo and MPI ops).
+# The stack's images. This file's last stage, horovod-stack:latest: Open MPI, sshd, Python 3.11 with torch 2.14.1 /
+# torchvision 0.29.1 and their CUDA, cuDNN and NCCL libraries (NVIDIA's wheels), and Horovod built with NCCL, MPI and
+# Gloo ops; the trainer and the entrypoint roles (worker: sshd; launcher: mpirun). The same image serves GPU hosts
+# (through the NVIDIA Container Toolkit) and CPU hosts (Gloo and MPI ops). The `tensorflow` target beside it is the
+# same stack on TensorFlow 2.21 (horovod-stack:tensorflow; its stages below say more).
 #
 # Online (the defaults), on any Docker host with BuildKit (Docker >= 23) that reaches Docker Hub and PyPI:
 #   docker build -t horovod-stack:latest .
@@ -18,9 +19,8 @@ ARG BASE_IMAGE=debian:bookworm-slim
 # Left empty (the default), pip uses its index (give the proxy's CA, if any, as the build secret "ca").
 FROM scratch AS wheels
 
-FROM ${BASE_IMAGE} AS runtime
-# PIP_OFFLINE=1: install from the wheels context alone, never the index (scripts/build-images.sh sets it).
-ARG PIP_OFFLINE=0
+# What both images share: Open MPI, sshd and an empty Python environment.
+FROM ${BASE_IMAGE} AS system
 ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PIP_FIND_LINKS=/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
@@ -31,6 +31,11 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && rm -f /etc/ssh/ssh_host_* \
  && python3 -m venv /opt/venv
+
+# PyTorch's environment (horovod-stack:latest).
+FROM system AS runtime
+# PIP_OFFLINE=1: install from the wheels context alone, never the index (scripts/build-images.sh sets it).
+ARG PIP_OFFLINE=0
 # The CA is mounted for this step only (never a layer) and only used by pip when given.
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=bind,source=docker/requirements-runtime.txt,target=/tmp/requirements.txt \
@@ -38,6 +43,61 @@ RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,targe
     if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
     pip install -r /tmp/requirements.txt
 
+# --- horovod-stack:tensorflow: the same stack on TensorFlow 2.21 (Keras 3 by default; Keras 2 through tf_keras and
+# TF_USE_LEGACY_KERAS=1) with its CUDA 12 wheels, beside PyTorch's image, since the two CUDA stacks (and their NCCLs)
+# cannot share one Python environment:
+#   docker build --target tensorflow -t horovod-stack:tensorflow .      (scripts/build-images.sh tensorflow)
+# Horovod is built with TensorFlow, MPI and Gloo ops (docker/patch-horovod-tensorflow.sh: TensorFlow 2.21 and Keras 3);
+# its NCCL ops are not built against TensorFlow 2.21 yet (docker/install-horovod.sh says why): on GPUs, Horovod's
+# allreduce goes through host memory over MPI or Gloo.
+FROM system AS tensorflow-runtime
+ARG PIP_OFFLINE=0
+RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,source=docker/requirements-tensorflow.txt,target=/tmp/requirements.txt \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
+    pip install -r /tmp/requirements.txt
+
+FROM tensorflow-runtime AS horovod-build-tensorflow
+ARG PIP_OFFLINE=0
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ make libopenmpi-dev python3-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY docker/install-horovod.sh docker/patch-horovod-source.sh docker/patch-horovod-tensorflow.sh \
+     docker/requirements-build.txt /build/
+RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=cache,target=/var/cache/horovod-stack/wheels \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
+    pip install -r /build/requirements-build.txt \
+ && PYTHON=/opt/venv/bin/python HOROVOD_WHEEL_EXPORT=/dist /build/install-horovod.sh cpu
+
+FROM tensorflow-runtime AS tensorflow
+ARG PIP_OFFLINE=0
+RUN --mount=type=bind,from=horovod-build-tensorflow,source=/dist,target=/dist \
+    --mount=type=bind,source=docker/horovod-runner,target=/tmp/horovod-runner \
+    pip install --no-deps /dist/horovod-*.whl \
+ && python /tmp/horovod-runner/patch.py "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+ && horovodrun --check-build
+RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,source=docker/requirements-tools.txt,target=/tmp/requirements-tools.txt \
+    --mount=type=bind,source=docker/finish-image.sh,target=/tmp/finish-image.sh \
+    /tmp/finish-image.sh
+COPY app /opt/horovod-stack/app
+COPY launcher /opt/horovod-stack/launcher
+COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
+# TensorFlow 2.21's wheels are CUDA 12.5 builds (tensorflow[and-cuda]); TF_CPP_MIN_LOG_LEVEL=1 keeps TensorFlow's
+# start-up notices (no GPU, oneDNN) out of every rank's output, its warnings and errors in.
+ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=void NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA="cuda>=12.5" PIP_FIND_LINKS= TF_CPP_MIN_LOG_LEVEL=1
+USER mpiuser
+RUN python -c "import matplotlib.font_manager"
+WORKDIR /home/mpiuser
+USER 0:1000
+ENTRYPOINT ["/opt/horovod-stack/docker/entrypoint.sh"]
+CMD ["worker"]
+
+# --- horovod-stack:latest (PyTorch), the Dockerfile's last stage: what `docker build .` builds.
 FROM runtime AS horovod-build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends g++ make libopenmpi-dev python3-dev \
@@ -53,6 +113,7 @@ RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,targe
  && PYTHON=/opt/venv/bin/python HOROVOD_WHEEL_EXPORT=/dist /build/install-horovod.sh gpu
 
 FROM runtime AS image
+ARG PIP_OFFLINE=0
 # Horovod's runner, patched where installed (pure Python, the wheel stays cached): elastic jobs' ssh pins host keys
 # and puts no environment values on command lines; its rendezvous takes only the job's own requests, unpickles no
 # code and listens on the pinned NIC (docker/horovod-runner/patch.py).
@@ -61,24 +122,11 @@ RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
     pip install --no-deps /dist/horovod-*.whl \
  && python /tmp/horovod-runner/patch.py "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
  && horovodrun --check-build
-# py-spy reads another process's memory: the workers get the SYS_PTRACE capability (launcher/core/protocol.py
-# WORKER_CAPABILITIES, compose.yaml), and the binary may use it as mpiuser, which hosts with Yama's ptrace_scope 1
-# (Ubuntu's default) require for processes that are not its children.
+# py-spy and the image's user and folders (docker/finish-image.sh, shared with the TensorFlow image).
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=bind,source=docker/requirements-tools.txt,target=/tmp/requirements-tools.txt \
-    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
-    if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
-    pip install -r /tmp/requirements-tools.txt \
- && apt-get update && apt-get install -y --no-install-recommends libcap2-bin && rm -rf /var/lib/apt/lists/* \
- && setcap cap_sys_ptrace+ep "$(readlink -f /opt/venv/bin/py-spy)"
-# Runs as a non-root user, sshd and mpirun included (the entrypoint sees to it: USER below). /cluster holds the
-# per-cluster SSH trust, filled at run time: the public key (ssh/), rank 0's private key and secrets (private/, never a
-# volume), the workers' host keys (hostkeys/); /shared the datasets, checkpoints and metrics; /workdir the
-# user's code, if any.
-RUN useradd --create-home --uid 1000 --shell /bin/bash mpiuser \
- && mkdir -p /cluster/ssh /cluster/private /cluster/hostkeys /shared /workdir \
- && chown -R mpiuser:mpiuser /cluster /shared /workdir \
- && chmod 700 /cluster/private
+    --mount=type=bind,source=docker/finish-image.sh,target=/tmp/finish-image.sh \
+    /tmp/finish-image.sh
 COPY app /opt/horovod-stack/app
 # The job agent (launcher/agent/) runs every job from the rank-0 container, whichever door started it.
 COPY launcher /opt/horovod-stack/launcher

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds (once) and installs the Horovod wheel this stack runs on; the host's .venv and the image use
-# this same recipe.
+# Builds (once) and installs the Horovod wheel this stack runs on; the host's .venv and the images use
+# this same recipe. The framework is the one the environment holds: PyTorch (the image horovod-stack:latest, the
+# host's .venv) or TensorFlow (horovod-stack:tensorflow; its fixes: patch-horovod-tensorflow.sh).
 #
 #   docker/install-horovod.sh cpu|gpu
 #
@@ -15,12 +16,12 @@
 # CUDA glue even for cpu ops, so a CUDA toolkit is found, or installed from NVIDIA's wheels, either way.
 #
 # The wheel is cached outside the checkout under $HOROVOD_WHEEL_CACHE, keyed by everything that changes
-# it: Horovod version, the patch (patch-horovod-source.sh), torch, Python and ops. A run with the same
-# key installs in seconds.
+# it: Horovod version, the patches (patch-horovod-source.sh, patch-horovod-tensorflow.sh), the framework and its
+# version, Python and ops. A run with the same key installs in seconds.
 #
 # Environment:
-#   PYTHON                 interpreter whose environment gets Horovod (default: python3); torch must
-#                          already be installed there, since the build compiles against it.
+#   PYTHON                 interpreter whose environment gets Horovod (default: python3); torch or tensorflow
+#                          must already be installed there, since the build compiles against it.
 #   HOROVOD_VERSION        default 0.28.1
 #   HOROVOD_WHEEL_CACHE    default /var/cache/horovod-stack/wheels
 #   HOROVOD_WHEEL_EXPORT   also copy the wheel into this folder
@@ -39,20 +40,32 @@ HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
 cache_root="${HOROVOD_WHEEL_CACHE:-/var/cache/horovod-stack/wheels}"
 log() { echo "[install-horovod] $*" >&2; }
 
-if ! torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
-  echo "install-horovod: torch is not importable by $PYTHON; install torch first (the build compiles against it)." >&2
+if framework_version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+  framework=torch
+  torch_cuda=$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')
+elif framework_version=$("$PYTHON" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null); then
+  framework=tensorflow
+  torch_cuda=""
+  if [ "$ops" = gpu ]; then
+    echo "install-horovod: gpu ops (NCCL) are not built against TensorFlow $framework_version yet (its XLA and stream" \
+      "executor headers moved in TF 2.20: horovod pull request 4302); use cpu (MPI + Gloo ops)." >&2
+    exit 1
+  fi
+else
+  echo "install-horovod: neither torch nor tensorflow is importable by $PYTHON; install one first (the build" \
+    "compiles against it)." >&2
   exit 1
 fi
 py_tag=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-patch_hash=$(sha256sum "$here/patch-horovod-source.sh" | cut -c1-16)
-key=$(printf '%s\n' "horovod=$HOROVOD_VERSION" "torch=$torch_version" "python=$py_tag" "ops=$ops" \
+patches=("$here/patch-horovod-source.sh")
+[ "$framework" = torch ] || patches+=("$here/patch-horovod-$framework.sh")
+patch_hash=$(cat "${patches[@]}" | sha256sum | cut -c1-16)
+key=$(printf '%s\n' "horovod=$HOROVOD_VERSION" "$framework=$framework_version" "python=$py_tag" "ops=$ops" \
       "patch=$patch_hash" | sha256sum | cut -c1-16)
 cache_dir="$cache_root/horovod-$HOROVOD_VERSION-$ops-$key"
 
 site_packages=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-
-torch_cuda=$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')
 
 prepare_cuda_toolkit() {
   # A CUDA build of torch makes Horovod compile its CUDA glue whatever ops are asked for, so it needs a
@@ -97,7 +110,7 @@ build_wheel() {
   local work
   work=$(mktemp -d)
   trap 'rm -rf "$work"' RETURN
-  log "building horovod $HOROVOD_VERSION ($ops ops) against torch $torch_version; this takes minutes"
+  log "building horovod $HOROVOD_VERSION ($ops ops) against $framework $framework_version; this takes minutes"
   "$PYTHON" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
   tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
   local src="$work/horovod-$HOROVOD_VERSION"
@@ -105,8 +118,13 @@ build_wheel() {
   "$here/patch-horovod-source.sh" "$src"
   export CMAKE_POLICY_VERSION_MINIMUM=3.5
 
-  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1
-  export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+  export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1
+  if [ "$framework" = tensorflow ]; then
+    "$here/patch-horovod-tensorflow.sh" "$src"  # applied after patch-horovod-source.sh
+    export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1
+  else
+    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1
+  fi
   if [ -n "$torch_cuda" ] || [ "$ops" = gpu ]; then prepare_cuda_toolkit; fi
   if [ "$ops" = gpu ]; then prepare_nccl; fi
   export MAKEFLAGS="-j$(nproc)"
@@ -133,7 +151,7 @@ export_wheel() {
   fi
 }
 
-if [ "$(cat "$installed_marker" 2>/dev/null)" = "$key" ] && "$PYTHON" -c 'import horovod.torch' 2>/dev/null; then
+if [ "$(cat "$installed_marker" 2>/dev/null)" = "$key" ] && "$PYTHON" -c "import horovod.$framework" 2>/dev/null; then
   log "horovod $HOROVOD_VERSION ($ops ops) already installed from this recipe"
   export_wheel
   exit 0

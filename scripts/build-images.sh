@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds the stack's image on this machine, registry or not:
-#   scripts/build-images.sh              -> horovod-stack:latest (IMAGE overrides the tag)
-#   scripts/build-images.sh --dry-run    -> the engine check and the path it picks, and why; builds nothing
-#   scripts/build-images.sh wheels       -> only fills the offline path's wheel folder (WHEELHOUSE)
+# Builds the stack's images on this machine, registry or not:
+#   scripts/build-images.sh              -> horovod-stack:latest, PyTorch (IMAGE overrides the tag)
+#   scripts/build-images.sh tensorflow   -> horovod-stack:tensorflow, TensorFlow (TENSORFLOW_IMAGE overrides the tag;
+#                                           the Dockerfile's `tensorflow` target, a wheel folder of its own)
+#   scripts/build-images.sh [tensorflow] --dry-run  -> the engine check and the path it picks, and why; builds nothing
+#   scripts/build-images.sh [tensorflow] wheels     -> only fills the offline path's wheel folder (WHEELHOUSE)
 # It picks one of the Dockerfile's two paths by itself (BUILD_PATH=online or offline forces one):
 #   online   where the public base image (BASE_IMAGE, default debian:bookworm-slim, the Dockerfile's own default)
 #            is here or can be pulled: the Dockerfile's defaults, pip from its index; nothing on the host changes.
@@ -16,10 +18,18 @@
 # by their inputs: Docker's layer cache, plus a BuildKit cache for the Horovod wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-IMAGE="${IMAGE:-horovod-stack:latest}"
+# Each image: its Dockerfile target, its tag, its requirement files (docker/requirements-NAME.txt, in the order of
+# their names: their hash keys the wheel folder) and its wheel folder.
+if [ "${1:-}" = tensorflow ]; then
+  shift
+  TARGET=tensorflow IMAGE="${TENSORFLOW_IMAGE:-horovod-stack:tensorflow}"
+  REQUIREMENTS=(build tensorflow tools) WHEELHOUSE="${WHEELHOUSE:-/var/cache/horovod-stack/wheelhouse-tensorflow}"
+else
+  TARGET=image IMAGE="${IMAGE:-horovod-stack:latest}"
+  REQUIREMENTS=(build cuda-toolkit runtime tools) WHEELHOUSE="${WHEELHOUSE:-/var/cache/horovod-stack/wheelhouse}"
+fi
 BASE_IMAGE="${BASE_IMAGE:-debian:bookworm-slim}"
 LOCAL_BASE_IMAGE="${LOCAL_BASE_IMAGE:-horovod-stack-base:bookworm}"
-WHEELHOUSE="${WHEELHOUSE:-/var/cache/horovod-stack/wheelhouse}"
 CA_BUNDLE="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 BUILD_PATH="${BUILD_PATH:-auto}"
 # A pull that neither succeeds nor fails in this time (a network that drops packets) counts as failed.
@@ -36,7 +46,7 @@ case "${1:-}" in
   "") ;;
   --dry-run) dry_run=1 ;;
   wheels) wheels_only=1 ;;
-  *) echo "usage: $0 [--dry-run | wheels]" >&2; exit 2 ;;
+  *) echo "usage: $0 [tensorflow] [--dry-run | wheels]" >&2; exit 2 ;;
 esac
 
 ensure_engine() {
@@ -98,9 +108,10 @@ wheel_target() {
 # would rebuild the image's layers. A later run with the same key touches nothing; a changed key downloads only
 # what the folder lacks (pip download keeps the files already there).
 fill_wheelhouse() {
-  local target wanted marker="${WHEELHOUSE%/}.complete"
+  local target wanted marker="${WHEELHOUSE%/}.complete" files=() name
+  for name in "${REQUIREMENTS[@]}"; do files+=("docker/requirements-$name.txt"); done
   mapfile -t target < <(wheel_target | tr ' ' '\n')
-  wanted=$({ cat docker/requirements-*.txt; echo "$HOROVOD_SDIST"; echo "${target[*]}"; } | sha256sum | cut -c1-16)
+  wanted=$({ cat "${files[@]}"; echo "$HOROVOD_SDIST"; echo "${target[*]}"; } | sha256sum | cut -c1-16)
   if [ "$(cat "$marker" 2>/dev/null)" = "$wanted" ]; then
     log "wheel folder $WHEELHOUSE complete"
     return
@@ -110,8 +121,7 @@ fill_wheelhouse() {
   python3 -m pip --version >/dev/null 2>&1 ||
     fail "the offline path fills $WHEELHOUSE with the host's pip: install it (python3-pip; any Python 3 will do)"
   log "filling $WHEELHOUSE for CPython $IMAGE_PYTHON, manylinux (once; several GB of wheels)"
-  python3 -m pip download -q -d "$WHEELHOUSE" "${target[@]}" -r docker/requirements-runtime.txt \
-    -r docker/requirements-build.txt -r docker/requirements-cuda-toolkit.txt -r docker/requirements-tools.txt
+  python3 -m pip download -q -d "$WHEELHOUSE" "${target[@]}" $(printf -- '-r %s ' "${files[@]}")
   python3 -m pip download -q -d "$WHEELHOUSE" --no-deps --no-binary :all: "$HOROVOD_SDIST"
   echo "$wanted" > "$marker"
 }
@@ -130,7 +140,7 @@ else
   build_args=(--build-arg "BASE_IMAGE=$LOCAL_BASE_IMAGE" --build-arg PIP_OFFLINE=1 --build-context "wheels=$WHEELHOUSE")
 fi
 if [ "$dry_run" = 1 ]; then
-  log "would build $IMAGE: docker buildx build ${build_args[*]} ."
+  log "would build $IMAGE: docker buildx build --target $TARGET ${build_args[*]} ."
   exit 0
 fi
 if [ "$build_path" = offline ]; then
@@ -142,5 +152,6 @@ secret=()
 [ -s "$CA_BUNDLE" ] && secret=(--secret "id=ca,src=$CA_BUNDLE")
 log "building $IMAGE"
 started=$SECONDS
-docker buildx build --progress "${BUILD_PROGRESS:-plain}" "${build_args[@]}" "${secret[@]}" -t "$IMAGE" --load .
+docker buildx build --progress "${BUILD_PROGRESS:-plain}" --target "$TARGET" "${build_args[@]}" "${secret[@]}" \
+  -t "$IMAGE" --load .
 log "$IMAGE built in $((SECONDS - started)) s, $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.2f GB", $1/1e9}')"

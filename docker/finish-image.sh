@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The last steps both images share (the Dockerfile's `image` and `tensorflow` stages run this as root, with the
+# wheels context at /wheels, the CA secret and docker/requirements-tools.txt mounted):
+# - py-spy (docker/requirements-tools.txt), which reads another process's memory: the workers get the SYS_PTRACE
+#   capability (launcher/core/protocol.py WORKER_CAPABILITIES, compose.yaml), and the binary may use it as mpiuser,
+#   which hosts with Yama's ptrace_scope 1 (Ubuntu's default) require for processes that are not its children;
+# - the image's user, mpiuser (1000): every role runs as it, sshd and mpirun included (docker/entrypoint.sh);
+# - its folders: /cluster holds the per-cluster SSH trust, filled at run time: the public key (ssh/), rank 0's
+#   private key and secrets (private/, never a volume), the workers' host keys (hostkeys/); /shared the datasets,
+#   checkpoints and metrics; /workdir the user's code, if any.
+set -euo pipefail
+if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi
+if [ "${PIP_OFFLINE:-0}" = 1 ]; then export PIP_NO_INDEX=1; fi
+pip install -r /tmp/requirements-tools.txt
+apt-get update && apt-get install -y --no-install-recommends libcap2-bin && rm -rf /var/lib/apt/lists/*
+setcap cap_sys_ptrace+ep "$(readlink -f /opt/venv/bin/py-spy)"
+useradd --create-home --uid 1000 --shell /bin/bash mpiuser
+mkdir -p /cluster/ssh /cluster/private /cluster/hostkeys /shared /workdir
+chown -R mpiuser:mpiuser /cluster /shared /workdir
+chmod 700 /cluster/private

@@ -1,0 +1,23 @@
+"""Keras 2 (TF_USE_LEGACY_KERAS=1 with tf_keras), model.fit with horovod.tensorflow.keras's DistributedOptimizer and
+its callbacks, as Horovod's examples/tensorflow2/tensorflow2_keras_mnist.py does it."""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+
+from same_weights import check
+
+assert os.environ.get("TF_USE_LEGACY_KERAS") == "1", "run with TF_USE_LEGACY_KERAS=1 (Keras 2 through tf_keras)"
+hvd.init()
+tf.random.set_seed(1234 + hvd.rank())
+model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)), tf.keras.layers.Dense(1)])
+opt = hvd.DistributedOptimizer(tf.optimizers.SGD(0.01 * hvd.size(), momentum=0.9))
+model.compile(optimizer=opt, loss="mse", metrics=["mae"])
+rng = np.random.default_rng(hvd.rank())
+x, y = rng.normal(size=(64, 8)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
+    hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()])
+metrics = [value for values in history.history.values() for value in values]
+check("Keras 2 (tf_keras), model.fit with DistributedOptimizer", [v.numpy() for v in model.variables] + [metrics])
