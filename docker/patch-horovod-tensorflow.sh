@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Horovod 0.28.1's TensorFlow extension against TensorFlow 2.21 (CPU: MPI + Gloo) and makes its
 # TensorFlow/Keras API work with Keras 3 (TF >= 2.16's default `keras`):
-#   patch-horovod-tensorflow.sh SRC_DIR      (docker/install-horovod.sh applies it after docker/patch-horovod-source.sh; idempotent)
+#   patch-horovod-tensorflow.sh SRC_DIR
+# (docker/install-horovod.sh applies it after docker/patch-horovod-source.sh; a second run changes nothing)
 # Build (horovod/tensorflow/xla_mpi_ops.cc):
 # - The XLA ops file includes TF's XLA headers even in a CPU build, where everything it defines sits
 #   under HAVE_GPU. TF 2.21's wheel no longer ships a usable XLA include tree (tensorflow/compiler/xla/*
