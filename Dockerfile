@@ -74,12 +74,10 @@ RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,targe
 
 FROM tensorflow-runtime AS tensorflow
 ARG PIP_OFFLINE=0
+# Horovod (runner patched), py-spy, the image's user and folders: docker/finish-image.sh, as for the PyTorch image.
 RUN --mount=type=bind,from=horovod-build-tensorflow,source=/dist,target=/dist \
     --mount=type=bind,source=docker/horovod-runner,target=/tmp/horovod-runner \
-    pip install --no-deps /dist/horovod-*.whl \
- && python /tmp/horovod-runner/patch.py "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
- && horovodrun --check-build
-RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=bind,source=docker/requirements-tools.txt,target=/tmp/requirements-tools.txt \
     --mount=type=bind,source=docker/finish-image.sh,target=/tmp/finish-image.sh \
     /tmp/finish-image.sh
@@ -114,16 +112,11 @@ RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,targe
 
 FROM runtime AS image
 ARG PIP_OFFLINE=0
-# Horovod's runner, patched where installed (pure Python, the wheel stays cached): elastic jobs' ssh pins host keys
-# and puts no environment values on command lines; its rendezvous takes only the job's own requests, unpickles no
-# code and listens on the pinned NIC (docker/horovod-runner/patch.py).
+# Horovod with its runner patched (the wheel stays cached), py-spy, the image's user and folders:
+# docker/finish-image.sh, shared with the TensorFlow image.
 RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
     --mount=type=bind,source=docker/horovod-runner,target=/tmp/horovod-runner \
-    pip install --no-deps /dist/horovod-*.whl \
- && python /tmp/horovod-runner/patch.py "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
- && horovodrun --check-build
-# py-spy and the image's user and folders (docker/finish-image.sh, shared with the TensorFlow image).
-RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=bind,source=docker/requirements-tools.txt,target=/tmp/requirements-tools.txt \
     --mount=type=bind,source=docker/finish-image.sh,target=/tmp/finish-image.sh \
     /tmp/finish-image.sh

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The last steps both images share (the Dockerfile's `image` and `tensorflow` stages run this as root, with the
-# wheels context at /wheels, the CA secret and docker/requirements-tools.txt mounted):
+# The last steps both images share (the Dockerfile's `image` and `tensorflow` stages run this as root, with their
+# Horovod wheel at /dist, docker/horovod-runner/ at /tmp/horovod-runner, the wheels context at /wheels, the CA secret
+# and docker/requirements-tools.txt mounted):
+# - Horovod, its runner patched where installed (pure Python, the wheel stays cached): elastic jobs' ssh pins host
+#   keys and puts no environment values on command lines; its rendezvous takes only the job's own requests,
+#   unpickles no code and listens on the pinned NIC (docker/horovod-runner/patch.py); `horovodrun --check-build`;
 # - py-spy (docker/requirements-tools.txt), which reads another process's memory: the workers get the SYS_PTRACE
 #   capability (launcher/core/protocol.py WORKER_CAPABILITIES, compose.yaml), and the binary may use it as mpiuser,
 #   which hosts with Yama's ptrace_scope 1 (Ubuntu's default) require for processes that are not its children;
@@ -9,6 +13,9 @@
 #   private key and secrets (private/, never a volume), the workers' host keys (hostkeys/); /shared the datasets,
 #   checkpoints and metrics; /workdir the user's code, if any.
 set -euo pipefail
+pip install --no-deps /dist/horovod-*.whl
+python /tmp/horovod-runner/patch.py "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+horovodrun --check-build
 if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi
 if [ "${PIP_OFFLINE:-0}" = 1 ]; then export PIP_NO_INDEX=1; fi
 pip install -r /tmp/requirements-tools.txt
