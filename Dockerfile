@@ -84,6 +84,9 @@ RUN --mount=type=bind,from=horovod-build-tensorflow,source=/dist,target=/dist \
 COPY app /opt/horovod-stack/app
 COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
+# A script of the other framework's ends in one line naming its image (app/frameworks.py, run at every start).
+COPY app/frameworks.py /opt/venv/lib/python3.11/site-packages/horovod_stack_hint.py
+COPY docker/horovod_stack_hint.pth /opt/venv/lib/python3.11/site-packages/
 # TensorFlow 2.21's wheels are CUDA 12.5 builds (tensorflow[and-cuda]); TF_CPP_MIN_LOG_LEVEL=1 keeps TensorFlow's
 # start-up notices (no GPU, oneDNN) out of every rank's output, its warnings and errors in.
 ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=void NVIDIA_DRIVER_CAPABILITIES=compute,utility \
@@ -124,6 +127,9 @@ COPY app /opt/horovod-stack/app
 # The job agent (launcher/agent/) runs every job from the rank-0 container, whichever door started it.
 COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
+# A script of the other framework's ends in one line naming its image (app/frameworks.py, run at every start).
+COPY app/frameworks.py /opt/venv/lib/python3.11/site-packages/horovod_stack_hint.py
+COPY docker/horovod_stack_hint.pth /opt/venv/lib/python3.11/site-packages/
 # GPUs only when a container asks for them: Docker's device request (--gpus, compose's devices:, the launcher's
 # GPU workers) sets NVIDIA_VISIBLE_DEVICES to the GPUs asked for, over this `void`, so a CPU worker on a host whose
 # default runtime is nvidia sees none. torch 2.14.1 from PyPI is a CUDA 13.0 build: the NVIDIA Container Toolkit

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+import numpy as np
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+def digest_arrays(named: Iterable[tuple[str, np.ndarray]]) -> str:
+    """SHA-256 over each name and the exact bytes of its array, in the order given."""
+    digest = hashlib.sha256()
+    for name, array in named:
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8).tobytes())
+    return digest.hexdigest()
 
 
 def parameter_digest(model: nn.Module) -> str:
-    """SHA-256 over the exact bytes of every parameter and buffer, in state_dict order."""
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    """A PyTorch model's digest over every parameter and buffer, in state_dict order."""
+    return digest_arrays((name, tensor.detach().to("cpu").numpy()) for name, tensor in model.state_dict().items())
 
 
 def ranks_differing_from_root(digests: list[str], root_rank: int = 0) -> list[int]:

@@ -16,14 +16,22 @@ DRIVER_MINIMUM = 580
 COMPUTE_CAPABILITY_MINIMUM = (7, 5)
 
 
-def cuda_problem(environ: Mapping[str, str], cuda_available: bool, no_cuda: bool) -> str | None:
+TORCH_BUILD = (
+    f"torch is a CUDA 13.0 build, which needs an NVIDIA driver >= {DRIVER_MINIMUM} and a GPU of compute capability "
+    f">= {COMPUTE_CAPABILITY_MINIMUM[0]}.{COMPUTE_CAPABILITY_MINIMUM[1]}"
+)
+TENSORFLOW_BUILD = "TensorFlow 2.21 is a CUDA 12.5 build, which needs an NVIDIA driver >= 525"
+"""What each image's framework needs of a GPU host (TensorFlow's from its install guide; not run here: no GPU)."""
+
+
+def cuda_problem(
+    environ: Mapping[str, str], cuda_available: bool, no_cuda: bool, build: str = TORCH_BUILD
+) -> str | None:
     """Why this rank must not start: GPUs were asked for, CUDA is not usable and --no-cuda was not given."""
     if environ.get(GPUS_ASKED, "") not in ("1", "true", "yes") or cuda_available or no_cuda:
         return None
-    major, minor = COMPUTE_CAPABILITY_MINIMUM
     return (
-        f"GPUs were asked for but CUDA is not available to this rank: torch is a CUDA 13.0 build, which needs an "
-        f"NVIDIA driver >= {DRIVER_MINIMUM} and a GPU of compute capability >= {major}.{minor}; update the driver "
+        f"GPUs were asked for but CUDA is not available to this rank: {build}; update the driver "
         "(nvidia-smi shows its version), or train on CPUs (no --gpus, or --no-cuda)"
     )
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from app import metrics
+from app import frameworks, metrics
 from app.config import TrainConfig
 
 if TYPE_CHECKING:
-    from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
 log = logging.getLogger("app.observe")
@@ -34,6 +33,43 @@ STEP_SCALARS = ("step/loss", "step/lr")
 """Written at every logging step, with step = global batch number (1-based)."""
 
 
+class ScalarWriter(Protocol):
+    """What the Observer writes TensorBoard scalars through: torch's SummaryWriter, or TensorFlowWriter."""
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class TensorFlowWriter:
+    """TensorBoard scalars through tf.summary, for the TensorFlow image (torch's SummaryWriter needs torch)."""
+
+    def __init__(self, log_dir: str) -> None:
+        import tensorflow as tf
+
+        self.tf = tf
+        self.writer = tf.summary.create_file_writer(log_dir)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        with self.writer.as_default():
+            self.tf.summary.scalar(tag, value, step=step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def open_writer(log_dir: str) -> ScalarWriter:
+    """An event file in log_dir through the framework this environment holds (imports tensorboard: only when asked)."""
+    if frameworks.installed() is frameworks.PYTORCH:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=log_dir)
+    return TensorFlowWriter(log_dir)
+
+
 def wants_bar(mode: str, stream: TextIO) -> bool:
     """`auto`: a bar only on a terminal. Open MPI hands every rank a pty of its own whatever mpirun's output is
     (a file, a pipe, a container log), so under mpirun a terminal cannot be told and auto means lines."""
@@ -49,11 +85,9 @@ class Observer:
         self.stream = stream or sys.stdout
         self.use_bar = enabled and wants_bar(config.progress, self.stream)
         self.bar: tqdm | None = None
-        self.writer: SummaryWriter | None = None
+        self.writer: ScalarWriter | None = None
         if enabled and config.tensorboard_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
-
-            self.writer = SummaryWriter(log_dir=str(config.tensorboard_dir))
+            self.writer = open_writer(str(config.tensorboard_dir))
 
     def set_enabled(self, enabled: bool) -> None:
         """Elastic jobs renumber ranks on a reset: whoever is rank 0 now records."""

@@ -31,8 +31,10 @@
 # - MetricAverageCallback made its eager constant with `keras.backend.constant`, which Keras 3's backend
 #   lacks ("module 'keras.backend' has no attribute 'constant'"); Horovod imports the `keras` package's
 #   backend even when tf.keras is tf_keras, so this broke the Keras 2 model.fit path too. Now tf.constant.
-# Not covered: Keras 3 with the elastic API (horovod.tensorflow.keras.elastic), and the learning-rate
-# callbacks (keras.backend.get_value/set_value: absent from Keras 3's backend, which Horovod imports even
+# - The elastic state of a Keras model (hvd.elastic.TensorFlowKerasState) called optimizer.variables(): the same
+#   property-or-method helper now, so a Keras 3 model and optimizer can be committed, restored and synced.
+# Not covered: Keras 3 with horovod.tensorflow.keras.elastic's callbacks (model.fit under elastic), and the
+# learning-rate callbacks (keras.backend.get_value/set_value: absent from Keras 3's backend, which Horovod imports even
 # under TF_USE_LEGACY_KERAS=1).
 set -euo pipefail
 src="${1:?usage: patch-horovod-tensorflow.sh SRC_DIR}"
@@ -166,3 +168,12 @@ perl -pi -e 's/hvd\.broadcast_variables\(self\.model\.optimizer\.variables\(\),/
 grep -q 'hvd.broadcast_variables(_optimizer_variables(self.model.optimizer),' "$kcb" &&
   grep -q 'hvd.allreduce(tf.constant(value, name=metric))' "$kcb" ||
   fail "the Keras 3 callback change no longer applies to $kcb"
+
+# 7. The elastic state of a Keras model and optimizer: optimizer variables either way.
+elastic="$src/horovod/tensorflow/elastic.py"
+if ! grep -q '_optimizer_variables' "$elastic"; then
+  perl -pi -e 's/\b((?:self\.)?optimizer)\.variables\(\)/_optimizer_variables($1)/g' "$elastic"
+  perl -0pi -e 's/^(from horovod\.tensorflow\.mpi_ops import .*)$/$1\nfrom horovod.tensorflow.util import _optimizer_variables  # horovod-stack: Keras 3/m' "$elastic"
+fi
+[ "$(grep -c '_optimizer_variables(' "$elastic")" = 4 ] && ! grep -q 'optimizer\.variables()' "$elastic" ||
+  fail "the Keras 3 elastic-state change no longer applies to $elastic"

@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -141,20 +142,20 @@ def test_the_refusal_names_what_torch_refused_not_its_advice(message, reason):
 
 
 def test_resuming_from_a_refused_checkpoint_is_the_trainers_one_line_problem(tmp_path):
-    train = pytest.importorskip("app.train")  # imports horovod.torch
+    train_torch = pytest.importorskip("app.train_torch")  # imports horovod.torch
     from app.model import SimpleNet
 
     marker = tmp_path / "ran"
     checkpoint.save_checkpoint(tmp_path, {"epoch": 1, "dataset": "digits", "model": RunsCode(marker)})
     config = SimpleNamespace(checkpoint_dir=tmp_path, dataset="digits")
     model = SimpleNet()
-    start_epoch, problem = train.load_resume_point(config, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    start_epoch, problem = train_torch.load_resume_point(config, model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert start_epoch == 1 and problem.startswith(f"refusing checkpoint {tmp_path / checkpoint.LATEST}")
     assert not marker.exists()
 
 
 def test_resuming_from_a_trainer_checkpoint_continues_after_its_epoch(tmp_path):
-    train = pytest.importorskip("app.train")
+    train_torch = pytest.importorskip("app.train_torch")
     from app.model import SimpleNet
 
     saved, trained, _ = trainer_state(epoch=4)
@@ -162,5 +163,34 @@ def test_resuming_from_a_trainer_checkpoint_continues_after_its_epoch(tmp_path):
     model = SimpleNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     config = SimpleNamespace(checkpoint_dir=tmp_path, dataset="digits")
-    assert train.load_resume_point(config, model, optimizer) == (5, None)
+    assert train_torch.load_resume_point(config, model, optimizer) == (5, None)
     assert torch.equal(model.fc1.weight, trained.fc1.weight)
+
+
+def test_tensorflow_checkpoints_round_trip_as_arrays_without_pickle(tmp_path):
+    arrays = {"model": [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3)], "optimizer": [np.array(7)]}
+    checkpoint.save_arrays(tmp_path, {"epoch": 3, "dataset": "digits"}, arrays)
+    meta, loaded = checkpoint.load_arrays(tmp_path)
+    assert meta == {"epoch": 3, "dataset": "digits"}
+    assert [a.tolist() for a in loaded["model"]] == [a.tolist() for a in arrays["model"]]
+    assert loaded["optimizer"][0] == 7
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_tensorflow_checkpoint_that_holds_a_pickle_is_refused_in_one_line(tmp_path):
+    np.savez(tmp_path / checkpoint.KERAS_LATEST, meta=np.array('{"epoch": 1}'), **{"model/0": np.array([object()])})
+    with pytest.raises(checkpoint.CheckpointError, match=r"^cannot read checkpoint .*latest\.npz \(.*pickle"):
+        checkpoint.load_arrays(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("present", "load", "other_image"),
+    [
+        (checkpoint.LATEST, checkpoint.load_arrays, "horovod-stack:latest"),
+        (checkpoint.KERAS_LATEST, checkpoint.load_latest_checkpoint, "horovod-stack:tensorflow"),
+    ],
+)
+def test_a_folder_of_the_other_frameworks_checkpoint_names_its_image(tmp_path, present, load, other_image):
+    (tmp_path / present).write_bytes(b"whatever")
+    with pytest.raises(checkpoint.CheckpointError, match=f"resume it on {other_image}"):
+        load(tmp_path)

@@ -1,6 +1,8 @@
+from pathlib import Path
+
 import torch
 
-from app import consistency, data
+from app import consistency, data, datasets
 from app.model import SimpleNet
 
 
@@ -11,7 +13,7 @@ def test_simplenet_gives_log_probabilities_for_28x28_batches():
 
 
 def test_digits_are_real_28x28_images_in_an_80_20_split():
-    train, val = data.load_digits(seed=0)
+    train, val = data.load_dataset("digits", Path("unused"), seed=0)
     assert (len(train), len(val)) == (1438, 359)
     image, label = train[0]
     assert image.shape == (1, 28, 28) and 0 <= int(label) <= 9
@@ -19,13 +21,13 @@ def test_digits_are_real_28x28_images_in_an_80_20_split():
 
 
 def test_splits_are_identical_for_the_same_seed():
-    a, _ = data.make_synthetic(seed=3, size=64)
-    b, _ = data.make_synthetic(seed=3, size=64)
-    assert torch.equal(a.tensors[0], b.tensors[0])
+    (a, _), _ = datasets.synthetic(seed=3, size=64)
+    (b, _), _ = datasets.synthetic(seed=3, size=64)
+    assert (a == b).all()
 
 
 def test_mnist_missing_message_names_both_flags(tmp_path):
-    message = data.mnist_unavailable_message(tmp_path, "URLError: no route")
+    message = datasets.mnist_unavailable_message(tmp_path, "URLError: no route")
     assert "--data-dir" in message and "--dataset" in message and "\n" not in message
 
 

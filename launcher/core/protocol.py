@@ -16,6 +16,8 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from app import frameworks
+
 # --- defaults every door shares ---------------------------------------------------------------------------------
 SSH_PORT = 12345
 """The workers' sshd port (SSH_PORT, --ssh-port)."""
@@ -41,8 +43,9 @@ left running when the client that started it died before the job began. Not an M
 mpijob-worker): they wait while the job may be scheduled, and the MPI Operator removes them when the job ends.
 WORKER_CLAIM_TIMEOUT in a worker's environment overrides it (0: never)."""
 
-DEFAULT_IMAGE = "horovod-stack:latest"
-"""The image every door runs unless told otherwise (IMAGE, --image)."""
+DEFAULT_IMAGE = frameworks.PYTORCH.image
+"""The image every door runs unless told otherwise (IMAGE, --image): PyTorch's; TensorFlow's is
+frameworks.TENSORFLOW.image."""
 SHARED_VOLUME = "horovod-stack-shared"
 """The shared folder's default: a Docker volume of this name on each node, compose's volume, the MPIJob's claim."""
 SHM_SIZE = "1g"

@@ -1,0 +1,198 @@
+"""What both trainers (app.train_torch, app.train_keras) say and write the same way, whatever the framework: the
+rank-tagged log, the plan line, each epoch's line and metrics record, the elastic resets' account, the check that
+every rank ends identical, summary.json, and the entry's exit statuses. Framework-free: each trainer passes in what
+only its framework knows (world size, gathered digests).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from app import consistency, metrics, observe
+from app.config import ConfigError, TrainConfig
+from app.schedule import scaled_lr
+
+log = logging.getLogger("app.train")
+
+
+class TrainingError(RuntimeError):
+    """A failure after start-up that ends the run on every rank with one message."""
+
+
+@dataclass
+class EpochResult:
+    epoch: int
+    train_loss: float
+    val_loss: float
+    val_accuracy: float
+    samples_per_sec: float
+    seconds: float
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher announced it, readable before Horovod starts."""
+    for variable in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if variable in os.environ:
+            return int(os.environ[variable])
+    return 0
+
+
+def setup_logging(rank: int) -> None:
+    # Only rank 0 speaks at INFO; the others report warnings and errors, so a failure on any rank is seen.
+    logging.basicConfig(
+        stream=sys.stdout,
+        format=f"%(asctime)s [rank {rank}] %(message)s",
+        datefmt="%H:%M:%S",
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        force=True,
+    )
+
+
+def log_plan(config: TrainConfig, size: int, device: str, train_count: int, val_count: int, start_epoch: int) -> None:
+    log.info(
+        "plan: %d ranks on %s, dataset %s (%d train / %d val), epochs %d-%d, batch %d per rank, "
+        "lr %.4g -> %.4g over %.3g warm-up epochs, %s%s%s",
+        size,
+        device,
+        config.dataset,
+        train_count,
+        val_count,
+        start_epoch,
+        config.epochs,
+        config.batch_size,
+        config.base_lr,
+        scaled_lr(config.base_lr, size, config.use_adasum),
+        config.warmup_epochs,
+        "adasum" if config.use_adasum else "average",
+        ", fp16 allreduce" if config.fp16_allreduce else "",
+        f", elastic (commit every {config.commit_every} batches)" if config.elastic else "",
+    )
+
+
+def record_epoch(config: TrainConfig, result: EpochResult, size: int, lr: float, observer: observe.Observer) -> None:
+    """Rank 0, after each epoch: the log line, the metrics record and TensorBoard's scalars (the trainer then
+    checkpoints)."""
+    log.info(
+        "epoch %d/%d: train loss %.4f, val loss %.4f, val accuracy %.4f, %.0f samples/s, %.1f s, %d ranks",
+        result.epoch,
+        config.epochs,
+        result.train_loss,
+        result.val_loss,
+        result.val_accuracy,
+        result.samples_per_sec,
+        result.seconds,
+        size,
+    )
+    record = {**result.__dict__, "world_size": size, "lr": lr}
+    if config.metrics_file is not None:
+        metrics.append_record(config.metrics_file, record)
+    observer.epoch(record)
+
+
+class ResetLog:
+    """Each rank's account of elastic resets (rank 0 logs it): each world-size change, and how long training went
+    without a step; whoever is rank 0 at the end writes it to summary.json."""
+
+    def __init__(self, world_size: Callable[[], int]) -> None:
+        self.size_now = world_size
+        self.world_size = world_size()
+        self.last_step = time.monotonic()
+        self.steps = 0
+        """Steps this process has taken (rolled-back ones included): TensorBoard's x-axis for step scalars."""
+        self.pending: dict | None = None
+        self.events: list[dict] = []
+
+    def on_reset(self, epoch: int) -> None:
+        new_size = self.size_now()
+        log.info(
+            "elastic reset in epoch %d: world size %d -> %d; back to the last commit, learning rate scaled "
+            "for %d ranks",
+            epoch,
+            self.world_size,
+            new_size,
+            new_size,
+        )
+        self.pending = {"epoch": epoch, "from_size": self.world_size, "to_size": new_size}
+        self.world_size = new_size
+
+    def stepped(self) -> None:
+        now = time.monotonic()
+        if self.pending is not None:
+            event = {**self.pending, "seconds_without_a_step": round(now - self.last_step, 2)}
+            self.events.append(event)
+            log.info(
+                "first step at world size %d, %.1f s after the last step at world size %d",
+                event["to_size"],
+                event["seconds_without_a_step"],
+                event["from_size"],
+            )
+            self.pending = None
+        self.last_step = now
+        self.steps += 1
+
+
+def ipv4_addresses() -> list[str]:
+    """This host's non-loopback IPv4 addresses: containers on host networking share a hostname, not these."""
+    return sorted(
+        address.address
+        for addresses in psutil.net_if_addrs().values()
+        for address in addresses
+        if address.family == socket.AF_INET and not address.address.startswith("127.")
+    )
+
+
+def identical_ranks(rank: int, digest: str, allgather_object: Callable[[Any], list[Any]]) -> list[dict]:
+    """Every rank's host and parameter digest, gathered on all ranks; raises if any rank differs from rank 0."""
+    mine = {"rank": rank, "host": socket.gethostname(), "addresses": ipv4_addresses(), "digest": digest}
+    ranks = allgather_object(mine)
+    differing = consistency.ranks_differing_from_root([entry["digest"] for entry in ranks])
+    if differing:
+        raise TrainingError(
+            f"parameters differ from rank 0's on ranks {differing}: the ranks diverged; "
+            "check that every host runs the same image and Horovod build"
+        )
+    return ranks
+
+
+def finish(
+    config: TrainConfig, ranks: list[dict], start_epoch: int, result: EpochResult | None, resets: ResetLog
+) -> None:
+    """Rank 0, at the end: the line every user looks for, and summary.json."""
+    log.info("parameters identical on all %d ranks (sha256 %s...)", len(ranks), ranks[0]["digest"][:12])
+    if config.summary_file is not None:
+        summary = {
+            "world_size": len(ranks),
+            "ranks": ranks,
+            "epochs_run": [start_epoch, config.epochs],
+            "final": result.__dict__ if result else None,
+            "elastic_resets": resets.events,
+        }
+        config.summary_file.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+def main(
+    parse: Callable[[list[str] | None], TrainConfig], run: Callable[[TrainConfig], object], argv: list[str] | None
+) -> int:
+    """A trainer's entry: 2 for a setting refused before Horovod starts (one rank says it), 1 for a TrainingError."""
+    try:
+        config = parse(argv)
+    except ConfigError as error:
+        if launcher_rank() == 0:  # every rank validates; one says so
+            print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        run(config)
+    except TrainingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
