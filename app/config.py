@@ -47,7 +47,7 @@ class TrainConfig:
     """Epochs over which the learning rate rises linearly from base_lr to base_lr * world size."""
     seed: int = 42
     threads: int = 1
-    """torch intra-op threads per rank; 1 keeps N ranks from oversubscribing a CPU host."""
+    """The framework's intra-op threads per rank; 1 keeps N ranks from oversubscribing a CPU host."""
     fp16_allreduce: bool = False
     use_adasum: bool = False
     metrics_file: Path | None = None
@@ -178,7 +178,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
     parser.add_argument(
-        "--threads", type=int, default=defaults.threads, help="torch threads per rank (default: %(default)s)"
+        "--threads", type=int, default=defaults.threads, help="compute threads per rank (default: %(default)s)"
     )
     parser.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 for the allreduce")
     parser.add_argument("--use-adasum", action="store_true", help="combine gradients with Adasum instead of averaging")

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run): prepares what the tests need (.venv with the Horovod build,
-# the Docker engine and the image), checks the code (ruff: lint and format; mypy), then runs pytest in two rooms at
-# once (pytest-xdist, -n 2): the tests on the test hosts on one worker, everything else on the other
-# (tests/conftest.py). Pass -n 0 to run them one after the other.
+# the Docker engine, PyTorch's image and TensorFlow's), checks the code (ruff: lint and format; mypy), then runs
+# pytest in two rooms at once (pytest-xdist, -n 2): the tests on the test hosts on one worker, everything else on
+# the other (tests/conftest.py). Pass -n 0 to run them one after the other.
 #   scripts/test.sh [PYTEST ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build-images.sh
+scripts/build-images.sh tensorflow
 echo "[test] ruff and mypy over app/ and launcher/"
 .venv/bin/ruff check app launcher
 .venv/bin/ruff format --check app launcher
