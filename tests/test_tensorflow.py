@@ -75,8 +75,8 @@ def test_keras_code_runs_on_two_ranks_through_the_smoke_role_and_ends_identical(
 def test_a_resumed_run_continues_after_its_checkpoint_with_the_same_files():
     """Two epochs, then --resume to three, as a restart (--max-restarts) resumes: one metrics file of epochs 1-3."""
     train = "horovodrun -np 2 -H localhost:2 --gloo python -m app.train --dataset synthetic --run-dir /tmp/run"
-    done = run_in_image("bash", "-c", f"{train} --epochs 2 && {train} --epochs 3 --resume && cat /tmp/run/metrics.jsonl",
-                        timeout=400)  # fmt: skip
+    both = f"{train} --epochs 2 && {train} --epochs 3 --resume && cat /tmp/run/metrics.jsonl"
+    done = run_in_image("bash", "-c", both, timeout=400)
     assert done.returncode == 0
     assert "resuming from /tmp/run/checkpoints/latest.npz after epoch 2" in done.stdout
     epochs = [json.loads(line)["epoch"] for line in done.stdout.splitlines() if line.startswith("{")]
