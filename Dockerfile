@@ -88,7 +88,8 @@ COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horov
 COPY app/frameworks.py /opt/venv/lib/python3.11/site-packages/horovod_stack_hint.py
 COPY docker/horovod_stack_hint.pth /opt/venv/lib/python3.11/site-packages/
 # TensorFlow 2.21's wheels are CUDA 12.5 builds (tensorflow[and-cuda]); TF_CPP_MIN_LOG_LEVEL=1 keeps TensorFlow's
-# start-up notices (no GPU, oneDNN) out of every rank's output, its warnings and errors in.
+# informational lines out of processes started here, its warnings and errors in. Ranks on other nodes start through
+# ssh without it, and the oneDNN notice printed before absl starts shows whatever it is set to.
 ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=void NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA="cuda>=12.5" PIP_FIND_LINKS= TF_CPP_MIN_LOG_LEVEL=1
 USER mpiuser
