@@ -34,6 +34,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint file that exists but is not loaded; the message is one line naming the file and the fix."""
 
 
+def refuse_the_other_frameworks(directory: Path, wanted: frameworks.Framework) -> None:
+    """Raises CheckpointError where `directory` holds no checkpoint of `wanted`'s but one of another framework's."""
+    for other, name in ((frameworks.PYTORCH, LATEST), (frameworks.TENSORFLOW, KERAS_LATEST)):
+        if other is not wanted and (directory / name).exists():
+            raise CheckpointError(
+                f"{directory} holds a {other.name} checkpoint ({name}), not {wanted.name}'s: resume it on "
+                f"{other.image}, or pass another --checkpoint-dir"
+            )
+
+
 def save_checkpoint(directory: Path, state: dict[str, Any]) -> Path:
     import torch  # this module is also the TensorFlow trainer's (write_atomically), where torch is absent
 
@@ -69,11 +79,7 @@ def load_latest_checkpoint(directory: Path) -> dict[str, Any] | None:
     or that cannot be read as a checkpoint at all."""
     path = directory / LATEST
     if not path.exists():
-        if (directory / KERAS_LATEST).exists():
-            raise CheckpointError(
-                f"{directory} holds a TensorFlow checkpoint ({KERAS_LATEST}), not PyTorch's: resume it on "
-                f"{frameworks.TENSORFLOW.image}, or pass another --checkpoint-dir"
-            )
+        refuse_the_other_frameworks(directory, frameworks.PYTORCH)
         return None
     fix = "move it away, or pass a --checkpoint-dir this trainer wrote"
     import torch
@@ -113,11 +119,7 @@ def load_arrays(directory: Path) -> tuple[dict[str, Any], dict[str, list[np.ndar
     that is not such an archive, or a folder that holds PyTorch's checkpoint instead."""
     path = directory / KERAS_LATEST
     if not path.exists():
-        if (directory / LATEST).exists():
-            raise CheckpointError(
-                f"{directory} holds a PyTorch checkpoint ({LATEST}), not TensorFlow's: resume it on "
-                f"{frameworks.PYTORCH.image}, or pass another --checkpoint-dir"
-            )
+        refuse_the_other_frameworks(directory, frameworks.TENSORFLOW)
         return None
     try:
         with np.load(path, allow_pickle=False) as archive:

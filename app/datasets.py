@@ -86,6 +86,8 @@ def mnist_present(data_dir: Path) -> bool:
 def download_mnist(data_dir: Path) -> str | None:
     """Fetches the missing IDX files into torchvision's layout. None on success, else why not. Local rank 0 only:
     several ranks writing one folder at once corrupt each other's files."""
+    if mnist_present(data_dir):  # nothing written where it is all there (a read-only data folder)
+        return None
     folder = mnist_raw_dir(data_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from app import consistency, metrics, observe
+from app import consistency, datasets, metrics, observe
 from app.config import ConfigError, TrainConfig
 from app.schedule import scaled_lr
 
@@ -37,6 +37,58 @@ class EpochResult:
     val_accuracy: float
     samples_per_sec: float
     seconds: float
+
+
+def prepare_data(
+    config: TrainConfig, local_rank: int, fetch_mnist: Callable[[], str | None], all_ranks_ok: Callable[[bool], bool]
+) -> None:
+    """Makes sure MNIST is on this node when asked for, or stops every rank with one line. `fetch_mnist` finds or
+    downloads it (None, or why not); local rank 0 alone runs it, since ranks writing one folder at once corrupt each
+    other's files, and the others wait in `all_ranks_ok`. Elastic: every worker checks for itself, since nothing
+    collective may run before the elastic loop (a joining worker would deadlock)."""
+    if config.dataset != "mnist":
+        return
+    if config.elastic:
+        failure = fetch_mnist()
+        ok = failure is None
+    else:
+        failure = fetch_mnist() if local_rank == 0 else None
+        ok = all_ranks_ok(failure is None)
+    if not ok:
+        raise TrainingError(datasets.mnist_unavailable_message(config.data_dir, failure or "see local rank 0"))
+
+
+def start_epoch(
+    config: TrainConfig,
+    rank: int,
+    load_resume_point: Callable[[], tuple[int, str | None]],
+    broadcast_object: Callable[[Any], Any],
+) -> int:
+    """The first epoch to run, on all ranks: rank 0 loads the latest checkpoint when resuming (`load_resume_point`:
+    the epoch after it, or the one-line problem, returned rather than raised so no rank waits in a broadcast). The
+    weights reach the other ranks through the broadcasts that follow (elastic: through the elastic state's first
+    sync, which also carries rank 0's epoch)."""
+    first, problem = 1, None
+    if config.resume and rank == 0:
+        first, problem = load_resume_point()
+    if not config.elastic:
+        first, problem = broadcast_object((first, problem))
+    if problem:
+        raise TrainingError(problem)
+    return first
+
+
+def resume_problem(config: TrainConfig, saved_dataset: str | None) -> str | None:
+    """Rank 0, resuming: why the checkpoint found (None: none yet, which starts at epoch 1) must not be loaded."""
+    if saved_dataset is None:
+        log.info("no checkpoint in %s yet; starting from epoch 1", config.checkpoint_dir)
+        return None
+    if saved_dataset != config.dataset:
+        return (
+            f"the checkpoint in {config.checkpoint_dir} was trained on {saved_dataset!r}, not "
+            f"{config.dataset!r}: pass --dataset {saved_dataset} or another --checkpoint-dir"
+        )
+    return None
 
 
 def launcher_rank() -> int:

@@ -29,7 +29,7 @@ import tensorflow as tf
 from app import checkpoint, consistency, datasets, gpu, metrics, observe, run_record
 from app.config import ConfigError, TrainConfig, parse_config
 from app.horovod_defaults import HOROVOD_DEFAULTS
-from app.run_record import EpochResult, ResetLog, TrainingError, setup_logging
+from app.run_record import EpochResult, ResetLog, setup_logging
 from app.schedule import rate_at, scaled_lr
 
 log = logging.getLogger("app.train")
@@ -66,16 +66,8 @@ def all_ranks_ok(ok: bool) -> bool:
 
 def load_data(config: TrainConfig) -> tuple[datasets.Arrays, datasets.Arrays]:
     """(train, val) as NHWC images and labels, the same split on every rank."""
+    run_record.prepare_data(config, hvd.local_rank(), lambda: datasets.download_mnist(config.data_dir), all_ranks_ok)
     if config.dataset == "mnist":
-        fetch = not datasets.mnist_present(config.data_dir)
-        if config.elastic:  # no collective before the elastic loop: each worker fetches or finds it
-            failure = datasets.download_mnist(config.data_dir) if fetch else None
-            ok = failure is None
-        else:
-            failure = datasets.download_mnist(config.data_dir) if fetch and hvd.local_rank() == 0 else None
-            ok = all_ranks_ok(failure is None)
-        if not ok:
-            raise TrainingError(datasets.mnist_unavailable_message(config.data_dir, failure or "see local rank 0"))
         train, val = datasets.mnist(config.data_dir)
     elif config.dataset == "digits":
         train, val = datasets.digits(config.seed)
@@ -203,21 +195,16 @@ def record_epoch(
 
 def load_resume_point(config: TrainConfig, model: keras.Model, optimizer: Any) -> tuple[int, str | None]:
     """Rank 0: the first epoch to run after loading the latest checkpoint into model and optimizer, or the one-line
-    problem that stops every rank (returned, not raised, so no rank waits in a broadcast)."""
+    problem that stops every rank (run_record.start_epoch)."""
     assert config.checkpoint_dir is not None  # TrainConfig refuses resume without it
     try:
         saved = checkpoint.load_arrays(config.checkpoint_dir)
     except checkpoint.CheckpointError as error:
         return 1, str(error)
-    if saved is None:
-        log.info("no checkpoint in %s yet; starting from epoch 1", config.checkpoint_dir)
-        return 1, None
+    problem = run_record.resume_problem(config, None if saved is None else saved[0].get("dataset"))
+    if saved is None or problem:
+        return 1, problem
     meta, arrays = saved
-    if meta.get("dataset") != config.dataset:
-        return 1, (
-            f"the checkpoint in {config.checkpoint_dir} was trained on {meta.get('dataset')!r}, not "
-            f"{config.dataset!r}: pass --dataset {meta.get('dataset')} or another --checkpoint-dir"
-        )
     for group, variables in (("model", model.variables), ("optimizer", optimizer.variables)):
         values = arrays.get(group, [])
         if [v.shape for v in values] != [tuple(v.shape) for v in variables]:
@@ -229,19 +216,6 @@ def load_resume_point(config: TrainConfig, model: keras.Model, optimizer: Any) -
             variable.assign(value)
     log.info("resuming from %s after epoch %d", config.checkpoint_dir / checkpoint.KERAS_LATEST, meta["epoch"])
     return int(meta["epoch"]) + 1, None
-
-
-def restore(config: TrainConfig, model: keras.Model, optimizer: Any) -> int:
-    """The first epoch to run, on all ranks (rank 0 loads the checkpoint; its variables reach the others through
-    the broadcast that follows, or, elastic, through the state's first sync, which also carries rank 0's epoch)."""
-    start_epoch, problem = 1, None
-    if config.resume and hvd.rank() == 0:
-        start_epoch, problem = load_resume_point(config, model, optimizer)
-    if not config.elastic:
-        start_epoch, problem = hvd.broadcast_object((start_epoch, problem), root_rank=0, name="resume_point")
-    if problem:
-        raise TrainingError(problem)
-    return start_epoch
 
 
 def place(config: TrainConfig) -> str:
@@ -270,7 +244,12 @@ def run(config: TrainConfig) -> EpochResult | None:
     model = simple_net()
     optimizer = keras.optimizers.SGD(learning_rate=config.base_lr, momentum=config.momentum)
     optimizer.build(model.trainable_variables)  # its variables exist now: checkpoints and broadcasts see them all
-    start_epoch = restore(config, model, optimizer)
+    start_epoch = run_record.start_epoch(
+        config,
+        hvd.rank(),
+        lambda: load_resume_point(config, model, optimizer),
+        lambda value: hvd.broadcast_object(value, root_rank=0, name="resume_point"),
+    )
     if not config.elastic:  # elastic: the state's first sync broadcasts rank 0's variables
         hvd.broadcast_variables(model.variables, root_rank=0)
         hvd.broadcast_variables(optimizer.variables, root_rank=0)

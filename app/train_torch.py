@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from app import checkpoint, consistency, data, datasets, gpu, metrics, observe, run_record
+from app import checkpoint, consistency, data, gpu, metrics, observe, run_record
 from app.config import ConfigError, TrainConfig, parse_config
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from app.model import SimpleNet
-from app.run_record import EpochResult, ResetLog, TrainingError, setup_logging
+from app.run_record import EpochResult, ResetLog, setup_logging
 from app.schedule import learning_rate, rate_at, scaled_lr
 
 log = logging.getLogger("app.train")
@@ -49,14 +49,7 @@ def all_ranks_ok(ok: bool) -> bool:
 
 
 def load_data(config: TrainConfig) -> tuple[Dataset, Dataset]:
-    if config.dataset == "mnist" and config.elastic:  # no collective before the elastic loop: each worker checks
-        failure = data.prepare_mnist(config.data_dir)
-        if failure:
-            raise TrainingError(datasets.mnist_unavailable_message(config.data_dir, failure))
-    elif config.dataset == "mnist":
-        failure = data.prepare_mnist(config.data_dir) if hvd.local_rank() == 0 else None
-        if not all_ranks_ok(failure is None):
-            raise TrainingError(datasets.mnist_unavailable_message(config.data_dir, failure or "see local rank 0"))
+    run_record.prepare_data(config, hvd.local_rank(), lambda: data.prepare_mnist(config.data_dir), all_ranks_ok)
     return data.load_dataset(config.dataset, config.data_dir, config.seed)
 
 
@@ -129,36 +122,17 @@ def evaluate(model, loader: DataLoader, device: torch.device) -> tuple[float, fl
     return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
 
 
-def restore(config: TrainConfig, model, optimizer) -> int:
-    """Loads the latest checkpoint on rank 0 (when resuming) and returns the first epoch to run, on all ranks.
-    The weights and optimizer state reach the other ranks through the broadcasts that follow (elastic: through
-    the elastic state's first sync, which also carries rank 0's epoch)."""
-    start_epoch, problem = 1, None
-    if config.resume and hvd.rank() == 0:
-        start_epoch, problem = load_resume_point(config, model, optimizer)
-    if not config.elastic:
-        start_epoch, problem = hvd.broadcast_object((start_epoch, problem), root_rank=0, name="resume_point")
-    if problem:
-        raise TrainingError(problem)
-    return start_epoch
-
-
 def load_resume_point(config: TrainConfig, model, optimizer) -> tuple[int, str | None]:
     """Rank 0: the first epoch to run after loading the latest checkpoint into model and optimizer, or the
-    one-line problem that stops every rank (returned, not raised, so no rank waits in a broadcast)."""
+    one-line problem that stops every rank (run_record.start_epoch)."""
     assert config.checkpoint_dir is not None  # TrainConfig refuses resume without it
     try:
         state = checkpoint.load_latest_checkpoint(config.checkpoint_dir)
     except checkpoint.CheckpointError as error:
         return 1, str(error)
-    if state is None:
-        log.info("no checkpoint in %s yet; starting from epoch 1", config.checkpoint_dir)
-        return 1, None
-    if state["dataset"] != config.dataset:
-        return 1, (
-            f"the checkpoint in {config.checkpoint_dir} was trained on {state['dataset']!r}, not "
-            f"{config.dataset!r}: pass --dataset {state['dataset']} or another --checkpoint-dir"
-        )
+    problem = run_record.resume_problem(config, None if state is None else state["dataset"])
+    if state is None or problem:
+        return 1, problem
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     log.info("resuming from %s after epoch %d", config.checkpoint_dir / checkpoint.LATEST, state["epoch"])
@@ -294,7 +268,12 @@ def run(config: TrainConfig) -> EpochResult | None:
     train_set, val_set = load_data(config)
     model = SimpleNet().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.base_lr, momentum=config.momentum)
-    start_epoch = restore(config, model, optimizer)
+    start_epoch = run_record.start_epoch(
+        config,
+        hvd.rank(),
+        lambda: load_resume_point(config, model, optimizer),
+        lambda value: hvd.broadcast_object(value, root_rank=0, name="resume_point"),
+    )
     if not config.elastic:  # elastic: the state's first sync broadcasts rank 0's model and optimizer
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
