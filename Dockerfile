@@ -81,17 +81,22 @@ RUN --mount=type=bind,from=horovod-build-tensorflow,source=/dist,target=/dist \
     --mount=type=bind,source=docker/requirements-tools.txt,target=/tmp/requirements-tools.txt \
     --mount=type=bind,source=docker/finish-image.sh,target=/tmp/finish-image.sh \
     /tmp/finish-image.sh
+# Which framework the image holds, for the launcher's GPU check (app/gpu.py's FRAMEWORK_LABEL); images built FROM
+# this one inherit it.
+LABEL horovod-stack.framework=TensorFlow
 COPY app /opt/horovod-stack/app
 COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
 # A script of the other framework's ends in one line naming its image (app/frameworks.py, run at every start).
 COPY app/frameworks.py /opt/venv/lib/python3.11/site-packages/horovod_stack_hint.py
 COPY docker/horovod_stack_hint.pth /opt/venv/lib/python3.11/site-packages/
-# TensorFlow 2.21's wheels are CUDA 12.5 builds (tensorflow[and-cuda]); TF_CPP_MIN_LOG_LEVEL=1 keeps TensorFlow's
+# TensorFlow 2.21's wheel is a CUDA 12.5.1 build (tensorflow[and-cuda]), which TensorFlow supports on drivers from
+# 525.60.13 on (CUDA 12's minor-version compatibility): the toolkit is asked for CUDA 12.0, not 12.5 (a driver of 555
+# or newer), and the launcher's GPU check holds a node to app/gpu.py's TENSORFLOW_BUILD. TF_CPP_MIN_LOG_LEVEL=1 keeps TensorFlow's
 # informational lines out of processes started here, its warnings and errors in. Ranks on other nodes start through
 # ssh without it, and the oneDNN notice printed before absl starts shows whatever it is set to.
 ENV PYTHONPATH=/opt/horovod-stack NVIDIA_VISIBLE_DEVICES=void NVIDIA_DRIVER_CAPABILITIES=compute,utility \
-    NVIDIA_REQUIRE_CUDA="cuda>=12.5" PIP_FIND_LINKS= TF_CPP_MIN_LOG_LEVEL=1
+    NVIDIA_REQUIRE_CUDA="cuda>=12.0" PIP_FIND_LINKS= TF_CPP_MIN_LOG_LEVEL=1
 USER mpiuser
 RUN python -c "import matplotlib.font_manager"
 WORKDIR /home/mpiuser
@@ -124,6 +129,7 @@ RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
     --mount=type=bind,source=docker/requirements-tools.txt,target=/tmp/requirements-tools.txt \
     --mount=type=bind,source=docker/finish-image.sh,target=/tmp/finish-image.sh \
     /tmp/finish-image.sh
+LABEL horovod-stack.framework=PyTorch
 COPY app /opt/horovod-stack/app
 # The job agent (launcher/agent/) runs every job from the rank-0 container, whichever door started it.
 COPY launcher /opt/horovod-stack/launcher

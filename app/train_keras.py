@@ -81,7 +81,9 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, c
     compression = hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none
     op = hvd.Adasum if config.use_adasum else hvd.Average
 
-    @tf.function(input_signature=(tf.TensorSpec((None, *IMAGE_SHAPE), tf.float32), tf.TensorSpec((None,), tf.int64)))
+    images_spec = tf.TensorSpec((None, *model.input_shape[1:]), tf.float32)
+
+    @tf.function(input_signature=(images_spec, tf.TensorSpec((None,), tf.int64)))
     def train_step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(images, training=True))

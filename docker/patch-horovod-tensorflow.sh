@@ -33,9 +33,13 @@
 #   backend even when tf.keras is tf_keras, so this broke the Keras 2 model.fit path too. Now tf.constant.
 # - The elastic state of a Keras model (hvd.elastic.TensorFlowKerasState) called optimizer.variables(): the same
 #   property-or-method helper now, so a Keras 3 model and optimizer can be committed, restored and synced.
-# Not covered: Keras 3 with horovod.tensorflow.keras.elastic's callbacks (model.fit under elastic), and the
-# learning-rate callbacks (keras.backend.get_value/set_value: absent from Keras 3's backend, which Horovod imports even
-# under TF_USE_LEGACY_KERAS=1).
+# - The learning-rate callbacks (LearningRateScheduleCallback, LearningRateWarmupCallback) read and set the rate with
+#   keras.backend.get_value/set_value, absent from Keras 3's backend (which Horovod imports even under
+#   TF_USE_LEGACY_KERAS=1), and as `optimizer.lr`, which Keras 3 optimizers lack: they now read `learning_rate` and
+#   assign it (a variable in Keras 3 and Keras 2 alike). Their momentum correction needs a momentum the compiled step
+#   reads at run time (Keras 2's legacy optimizers); Keras 3's and tf_keras's optimizers keep it as a number fixed
+#   when the step is traced, so there it is skipped with one warning instead of failing.
+# Not covered: Keras 3 with horovod.tensorflow.keras.elastic's callbacks (model.fit under elastic).
 set -euo pipefail
 src="${1:?usage: patch-horovod-tensorflow.sh SRC_DIR}"
 fail() { echo "patch-horovod-tensorflow: $1" >&2; exit 1; }
@@ -177,3 +181,50 @@ if ! grep -q '_optimizer_variables' "$elastic"; then
 fi
 [ "$(grep -c '_optimizer_variables(' "$elastic")" = 4 ] && ! grep -q 'optimizer\.variables()' "$elastic" ||
   fail "the Keras 3 elastic-state change no longer applies to $elastic"
+
+# 8. Learning-rate callbacks: the rate (and momentum) read and set without keras.backend.get_value/set_value.
+if ! grep -q '^def _get_hyper' "$kcb"; then
+  perl -pi -e 's/self\.backend\.get_value\(self\.model\.optimizer\.(lr|momentum)\)/_get_hyper(self.model.optimizer, "$1")/g;
+    s/self\.backend\.set_value\(self\.model\.optimizer\.(lr|momentum),/_set_hyper(self.model.optimizer, "$1",/g;
+    s/if hasattr\(self\.model\.optimizer, .momentum.\) and self\.momentum_correction:/if self.momentum_correction and _momentum_correctable(self.model.optimizer):/' "$kcb"
+  cat >>"$kcb" <<'PY'
+
+
+# horovod-stack: the learning-rate callbacks on Keras 3 and tf_keras (docker/patch-horovod-tensorflow.sh).
+def _get_hyper(optimizer, name):
+    """An optimizer's learning rate ('lr') or momentum as a float: `learning_rate` is the name both Kerases have."""
+    value = getattr(optimizer, 'learning_rate' if name == 'lr' else name)
+    return float(value.numpy()) if hasattr(value, 'numpy') else float(value)
+
+
+def _set_hyper(optimizer, name, value):
+    """Assigns a variable hyperparameter in place (what the compiled step reads); sets a plain one."""
+    name = 'learning_rate' if name == 'lr' else name
+    current = getattr(optimizer, name)
+    if hasattr(current, 'assign'):
+        current.assign(value)
+    else:
+        setattr(optimizer, name, value)
+
+
+_momentum_warned = []
+
+
+def _momentum_correctable(optimizer):
+    """Whether momentum correction can act: the momentum must be a variable the compiled step reads at run time
+    (Keras 2's legacy optimizers). Keras 3's and tf_keras's optimizers hold a number fixed when the step is traced:
+    skipped, with one warning."""
+    momentum = getattr(optimizer, 'momentum', None)
+    if momentum is None or hasattr(momentum, 'assign'):
+        return momentum is not None
+    if not _momentum_warned:
+        import warnings
+        _momentum_warned.append(True)
+        warnings.warn('horovod: momentum correction skipped: this optimizer fixes its momentum when its step is '
+                      'compiled (Keras 3, tf_keras); pass momentum_correction=False to the learning-rate callback')
+    return False
+PY
+fi
+grep -q '^def _get_hyper' "$kcb" && ! grep -q 'backend\.[gs]et_value(self\.model\.optimizer' "$kcb" &&
+  grep -q 'if self.momentum_correction and _momentum_correctable(self.model.optimizer):' "$kcb" ||
+  fail "the learning-rate callback change no longer applies to $kcb"

@@ -44,9 +44,13 @@ def say(message: str) -> None:
         echo_to_stderr(f"[launcher {time.strftime('%H:%M:%S')}] {line}")
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
+def say_error(message: str) -> None:
     for line in message.splitlines() or [""]:
         echo_to_stderr(f"error: {line}")
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    say_error(message)
     raise typer.Exit(code)
 
 
@@ -378,7 +382,12 @@ def export(
 
 
 def main() -> None:
-    app()
+    """The CLI; a node's engine failing a request ends any command with its one line (NodeError names the node)."""
+    try:
+        app()
+    except NodeError as error:
+        say_error(str(error))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

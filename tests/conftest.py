@@ -55,7 +55,12 @@ def job_spec(**fields) -> JobSpec:
 
 # --- the test hosts, and the two rooms under pytest-xdist (scripts/test.sh runs `pytest -n 2`) -----------------
 TEST_HOST_MODULES = frozenset(
-    {"test_launcher_multihost.py", "test_mpijob_conformance.py", "test_rendezvous_on_test_hosts.py"}
+    {
+        "test_launcher_multihost.py",
+        "test_mpijob_conformance.py",
+        "test_rendezvous_on_test_hosts.py",
+        "test_tensorflow_multihost.py",
+    }
 )
 """The modules whose tests run on the test hosts (the `test_hosts` fixture): one worker runs all of them, in file
 order, since the harness is one per machine and a module's tests build on each other; the other worker runs

@@ -17,6 +17,7 @@ from app.bench.container_vs_host import round_rows
 from app.bench.peers import ALONE, parse_variant, peer_rows
 from app.bench.ps_vs_ring import model_ratio, model_seconds, within_tolerance
 from app.bench.report import markdown_table, write_report
+from app.bench.tf_peers import peer_row
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -78,6 +79,13 @@ def test_peer_rows_take_the_ratio_and_the_scaling_efficiency_within_each_round()
     assert hvd["scaling_efficiency"] == pytest.approx(0.6875)
     assert ddp["scaling_efficiency"] == pytest.approx((100 / 120 + 50 / 80) / 2)
     assert alone["ratio_to_ddp"] is None and alone["scaling_efficiency"] is None
+
+
+def test_tf_peer_row_takes_horovods_speed_up_within_each_round():
+    row = peer_row("m", {"hvd-tf": [0.010, 0.020, 0.012], "mwms": [0.015, 0.020, 0.024]}, global_batch=64)
+    assert row["speedup"] == pytest.approx(1.5)  # rounds: 1.5, 1.0, 2.0
+    assert row["hvd-tf_ms"] == pytest.approx(12.0) and row["hvd-tf_spread"] == "10.0-20.0"
+    assert row["mwms_throughput"] == pytest.approx(64 / 0.020)
 
 
 def test_container_vs_host_rounds_take_the_ratio_within_each_round():

@@ -10,15 +10,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from docker.api.client import APIClient
+from docker.errors import NotFound
 from docker.tls import TLSConfig
 
+from launcher import cli
 from launcher.core.options import SettingsError
 from launcher.host import access, reach
 from launcher.host.access import EngineTls, Setting, exposure, insecure_allowed, node_key, node_setting
-from launcher.host.plan import ClusterPlan
+from launcher.host.engines import NodeDriver, NodeError
+from launcher.host.plan import ClusterPlan, Node
 from launcher.host.settings import resolve_settings
 from tests import tlsengine
 
@@ -261,3 +265,36 @@ def test_a_tls_engine_answers_with_this_machines_certificate_and_refuses_another
                                         "md, Engines over TCP), or set DOCKER_TLS_VERIFY_NODE_1= and "
                                         "DOCKER_CERT_PATH_NODE_1= (empty) to reach it without TLS (--insecure-engine "
                                         "off this machine)"]
+
+
+class ListedThenGone:
+    """A Docker client whose listing names two containers, one of them removed before it is inspected."""
+
+    class api:  # noqa: N801 - the SDK's attribute name
+        @staticmethod
+        def containers(all: bool, filters: dict) -> list[dict]:  # noqa: A002 - the SDK's keyword
+            return [{"Id": "gone"}, {"Id": "kept"}]
+
+    class containers:  # noqa: N801 - the SDK's attribute name
+        @staticmethod
+        def get(container_id: str) -> SimpleNamespace:
+            if container_id == "gone":
+                raise NotFound("No such container: gone")
+            state = {"Status": "running", "ExitCode": 0}
+            return SimpleNamespace(id="kept", name="kept", labels={}, status="running", attrs={"State": state})
+
+
+def test_a_container_removed_while_the_node_is_listed_is_left_out():
+    driver = NodeDriver(Node("node_1", "ssh://node_1"), ListedThenGone())  # type: ignore[arg-type]
+    assert [container.id for container in driver.cluster_containers()] == ["kept"]
+
+
+def test_an_engine_failing_a_request_ends_any_command_in_one_line(monkeypatch, capsys):
+    def failing_app() -> None:
+        raise NodeError("node_1", "its Docker engine failed a request (404: Not Found)")
+
+    monkeypatch.setattr(cli, "app", failing_app)
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 1
+    assert capsys.readouterr().err == "error: node_1: its Docker engine failed a request (404: Not Found)\n"

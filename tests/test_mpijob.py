@@ -224,6 +224,7 @@ def test_cpu_and_memory_are_kubernetes_quantities(resource, text, expected):
 
 IMAGES = {
     "a registry and a tag": ("registry.example.com/team/horovod-stack:1", None, "IfNotPresent"),
+    "the TensorFlow image": ("registry.example.com/team/horovod-stack:tensorflow", None, "IfNotPresent"),
     "a registry port": ("10.0.0.5:5000/horovod-stack:1", None, "IfNotPresent"),
     "a digest": ("ghcr.io/team/horovod-stack@sha256:" + "0" * 64, None, "IfNotPresent"),
     "latest": ("ghcr.io/team/horovod-stack:latest", None, "Always"),

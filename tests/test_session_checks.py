@@ -5,6 +5,8 @@ import io
 
 import pytest
 
+from app import gpu
+from app.gpu import FRAMEWORK_LABEL
 from launcher.host import doctor, launch, preflight
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import NodeFacts, Severity
@@ -47,7 +49,7 @@ H100 = "0, NVIDIA H100 80GB HBM3, 580.65.06, 9.0\n1, NVIDIA H100 80GB HBM3, 580.
     (H100, 4, "only 2 GPU(s) visible to a container there, 4 asked for; pass a smaller --gpus"),
     ("0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n", 1, "NVIDIA driver 550.54.15 is older than 580"),
     ("0, Tesla V100-SXM2-16GB, 580.65.06, 7.0\n", 1, "GPU 0 (Tesla V100-SXM2-16GB) has compute capability 7.0; "
-                                                     "CUDA 13 needs 7.5 or higher"),
+                                                     "torch's CUDA 13.0 build needs 7.5 or higher (Turing and later)"),
     ("0, Odd GPU, [N/A], [N/A]\n", 1, "nvidia-smi's answer there could not be read"),
 ])
 def test_gpus_are_checked_on_every_node_before_any_worker_starts(query, wanted, problem):
@@ -60,6 +62,23 @@ def test_gpus_are_checked_on_every_node_before_any_worker_starts(query, wanted, 
         launch.launch(settings, say=lambda _: None, relay=lambda _: None, connect=connect_to(*engines))
     assert str(refused.value).startswith(f"node_2: {problem}")
     assert [d.started for d in engines] == [[], []]
+
+
+@pytest.mark.parametrize("labels, query, problem", [
+    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n", None),
+    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla V100-SXM2-16GB, 535.1, 7.0\n", None),
+    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla P100-PCIE-16GB, 535.1, 6.0\n", None),
+    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla T4, 470.82.01, 7.5\n", "NVIDIA driver 470.82.01 is older than 525, "
+     "which TensorFlow 2.21's CUDA 12.5 build needs; update the driver there"),
+    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla M60, 535.1, 5.2\n", "GPU 0 (Tesla M60) has compute capability 5.2; "
+     "TensorFlow 2.21's CUDA 12.5 build needs 6.0 or higher (Pascal and later)"),
+    ({FRAMEWORK_LABEL: "PyTorch"}, "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n",
+     "NVIDIA driver 550.54.15 is older than 580"),
+    ({}, "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n", "NVIDIA driver 550.54.15 is older than 580"),  # a user's image
+])
+def test_each_images_framework_is_held_to_its_own_cuda_builds_needs(labels, query, problem):
+    found = gpu.gpu_problem(query, 1, gpu.build_of(labels))
+    assert found == problem if problem is None else found.startswith(problem)
 
 
 def test_gpus_named_by_id_are_checked_with_the_workers_own_request():

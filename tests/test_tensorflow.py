@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
+import docker
 import pytest
 
 from app.frameworks import PYTORCH, TENSORFLOW, wrong_image_message
+from app.gpu import BUILDS, FRAMEWORK_LABEL, build_of
 from tests.test_compose import ComposeRun
 
 pytestmark = pytest.mark.integration
@@ -38,6 +41,13 @@ def run_in_image(*argv: str, image: str = TF_IMAGE, timeout: float = 300, docker
                           timeout=timeout)  # fmt: skip
     print(f"{' '.join(argv)[:200]}: exit {done.returncode}\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
     return done
+
+
+def test_each_image_names_its_framework_for_the_launchers_gpu_check():
+    for image, framework in ((TF_IMAGE, TENSORFLOW), (TORCH_IMAGE, PYTORCH)):
+        labels = docker.from_env().images.get(image).labels
+        assert labels[FRAMEWORK_LABEL] == framework.name
+        assert build_of(labels) is BUILDS[framework.name]
 
 
 def test_compose_up_trains_the_keras_trainer_to_095_on_two_workers(tmp_path):
@@ -126,3 +136,21 @@ def test_a_tensorflow_script_on_the_pytorch_image_fails_in_one_line_naming_the_t
     done = run_in_image("python", "-c", "import tensorflow", image=TORCH_IMAGE, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [wrong_image_message("tensorflow", PYTORCH)]
+
+
+def test_the_benches_compare_horovod_with_tensorflows_strategy_and_each_images_allreduce(tmp_path):
+    """`tf-peers --short` in the image, and `allreduce --images` (a host-side run of the bench in a container of each
+    image): well-formed tables with figures in every cell, never a speed asserted."""
+    done = run_in_image("python", "-m", "app.bench", "tf-peers", "--short", "--out", "/tmp/out", timeout=400)
+    assert done.returncode == 0
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| simplenet |"))
+    assert all(cell.strip() and cell.strip() != "-" for cell in row.strip("|").split("|")), row
+    images = subprocess.run([sys.executable, "-m", "app.bench", "allreduce", "--short", "--peers", "hvd-mpi",
+                             "--images", TORCH_IMAGE, TF_IMAGE, "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert images.returncode == 0, images.stdout[-3000:] + images.stderr[-3000:]
+    rows = json.loads((tmp_path / "allreduce-images.json").read_text())["rows"]
+    assert [row["size"] for row in rows] == ["4 KB", "64 KB"]
+    for image in (TORCH_IMAGE, TF_IMAGE):
+        assert all(row[f"{image}|hvd-mpi_busbw"] > 0 for row in rows), rows
+

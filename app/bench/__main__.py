@@ -6,6 +6,7 @@
     ps-vs-ring         parameter server vs ring-allreduce, one network namespace and rate-limited link per rank
     links              fp16, Adasum, fusion and cycle time on tc-shaped links (2 ranks, a namespace each), per rate
     container-vs-host  the trainer on the host vs in the compose cluster
+    tf-peers           Horovod vs tf.distribute.MultiWorkerMirroredStrategy (run it in the TensorFlow image)
 
 Each takes --short: a run of seconds that only proves the bench works (what CI runs).
 """
@@ -21,6 +22,7 @@ BENCHES = {
     "allreduce": "app.bench.allreduce",
     "ps-vs-ring": "app.bench.ps_vs_ring",
     "links": "app.bench.links",
+    "tf-peers": "app.bench.tf_peers",
     "container-vs-host": "app.bench.container_vs_host",
 }
 

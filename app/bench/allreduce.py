@@ -2,6 +2,12 @@
 Horovod over MPI and over Gloo (with the stack's defaults), and torch.distributed.all_reduce over Gloo.
 
     python -m app.bench allreduce [--ranks 2] [--sizes 4K 64K 1M 16M 256M] [--out bench-out]
+    python -m app.bench allreduce --images horovod-stack:latest horovod-stack:tensorflow   (each image's Horovod)
+
+In an environment without torch (the TensorFlow image), the Horovod peers allreduce TensorFlow tensors through
+horovod.tensorflow, and torch's peer is left out. `--images` runs the bench in a container of each image (the
+image's own code, MPI and Gloo peers) and prints their columns side by side: the same Horovod built against each
+framework.
 
 Reported per size, as nccl-tests does: time (the slowest rank's, median over iterations), algorithm bandwidth
 algbw = bytes / time, and bus bandwidth busbw = algbw x 2(n-1)/n: the rate each link carries in a ring, so
@@ -11,8 +17,13 @@ figures for different rank counts compare with each other and with the link's ow
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import shlex
 import statistics
+import subprocess
 import time
+from pathlib import Path
 
 from app.bench import ranks as launch
 from app.bench.report import write_report
@@ -21,6 +32,7 @@ from app.horovod_defaults import HOROVOD_DEFAULTS
 DEFAULT_SIZES = ["4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M", "256M"]
 PEERS = {"hvd-mpi": "Horovod MPI", "hvd-gloo": "Horovod Gloo", "ddp": "torch Gloo"}
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+NOTE = "busbw = algbw x 2(n-1)/n; GB = 1e9 bytes. Horovod runs with the stack's defaults."
 
 
 def parse_size(text: str) -> int:
@@ -58,6 +70,9 @@ def rank_main(argv: list[str]) -> None:
     parser.add_argument("--sizes", nargs="+", type=int, required=True)
     parser.add_argument("--short", action="store_true")
     args = parser.parse_args(argv)
+    if not has_torch():
+        tensorflow_rank_main(args)
+        return
 
     import torch
 
@@ -92,16 +107,50 @@ def rank_main(argv: list[str]) -> None:
     peer.finish(args.result, {"sizes": args.sizes, "seconds": seconds})
 
 
+def tensorflow_rank_main(args: argparse.Namespace) -> None:
+    """The Horovod peers' rank side with TensorFlow tensors (horovod.tensorflow), where torch is not installed."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    tf.config.set_visible_devices([], "GPU")
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd.init()
+    seconds = []
+    for size in args.sizes:
+        tensor = tf.ones(size // 4)
+        timings = []
+        for index in range(2 + iterations_for(size, args.short)):  # two warm-up calls
+            started = time.perf_counter()
+            total = hvd.allreduce(tensor, op=hvd.Sum, name=f"allreduce.{size}")
+            if index >= 2:
+                timings.append(time.perf_counter() - started)
+        if not bool(tf.reduce_all(total == hvd.size())):
+            raise RuntimeError(f"{args.peer}: wrong allreduce sum for {size} bytes")
+        per_rank = hvd.allgather_object(timings)
+        seconds.append(statistics.median(max(values) for values in zip(*per_rank, strict=False)))
+    if hvd.rank() == 0:
+        Path(args.result).write_text(json.dumps({"sizes": args.sizes, "seconds": seconds}))
+    hvd.shutdown()
+
+
+def has_torch() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
 # --- driver ---------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m app.bench allreduce", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--sizes", nargs="+", default=DEFAULT_SIZES, help="bytes, K/M/G suffixes (powers of 2)")
-    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    parser.add_argument("--peers", nargs="+", choices=PEERS, help="default: every peer this environment has")
+    parser.add_argument("--images", nargs="+", help="run in a container of each image, Horovod's peers side by side")
     parser.add_argument("--short", action="store_true", help="CI: two small sizes, two iterations")
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in (["4K", "64K"] if args.short else args.sizes)]
+    if args.images:
+        return compare_images(args, sizes)
+    args.peers = args.peers or [peer for peer in PEERS if peer != "ddp" or has_torch()]
     env = dict(HOROVOD_DEFAULTS)
     measured = {}
     for peer in args.peers:
@@ -131,8 +180,37 @@ def main(argv: list[str] | None = None) -> dict:
         rows,
         draw=lambda fig: draw(fig, rows, args.peers),
         extra={"ranks": args.ranks, "horovod_env": env},
-        notes=["busbw = algbw x 2(n-1)/n; GB = 1e9 bytes. Horovod runs with the stack's defaults."],
+        notes=[NOTE],
     )
+    return {"rows": rows}
+
+
+def compare_images(args: argparse.Namespace, sizes: list[int]) -> dict:
+    """The bench's Horovod peers in a container of each image, one after the other; their columns side by side."""
+    peers = [peer for peer in (args.peers or PEERS) if peer != "ddp"]
+    measured: dict[str, list[float]] = {}
+    labels: dict[str, str] = {}
+    for image in args.images:
+        # The table goes to stderr, the rows' JSON alone to stdout: nothing is mounted or left behind.
+        command = ["python", "-m", "app.bench", "allreduce", "--ranks", str(args.ranks), "--peers", *peers,
+                   "--sizes", *map(str, sizes), "--out", "/tmp/out"] + (["--short"] if args.short else [])  # fmt: skip
+        script = f"{shlex.join(command)} >&2 && cat /tmp/out/allreduce.json"
+        done = subprocess.run(["docker", "run", "--rm", "--shm-size", "1g", image, "bash", "-c", script],
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode:
+            raise SystemExit(f"allreduce in {image} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        rows = json.loads(done.stdout)["rows"]
+        for peer in peers:
+            key = f"{image}|{peer}"
+            measured[key] = [row[f"{peer}_us"] / 1e6 for row in rows]
+            labels[key] = f"{image.rsplit(':', 1)[-1]} {PEERS[peer]}"
+        print(f"[allreduce] {image} done", flush=True)
+    rows = allreduce_rows(sizes, measured, args.ranks)
+    columns = [("size", "size", "")]
+    for key, label in labels.items():
+        columns += [(f"{key}_us", f"{label} us", ".0f"), (f"{key}_busbw", "busbw GB/s", ".3f")]
+    title = f"allreduce in each image, float32 sum, {args.ranks} ranks (1 thread each), median of the slowest rank"
+    write_report(args.out, "allreduce-images", title, columns, rows, extra={"images": args.images}, notes=[NOTE])
     return {"rows": rows}
 
 

@@ -1,6 +1,7 @@
 """The rank side of the multi-rank benches: `python -m app.bench.worker BENCH --peer PEER --result FILE ...`.
 
-Started by app.bench.ranks.run_job on every rank; runs BENCH's `rank_main(argv)` (peers, allreduce, ps-vs-ring, links).
+Started on every rank by app.bench.ranks.run_job (or a bench's own driver, as tf-peers'); runs BENCH's
+`rank_main(argv)`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ RANK_SIDES = {
     "allreduce": "app.bench.allreduce",
     "ps-vs-ring": "app.bench.ps_vs_ring",
     "links": "app.bench.links",
+    "tf-peers": "app.bench.tf_peers",
 }
 
 

@@ -25,7 +25,7 @@ from docker.errors import APIError, ContainerError, DockerException, ImageNotFou
 from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
-from app.gpu import GPU_QUERY, gpu_problem
+from app.gpu import GPU_QUERY, build_of, gpu_problem
 from launcher.core.imageref import parse_image
 from launcher.core.nics import IP_ADDRESSES
 from launcher.core.options import Bind
@@ -372,7 +372,13 @@ class NodeDriver:
     def cluster_containers(self, cluster_id: str | None = None) -> list[Container]:
         """The stack's containers on this node, running or stopped (one cluster's, or every cluster's)."""
         label = f"{LABEL_CLUSTER}={cluster_id}" if cluster_id else LABEL_CLUSTER
-        return [self._record(c) for c in self.client.containers.list(all=True, filters={"label": label})]
+        found = []
+        for listed in self.client.api.containers(all=True, filters={"label": label}):
+            try:
+                found.append(self._record(self.client.containers.get(listed["Id"])))
+            except NotFound:  # removed between the listing and its inspection (a worker winding down, a probe)
+                continue
+        return found
 
     def clock_skew_seconds(self) -> float:
         engine_time = self.client.info()["SystemTime"]
@@ -394,7 +400,8 @@ class NodeDriver:
                 f"no GPUs reach a container there ({_first_line(error)}); install the NVIDIA Container Toolkit, "
                 "run `nvidia-ctk runtime configure --runtime=docker` and restart Docker"
             )
-        return gpu_problem(output.decode(errors="replace"), len(gpu.device_ids) or gpu.count)
+        build = build_of(self.client.images.get(image).labels)
+        return gpu_problem(output.decode(errors="replace"), len(gpu.device_ids) or gpu.count, build)
 
     def missing_bind(self, image: str, binds: tuple[Bind, ...]) -> str | None:
         """Why a worker could not have the user's folders (a host path not there), from a short-lived container

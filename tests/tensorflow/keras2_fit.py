@@ -17,7 +17,13 @@ opt = hvd.DistributedOptimizer(tf.optimizers.SGD(0.01 * hvd.size(), momentum=0.9
 model.compile(optimizer=opt, loss="mse", metrics=["mae"])
 rng = np.random.default_rng(hvd.rank())
 x, y = rng.normal(size=(64, 8)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+rates = []
+seen = tf.keras.callbacks.LambdaCallback(
+    on_train_batch_end=lambda batch, logs: rates.append(float(np.array(model.optimizer.learning_rate))))
 history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
-    hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()])
+    hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+    hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(), warmup_epochs=1), seen])
+if not rates[0] < rates[-1] == np.float32(0.01 * hvd.size()):  # warmed up from lr / size to lr in epoch 1
+    raise SystemExit(f"LearningRateWarmupCallback: the rate went {rates}, not up to {0.01 * hvd.size()}")
 metrics = [value for values in history.history.values() for value in values]
-check("Keras 2 (tf_keras), model.fit with DistributedOptimizer", [v.numpy() for v in model.variables] + [metrics])
+check("Keras 2 (tf_keras), model.fit with DistributedOptimizer", [v.numpy() for v in model.variables] + [metrics, rates])

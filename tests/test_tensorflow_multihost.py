@@ -1,0 +1,111 @@
+"""`launcher start --image horovod-stack:tensorflow` across the two test hosts (tests/multihost.py): the Keras trainer
+on both nodes, `doctor`, `status` and `stacks` on that image, and a fixed job that loses a node restarted
+from its TensorFlow checkpoint (--max-restarts).
+
+node_1 is given the image by a `docker save | docker load` and node_2 a hard-linked copy of node_1's image store
+(tests/multihost.py's copy_images): the push itself is the same code for any image and is tested with the PyTorch
+image (tests/test_launcher_multihost.py), while a second 7.4 GB load would cost this machine's disk what it cannot
+spare. Each test stops its own job however it ends; the module removes the image from the test hosts at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import docker
+import pytest
+
+from tests.multihost import Cluster
+from tests.test_launcher_multihost import BackgroundLaunch, assert_nothing_left, kill_worker, launcher
+from tests.test_launcher_multihost import start_args as env_file_args
+from tests.test_tensorflow import TF_IMAGE
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(test_hosts: Cluster):
+    node_1, node_2 = test_hosts.nodes
+    test_hosts.ensure_image(TF_IMAGE, node_1)
+    if not test_hosts.has_image(TF_IMAGE, node_2):
+        print(f"\nimage store of node_1 copied to node_2 in {test_hosts.copy_images(node_1, node_2):.0f} s")
+    try:
+        yield test_hosts
+    finally:
+        for node in test_hosts.every_node:  # the test hosts' disk goes back to the other modules
+            if test_hosts.has_image(TF_IMAGE, node):
+                node.client().images.remove(TF_IMAGE, force=True)
+
+
+@pytest.fixture
+def stopped_after(cluster: Cluster):
+    """The test's job and containers removed however the test ends, so a failure here fails nothing after it."""
+    yield cluster
+    launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
+
+
+def start_args(cluster: Cluster, *extra: str) -> list[str]:
+    return env_file_args(cluster, "--image", TF_IMAGE, *extra)
+
+
+def node_file(cluster: Cluster, path: str) -> str:
+    """A file of the stack's shared volume on node_1, read in a container of the image."""
+    return cluster.nodes[0].client().containers.run(TF_IMAGE, ["cat", path], volumes={"horovod-stack-shared": {
+        "bind": "/shared", "mode": "ro"}}, remove=True).decode()  # fmt: skip
+
+
+def test_doctor_checks_both_nodes_for_the_tensorflow_image(stopped_after):
+    cluster = stopped_after
+    result = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--image", TF_IMAGE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    image_id = docker.from_env().images.get(TF_IMAGE).id[7:19]
+    for node in ("node_1", "node_2"):
+        assert re.search(rf"{node}: image\s+ok \({image_id}\)", result.stdout), result.stdout
+    assert "all nodes ready" in result.stdout, result.stdout
+
+
+def test_the_keras_trainer_trains_across_both_hosts_to_095_with_identical_parameters(stopped_after, measured):
+    cluster = stopped_after
+    folder = f"/shared/runs/keras-{int(time.time())}"
+    started = time.monotonic()
+    result = launcher(cluster, *start_args(cluster, "--push-image", "--nodes", "node_1,node_2"), "--", "--dataset",
+                      "digits", "--epochs", "5", "--summary-file", f"{folder}/summary.json",
+                      "--metrics-file", f"{folder}/metrics.jsonl")  # fmt: skip
+    measured(f"Keras trainer, 5 epochs of digits on 2 nodes: {time.monotonic() - started:.0f} s in all")
+    assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
+    assert "pushing" not in result.stderr  # both nodes hold it: --push-image copies nothing
+    assert "parameters identical on all 2 ranks" in result.stdout
+    summary = json.loads(node_file(cluster, f"{folder}/summary.json"))
+    assert summary["final"]["val_accuracy"] >= 0.95, summary["final"]
+    assert [rank["host"] for rank in summary["ranks"]] == ["node-1", "node-2"]
+    assert_nothing_left(cluster)
+
+
+def test_a_keras_job_that_loses_a_node_restarts_from_its_tensorflow_checkpoint(stopped_after, measured):
+    """--max-restarts 1 --min-nodes 1: `launcher stacks` shows the Keras trainer's frames while it runs; node_2's
+    worker is then killed, and the job's agent starts it again on node_1 alone, resuming from latest.npz."""
+    cluster = stopped_after
+    folder = f"/shared/runs/keras-restart-{int(time.time())}"
+    run = BackgroundLaunch(cluster, *start_args(cluster, "--max-restarts", "1", "--min-nodes", "1"), "--",
+                           "--dataset", "synthetic", "--epochs", "60", "--checkpoint-dir", f"{folder}/ck",
+                           "--metrics-file", f"{folder}/metrics.jsonl")  # fmt: skip
+    run.wait_for("epoch 2/60:")
+    status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
+    assert re.search(r"running: epoch \d+ of 60, val accuracy", status.stdout), status.stdout + status.stderr
+    stacks = launcher(cluster, "stacks", "--env-file", str(cluster.env_file()))
+    assert stacks.returncode == 0, stacks.stdout[-3000:] + stacks.stderr[-3000:]
+    assert "train_keras.py" in stacks.stdout, stacks.stdout[-3000:]
+    killed = kill_worker(cluster, "node_2")
+    resumed = run.wait_for("resuming from", timeout=180)
+    status, output, stderr = run.finish()
+    measured(f"Keras job: node_2's worker killed, the restarted job resumed {resumed - killed:.1f} s later")
+    assert status == 0, stderr[-3000:] + output[-3000:]
+    assert "restart 1/1: node_2's worker was lost; resuming after epoch " in stderr, stderr[-3000:]
+    assert re.search(r"resuming from \S+/ck/latest\.npz after epoch \d", output), output[-3000:]
+    records = [json.loads(line) for line in node_file(cluster, f"{folder}/metrics.jsonl").splitlines()]
+    assert [record["epoch"] for record in records] == list(range(1, 61))
+    assert records[0]["world_size"] == 2 and records[-1]["world_size"] == 1
+    assert records[-1]["val_accuracy"] >= 0.9
+    assert_nothing_left(cluster)
