@@ -1,9 +1,10 @@
 """horovod-stack:tensorflow run for real: the bundled Keras trainer through `docker compose up`, the Keras 3 and Keras 2
-checks of tests/tensorflow/ through the smoke role, a resumed run, an elastic job that loses a worker, and a script
-of the other framework on each image. Needs the image (scripts/build-images.sh tensorflow, which scripts/test.sh runs).
+checks of tests/tensorflow/ through the smoke role, a resumed run, an elastic job that loses a worker, a script of the
+other framework on each image, and each image's framework label. Needs the image (scripts/build-images.sh
+tensorflow, which scripts/test.sh runs).
 
-The multi-host launcher and the MPIJob take the image as they take any (--image); they are not run here with it:
-each test host holds a copy of the images it runs (tests/multihost.py), and this one is 7.4 GB.
+The benches that compare Horovod with TensorFlow's own strategy and each image's allreduce run here at their
+smallest; the launcher across the test hosts with this image is tests/test_tensorflow_multihost.py.
 """
 
 from __future__ import annotations
