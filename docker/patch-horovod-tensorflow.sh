@@ -39,7 +39,7 @@
 #   assign it (a variable in Keras 3 and Keras 2 alike). Their momentum correction needs a momentum the compiled step
 #   reads at run time (Keras 2's legacy optimizers); Keras 3's and tf_keras's optimizers keep it as a number fixed
 #   when the step is traced, so there it is skipped with one warning instead of failing.
-# Not covered: Keras 3 with horovod.tensorflow.keras.elastic's callbacks (model.fit under elastic).
+# Keras 3 model.fit under hvd.elastic with horovod.tensorflow.keras.elastic's callbacks needs nothing more.
 set -euo pipefail
 src="${1:?usage: patch-horovod-tensorflow.sh SRC_DIR}"
 fail() { echo "patch-horovod-tensorflow: $1" >&2; exit 1; }
