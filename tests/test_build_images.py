@@ -34,7 +34,9 @@ def engine_answers() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
 
 
-needs_engine = pytest.mark.skipif(not engine_answers(), reason="needs a running Docker engine")
+def needs_engine(test):
+    """A test against this machine's real engine: an integration test, skipped where no engine answers."""
+    return pytest.mark.integration(pytest.mark.skipif(not engine_answers(), reason="needs a running Docker engine")(test))
 
 
 def build_images(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -132,6 +134,7 @@ def test_the_wheel_folder_is_filled_for_the_images_python_once(tmp_path):
     assert not calls.exists()
 
 
+@pytest.mark.integration  # the folder this machine's set-up filled
 def test_the_filled_wheel_folder_holds_only_what_the_images_python_installs():
     """The folder CI filled: every wheel installs on CPython 3.11 on Debian 12 (glibc 2.36) on this architecture."""
     if not (WHEELHOUSE.parent / f"{WHEELHOUSE.name}.complete").exists():
@@ -171,6 +174,7 @@ def test_without_an_engine_a_user_is_told_what_to_install_and_nothing_is_set_up(
     assert "[host-setup]" not in result.stdout + result.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0, reason="the engine set-up is offered to root only")
 def test_without_an_engine_root_gets_the_engine_set_up(tmp_path):
     (tmp_path / "bin").mkdir()

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here needs root, and the first ones the real host after set-up: none is a unit test.
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[1]
 HOST_SETUP = REPO / "scripts" / "host-setup.sh"
 
