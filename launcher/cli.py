@@ -198,6 +198,7 @@ def results(
     cluster: str | None = typer.Option(None, help="Whose run (its cluster ID; default: the newest run)."),
     to: Path = typer.Option(Path("results"), help="Folder to copy the run folder into (made if missing)."),
     checkpoints: bool = typer.Option(True, help="Copy checkpoints/ too (--no-checkpoints leaves them there)."),
+    image: str | None = typer.Option(None, help=flags.READING_IMAGE),
     env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
     insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
 ) -> None:
@@ -206,7 +207,7 @@ def results(
 
     Example: launcher results --nodes node_1,node_2 --to ./results
     """
-    settings = settings_from(env_file, nodes=nodes, hostfile=hostfile, insecure_engines=insecure_engine)
+    settings = settings_from(env_file, nodes=nodes, hostfile=hostfile, image=image, insecure_engines=insecure_engine)
     try:
         run, written = clusters.fetch_results(
             engines_of(settings), settings.image, settings.shared_dir, cluster, to, checkpoints
@@ -255,6 +256,7 @@ def logs(
     rank: int | None = typer.Option(None, min=0, help=flags.LOGS["rank"]),
     grep: str | None = typer.Option(None, help=flags.LOGS["grep"]),
     tee: Path | None = typer.Option(None, help=flags.LOGS["tee"]),
+    image: str | None = typer.Option(None, help=flags.READING_IMAGE),
     env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
     insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
 ) -> None:
@@ -262,12 +264,14 @@ def logs(
 
     Example: launcher logs --nodes node_1,node_2 --follow; one rank's lines: launcher logs --rank 0 --grep epoch
     """
-    settings = settings_from(env_file, nodes=nodes, hostfile=hostfile, insecure_engines=insecure_engine)
+    settings = settings_from(env_file, nodes=nodes, hostfile=hostfile, image=image, insecure_engines=insecure_engine)
     problem = clusters.node_problem(settings, node)
     if problem:
         fail(problem, 2)
     try:
-        own, job = clusters.logs(engines_of(settings), node, follow, tail)
+        own, job, kept = clusters.logs(engines_of(settings), node, follow, tail, settings.image, settings.shared_dir)
+        if kept:
+            echo_to_stderr(f"note: {kept}")
         note = ranklogs.show(own, job, sys.stdout, rank, grep, ranklogs.Tee(tee) if tee else None, node)
     except clusters.ClusterError as error:
         fail(str(error))

@@ -359,7 +359,10 @@ class Cluster:
         process = subprocess.Popen(node.in_namespace("python3", "-m", "http.server", str(port)),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.processes.append(process)
-        time.sleep(1)
+        deadline = time.monotonic() + 30
+        while not sh("ip", "netns", "exec", node.namespace, "ss", "-ltnH", f"sport = :{port}").stdout.strip():
+            assert process.poll() is None and time.monotonic() < deadline, f"nothing listens on {node.name}:{port}"
+            time.sleep(0.1)
         return process
 
     # --- teardown ---------------------------------------------------------------------------------------------

@@ -33,16 +33,38 @@ LONG_TRAIN = ["--", "--dataset", "synthetic", "--epochs", "200"]
 USER_SCRIPT = Path(__file__).parent / "user_script"
 
 
-@pytest.fixture(scope="module")
-def cluster(test_hosts: Cluster):
-    """The shared test hosts with no image on any node: the first test refuses them for lacking it, the second pushes
-    it to both nodes at once (one export, two loads), as a user's first start does; every later test finds it there.
-    (A push to a spare that lacks it, and a pull from a registry, have test hosts of their own in the other room:
+def sweep(hosts: Cluster) -> None:
+    """Every job and container of the stack on every node removed: `launcher stop`, then whatever it could not see."""
+    launcher(hosts, "stop", "--env-file", str(hosts.env_file()), timeout=180)
+    for node in hosts.every_node:
+        for container in node.client().containers.list(all=True, filters={"label": "horovod-stack.cluster"}):
+            container.remove(force=True)
+
+
+@pytest.fixture
+def bare(test_hosts: Cluster):
+    """The shared test hosts with no image on any node, as a user's first start finds them: the first test refuses
+    them for lacking it, the second pushes it to both nodes at once (one export, two loads). (A push to a spare that
+    lacks it, and a pull from a registry, have test hosts of their own in the other room:
     tests/test_image_delivery.py.)"""
     for node in test_hosts.every_node:
-        if test_hosts.has_image(IMAGE, node):  # another module ran first on these hosts
+        if test_hosts.has_image(IMAGE, node):  # another module or test put it there
             node.client().images.remove(IMAGE, force=True)
-    return test_hosts
+    yield test_hosts
+    sweep(test_hosts)
+
+
+@pytest.fixture
+def cluster(test_hosts: Cluster):
+    """The shared test hosts with the image on node_1 and node_2 (in file order, the push test put it there; a test
+    run alone has it loaded here), and nothing of the stack left on any node after the test however it ends, so one
+    failure fails nothing after it."""
+    node_1, node_2 = test_hosts.nodes
+    test_hosts.ensure_image(IMAGE, node_1)
+    if not test_hosts.has_image(IMAGE, node_2):
+        print(f"\nimage store of node_1 copied to node_2 in {test_hosts.copy_images(node_1, node_2):.0f} s")
+    yield test_hosts
+    sweep(test_hosts)
 
 
 @pytest.fixture
@@ -85,7 +107,8 @@ def assert_nothing_left(cluster: Cluster) -> None:
     assert cluster.project_containers() == {node.name: [] for node in cluster.every_node}
 
 
-def test_node_without_image_is_refused(cluster):
+def test_node_without_image_is_refused(bare):
+    cluster = bare
     result = launcher(cluster, *start_args(cluster), *TRAIN)
     assert result.returncode == 1
     assert error_lines(result) == ["error: node_1: image horovod-stack:latest is not there; pass --push-image to "
@@ -94,7 +117,8 @@ def test_node_without_image_is_refused(cluster):
     assert_nothing_left(cluster)
 
 
-def test_push_image_then_train_across_both_hosts(cluster, measured):
+def test_push_image_then_train_across_both_hosts(bare, measured):
+    cluster = bare
     # Both engines report the host name gpu-server (tests/multihost.py), and node_1 runs two ranks: Open MPI, which
     # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
     started = time.monotonic()
@@ -297,10 +321,13 @@ def test_detached_job_shows_its_latest_epoch_then_winds_down_by_itself_and_says_
 
 
 def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cluster):
+    first = launcher(cluster, *start_args(cluster, "--detach"), "--", "--dataset", "synthetic", "--epochs", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    wait_until_stopped(cluster)
     detached = launcher(cluster, *start_args(cluster, "--detach", "--workdir", str(USER_SCRIPT)),
                         "--", "python", "allreduce_train.py", "--fail-on-rank", "1")
     assert detached.returncode == 0, detached.stderr[-3000:]
-    assert "finished cluster" in detached.stderr  # the previous test's, kept for status and logs, not refused
+    assert "finished cluster" in detached.stderr  # the first job's, kept for status and logs, not refused
     wait_until_stopped(cluster)
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
     print(status.stdout)
@@ -745,12 +772,13 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
                                                                  str(cluster.env_file())).stdout:
             assert time.monotonic() < deadline, "the stall script did not start"
             time.sleep(2)
-        time.sleep(3)
-        stacks = launcher(cluster, "stacks", "--env-file", str(cluster.env_file()))
+        deadline = time.monotonic() + 60  # until rank 1 waits where the script stalls it
+        waiting = re.compile(r"^rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+", re.M)
+        while not waiting.search((stacks := launcher(cluster, "stacks", "--env-file", str(cluster.env_file()))).stdout):
+            assert time.monotonic() < deadline, stacks.stdout + stacks.stderr
+            time.sleep(1)
         print(f"\n$ launcher stacks\n{stacks.stdout}")
         assert stacks.returncode == 0, stacks.stderr
-        assert re.search(r"^rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+", stacks.stdout,
-                         re.M), stacks.stdout
         assert re.search(r"^rank 0 \(node_1 pid \d+\) in \w+ at mpi_ops.py:\d+, from main at stall.py:\d+",
                          stacks.stdout, re.M), stacks.stdout
 

@@ -11,7 +11,6 @@ import pytest
 
 from launcher.core.protocol import JOB_LOG, JOB_STATUS
 from launcher.host import clusters, streams
-from launcher.host.engines import _file_in_archive
 from launcher.host.plan import Node
 from tests.conftest import container
 
@@ -54,9 +53,9 @@ def one_file_archive(data: bytes) -> bytes:
 
 def test_a_file_from_the_engine_arrives_block_by_block():
     data = b"x" * (3 * streams.BLOCK + 5)
-    blocks = list(_file_in_archive(iter(chunked(one_file_archive(data), 10_000))))
+    blocks = list(streams.file_in_archive(iter(chunked(one_file_archive(data), 10_000))))
     assert b"".join(blocks) == data and max(len(block) for block in blocks) <= streams.BLOCK
-    assert list(_file_in_archive(iter([b"not a tar archive" * 40]))) == []
+    assert list(streams.file_in_archive(iter([b"not a tar archive" * 40]))) == []
 
 
 class Rank0Node:
@@ -103,14 +102,68 @@ def test_status_reads_the_end_of_a_long_log_for_the_last_epoch_and_the_error():
         "cluster c1: running: epoch 5 of 5, val accuracy 0.9500, 1234 samples/s")
 
 
+def shown_logs(engines, follow: bool = False, tail: int | None = None) -> bytes:
+    own, job, kept = clusters.logs(engines, None, follow, tail, "horovod-stack:latest", "horovod-stack-shared")
+    assert kept is None
+    return b"".join(chain(own, job))
+
+
 def test_logs_show_the_whole_output_or_its_last_lines():
     log = b"".join(b"line %d\n" % number for number in range(1, 2001))
-    assert b"".join(chain(*clusters.logs([Rank0Node(log, "exit status 0")], None, False))) == b"worker: sshd up\n" + log
-    last = b"".join(chain(*clusters.logs([Rank0Node(log, "exit status 0")], None, False, tail=2)))
+    assert shown_logs([Rank0Node(log, "exit status 0")]) == b"worker: sshd up\n" + log
+    last = shown_logs([Rank0Node(log, "exit status 0")], tail=2)
     assert last == b"worker: sshd up\nline 1999\nline 2000\n"
 
 
 def test_following_a_running_job_streams_from_the_agent_not_the_file():
     node = Rank0Node(b"line\n" * 10_000, None, running=True)
-    assert b"".join(chain(*clusters.logs([node], None, True))) == b"worker: sshd up\nfollowed\n"
+    assert shown_logs([node], follow=True) == b"worker: sshd up\nfollowed\n"
     assert node.followed and node.chunks_read == 0
+
+
+class EndedNode:
+    """A node whose containers are gone, its shared folder holding run folders (name: (modified, files))."""
+
+    def __init__(self, name: str, runs: dict[str, tuple[int, dict[str, bytes]]]) -> None:
+        self.node = Node(name, f"ssh://{name}")
+        self.runs = runs
+
+    def cluster_containers(self, cluster_id=None):
+        return []
+
+    def list_runs(self, image, shared_dir):
+        return [(name, modified) for name, (modified, _) in self.runs.items()]
+
+    def run_entries(self, image, shared_dir, name):
+        return sorted(self.runs[name][1])
+
+    def run_archive(self, image, shared_dir, name):
+        run, file = name.split("/")
+        data = self.runs[run][1][file]
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            info = tarfile.TarInfo(file)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        yield from chunked(archive.getvalue(), 1000)
+
+
+def test_after_the_containers_are_gone_the_newest_runs_kept_output_is_shown_with_a_note():
+    log = b"".join(b"[1,%d]<stdout>:epoch %d\n" % (rank, epoch) for epoch in range(1, 400) for rank in (0, 1))
+    node_1 = EndedNode("node_1", {"old": (100, {"job.log": b"old\n"}), "nolog": (300, {"metrics.jsonl": b"{}"})})
+    node_2 = EndedNode("node_2", {"c1": (200, {"job.log": log, "summary.json": b"{}"})})
+    own, job, kept = clusters.logs([node_1, node_2], None, False, None, "horovod-stack:latest", "horovod-stack-shared")
+    assert list(own) == [] and b"".join(job) == log
+    assert kept == ("the job's containers are gone: its output as run c1 kept it (node_2: runs/c1/job.log in "
+                    "horovod-stack-shared); the workers' own output went with them")
+    _, last, _ = clusters.logs([node_1, node_2], None, False, 1, "horovod-stack:latest", "horovod-stack-shared")
+    assert b"".join(last) == b"[1,1]<stdout>:epoch 399\n"
+
+
+def test_with_no_container_and_no_kept_output_logs_say_where_an_ended_jobs_output_goes():
+    with pytest.raises(clusters.ClusterError) as missing:
+        clusters.logs([EndedNode("node_1", {})], None, False, None, "horovod-stack:latest", "horovod-stack-shared")
+    assert str(missing.value) == (
+        "node_1: no container of the stack there, and no run folder with a job's output in the shared folder "
+        "(horovod-stack-shared): an ended job's output is kept there as runs/CLUSTER/job.log until that volume is "
+        "removed (`launcher results` copies a run folder to this machine)")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.core.protocol import AGENT, JOB_LOG, JOB_STALL, JOB_STATUS
+from launcher.core.protocol import AGENT, JOB_LOG, JOB_STALL, JOB_STATUS, KEPT_JOB_LOG
 from launcher.host import jobstate, results, streams
 from launcher.host.engines import Container, NodeEngine
 from launcher.host.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, run_dir
@@ -110,12 +110,16 @@ def node_problem(settings: LaunchSettings, node: str | None) -> str | None:
 
 
 def logs(
-    engines: list[NodeEngine], node: str | None, follow: bool, tail: int | None = None
-) -> tuple[Iterator[bytes], Iterator[bytes]]:
+    engines: list[NodeEngine], node: str | None, follow: bool, tail: int | None, image: str, shared_dir: str
+) -> tuple[Iterator[bytes], Iterator[bytes], str | None]:
     """A worker's own output (`node`'s, default rank 0's), and the job's (rank 0's container's, its last `tail` lines
-    when given, also after the job ended, and with `follow`, streamed until the job ends; nothing before a job)."""
+    when given, also after the job ended, and with `follow`, streamed until the job ends; nothing before a job).
+    Once rank 0's node holds no container of the stack, the job's output as its run folder kept it (the newest run
+    in the nodes' shared folder), with a note saying so; the third value is that note, else None."""
     rank0 = engines[0]
     engine = next(engine for engine in engines if engine.node.name == node) if node else rank0
+    if not rank0.cluster_containers():
+        return iter(()), kept_job_log(engines, image, shared_dir, tail), kept_note(engines, image, shared_dir)
 
     def own() -> Iterator[bytes]:
         yield from engine.logs(stack_container(engine).id)
@@ -128,7 +132,40 @@ def logs(
         elif job_log is not None:  # ended jobs keep their output too
             yield from job_log if tail is None else [streams.tail_lines(job_log, tail)]
 
-    return own(), job()
+    return own(), job(), None
+
+
+def last_run(engines: list[NodeEngine], image: str, shared_dir: str) -> tuple[results.Run, NodeEngine]:
+    """The newest run folder in the nodes' shared folder that kept its job's output, and the engine of its node; one
+    ClusterError saying where the output went when there is none."""
+    runs = [run for run in results.runs_on(engines, image, shared_dir) if kept(engines, image, shared_dir, run)]
+    if not runs:
+        raise ClusterError(
+            f"{engines[0].node.name}: no container of the stack there, and no run folder with a job's output in the "
+            f"shared folder ({shared_dir}): an ended job's output is kept there as runs/CLUSTER/{KEPT_JOB_LOG} until "
+            "that volume is removed (`launcher results` copies a run folder to this machine)"
+        )
+    run = results.choose(runs, None)
+    return run, next(engine for engine in engines if engine.node.name == run.node)
+
+
+def kept(engines: list[NodeEngine], image: str, shared_dir: str, run: results.Run) -> bool:
+    engine = next(engine for engine in engines if engine.node.name == run.node)
+    return KEPT_JOB_LOG in engine.run_entries(image, shared_dir, run.name)
+
+
+def kept_job_log(engines: list[NodeEngine], image: str, shared_dir: str, tail: int | None) -> Iterator[bytes]:
+    run, engine = last_run(engines, image, shared_dir)
+    chunks = streams.file_in_archive(engine.run_archive(image, shared_dir, f"{run.name}/{KEPT_JOB_LOG}"))
+    yield from chunks if tail is None else [streams.tail_lines(chunks, tail)]
+
+
+def kept_note(engines: list[NodeEngine], image: str, shared_dir: str) -> str:
+    run, _ = last_run(engines, image, shared_dir)
+    return (
+        f"the job's containers are gone: its output as run {run.name} kept it "
+        f"({run.node}: runs/{run.name}/{KEPT_JOB_LOG} in {shared_dir}); the workers' own output went with them"
+    )
 
 
 def stack_container(engine: NodeEngine) -> Container:

@@ -254,18 +254,6 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0][:300]
 
 
-def _file_in_archive(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """The first file of a tar stream (get_archive's of one file), block by block; nothing for a broken archive."""
-    try:
-        with tarfile.open(fileobj=streams.reader(chunks), mode="r|") as archive:
-            member = archive.next()
-            content = archive.extractfile(member) if member else None
-            while content is not None and (block := content.read(streams.BLOCK)):
-                yield block
-    except tarfile.TarError:
-        return
-
-
 def host_view_argv(port: int, resolve: tuple[str, ...]) -> list[str]:
     """The command of host_view's container: whether `port` is taken, the NICs, the IPv4 addresses, then one
     `resolved NAME ADDRESS` line per name in `resolve` that resolves. The names reach bash only as positional
@@ -611,7 +599,7 @@ class NodeDriver:
             stream, _ = self.client.api.get_archive(container_id, path)
         except NotFound:
             return None
-        return _file_in_archive(stream)
+        return streams.file_in_archive(stream)
 
     def logs(self, container_id: str) -> Iterator[bytes]:
         """The container's own output so far (its entrypoint's: sshd, the worker's lines)."""

@@ -79,6 +79,10 @@ START = {
     "(default: every line).",
 }
 
+READING_IMAGE = (
+    "Image whose short-lived containers read the nodes' shared folder, which any of the stack's images can (default: "
+    "IMAGE in .env, else horovod-stack:latest; horovod-stack:tensorflow where the nodes hold only that one)."
+)
 LOGS = {
     "node": "That node's worker's own output, then the job's lines of the ranks that ran there (after a restart on "
     "a spare, the spare's); default: rank 0's worker and the whole job.",

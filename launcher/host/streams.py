@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import io
+import tarfile
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import IO
@@ -81,3 +82,15 @@ def decoded(chunks: Iterable[bytes]) -> Iterator[str]:
     for chunk in chunks:
         yield decoder.decode(chunk)
     yield decoder.decode(b"", final=True)
+
+
+def file_in_archive(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The first file of a tar stream (get_archive's of one file), block by block; nothing for a broken archive."""
+    try:
+        with tarfile.open(fileobj=reader(chunks), mode="r|") as archive:
+            member = archive.next()
+            content = archive.extractfile(member) if member else None
+            while content is not None and (block := content.read(BLOCK)):
+                yield block
+    except tarfile.TarError:
+        return
