@@ -11,7 +11,6 @@ import pytest
 
 from launcher.core.protocol import JOB_LOG, JOB_STATUS
 from launcher.host import clusters, streams
-from launcher.host.engines import _file_in_archive
 from launcher.host.plan import Node
 from tests.conftest import container
 
@@ -54,9 +53,9 @@ def one_file_archive(data: bytes) -> bytes:
 
 def test_a_file_from_the_engine_arrives_block_by_block():
     data = b"x" * (3 * streams.BLOCK + 5)
-    blocks = list(_file_in_archive(iter(chunked(one_file_archive(data), 10_000))))
+    blocks = list(streams.file_in_archive(iter(chunked(one_file_archive(data), 10_000))))
     assert b"".join(blocks) == data and max(len(block) for block in blocks) <= streams.BLOCK
-    assert list(_file_in_archive(iter([b"not a tar archive" * 40]))) == []
+    assert list(streams.file_in_archive(iter([b"not a tar archive" * 40]))) == []
 
 
 class Rank0Node:

@@ -6,7 +6,7 @@ import pytest
 
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError, env_problem, job_command
-from launcher.host.engines import host_view_argv
+from launcher.host.docker_driver import host_view_argv
 from launcher.host.plan import mpi_host
 from launcher.k8s import mpijob as mpijob_module
 from tests.conftest import launch_settings

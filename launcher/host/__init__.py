@@ -5,7 +5,9 @@
     settings.py   .env, the environment and the flags as LaunchSettings (one core/options.JobOptions inside)
     access.py     how each node's engine is reached (ssh://, TLS, DOCKER_HOST_<NODE>), and who could read it
     reach.py      whether a node's engine answers at all, in bounded time, before the Docker SDK connects
-    engines.py    one node's Docker engine: the NodeEngine protocol and its Docker SDK implementation
+    engines.py    one node's Docker engine as the host side sees it: the NodeEngine protocol, its records, NodeError
+    docker_driver.py  NodeDriver, the NodeEngine over the Docker SDK; docker_sdk.py, docker-py's faults corrected and
+                  its exceptions as NodeErrors
     preflight.py  the node checks start, --dry-run and doctor share (pure)
     plan.py       the settings plus what the checks found, as worker containers and the job spec (pure)
     images.py     the same image on every node (pulled, or pushed from this machine)

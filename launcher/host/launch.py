@@ -43,7 +43,8 @@ from launcher.core.protocol import (
     parse_job_end,
 )
 from launcher.host import images, preflight, ranklogs, workdir
-from launcher.host.engines import Connect, Container, NodeDriver, NodeEngine, NodeError, connecting_line, on_each
+from launcher.host.docker_driver import NodeDriver
+from launcher.host.engines import Connect, Container, NodeEngine, NodeError, connecting_line, on_each
 from launcher.host.plan import LABEL_CLUSTER, ClusterPlan, Node
 from launcher.host.preflight import Finding, NodeFacts, Severity
 from launcher.host.settings import LaunchSettings

@@ -1,11 +1,13 @@
 """Byte streams from the engines (a run folder's archive, a job's log) read as they arrive, never whole in memory:
-a file over an iterator of chunks, the tail of one, and one decoded as text for a terminal.
+a file over an iterator of chunks, the first file of an archive's stream, a stream's tail, and one decoded as text
+for a terminal.
 """
 
 from __future__ import annotations
 
 import codecs
 import io
+import tarfile
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import IO
@@ -37,6 +39,18 @@ class ChunkReader(io.RawIOBase):
 
 def reader(chunks: Iterable[bytes]) -> io.BufferedReader:
     return io.BufferedReader(ChunkReader(chunks), BLOCK)
+
+
+def file_in_archive(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The first file of a tar stream (get_archive's of one file), block by block; nothing for a broken archive."""
+    try:
+        with tarfile.open(fileobj=reader(chunks), mode="r|") as archive:
+            member = archive.next()
+            content = archive.extractfile(member) if member else None
+            while content is not None and (block := content.read(BLOCK)):
+                yield block
+    except tarfile.TarError:
+        return
 
 
 def tail_bytes(chunks: Iterable[bytes], limit: int) -> tuple[bytes, bool]:
