@@ -19,6 +19,7 @@ from launcher.core.options import SettingsError
 from launcher.core.protocol import Signalled
 from launcher.host import clusters, doctor, flags, launch, ranklogs, streams
 from launcher.host.engines import NodeEngine, NodeError
+from launcher.host.rootcause import LaunchError, unforeseen
 from launcher.host.settings import LaunchSettings, load_env_file, read_settings
 from launcher.host.signals import stop_on_signals, stopped
 from launcher.host.trainer import checked_command
@@ -77,7 +78,7 @@ def command_of(ctx: typer.Context) -> tuple[str, ...]:
 def engines_of(settings: LaunchSettings) -> list[NodeEngine]:
     try:
         return launch.connect_all(settings, lambda _: None)
-    except launch.LaunchError as error:
+    except LaunchError as error:
         fail(str(error))
 
 
@@ -143,18 +144,18 @@ def start(
     if dry_run:
         try:
             launch.dry_run(settings, say=say)
-        except (launch.LaunchError, NodeError) as error:
+        except (LaunchError, NodeError) as error:
             fail(str(error))
         raise typer.Exit(0)
     stop_on_signals()
     try:
         status = launch.launch(settings, say=say, relay=echo_to_stderr)
-    except (launch.LaunchError, NodeError) as error:
+    except (LaunchError, NodeError) as error:
         fail(str(error))
     except Signalled as stop:
         fail(*stopped(stop, "the cluster's containers were"))
     except Exception as error:  # anything unforeseen still ends as one line; cleanup already ran
-        fail(f"{launch.unforeseen(error)}; the cluster's containers were removed")
+        fail(f"{unforeseen(error)}; the cluster's containers were removed")
     raise typer.Exit(status)
 
 

@@ -13,7 +13,7 @@ from launcher.core.protocol import LINK_SECONDS
 from launcher.host import linkcheck, links, preflight
 from launcher.host.docker_driver import NodeDriver
 from launcher.host.engines import Connect, NodeEngine, NodeError, connecting_line
-from launcher.host.launch import engine_facts, host_facts
+from launcher.host.nodechecks import engine_facts, host_facts
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import HostView, NodeFacts
 from launcher.host.settings import LaunchSettings
