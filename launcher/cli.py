@@ -367,11 +367,13 @@ def export(
     horovod-stack:1 -o digits.yaml -- --dataset digits --epochs 5; then kubectl apply -f digits.yaml
     """
     given = dict(locals())  # every flag as given, by name: flags.export_request says what each turns into
-    from launcher.k8s import mpijob  # PyYAML, only here
+    from launcher.k8s import mpijob, mpijob_request  # PyYAML, only here
 
     command = command_of(ctx)
     try:
-        request = mpijob.request(**flags.export_request(given, command, lambda: load_env_file(env_file).get("IMAGE")))
+        request = mpijob_request.request(
+            **flags.export_request(given, command, lambda: load_env_file(env_file).get("IMAGE"))
+        )
     except SettingsError as error:
         fail(str(error), 2)
     text = mpijob.to_yaml(request)
