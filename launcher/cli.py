@@ -19,6 +19,7 @@ from launcher.core.options import SettingsError
 from launcher.core.protocol import Signalled
 from launcher.host import clusters, doctor, flags, launch, ranklogs, streams
 from launcher.host.engines import NodeEngine, NodeError
+from launcher.host.rootcause import LaunchError, unforeseen
 from launcher.host.settings import LaunchSettings, load_env_file, read_settings
 from launcher.host.signals import stop_on_signals, stopped
 from launcher.host.trainer import checked_command
@@ -77,7 +78,7 @@ def command_of(ctx: typer.Context) -> tuple[str, ...]:
 def engines_of(settings: LaunchSettings) -> list[NodeEngine]:
     try:
         return launch.connect_all(settings, lambda _: None)
-    except launch.LaunchError as error:
+    except LaunchError as error:
         fail(str(error))
 
 
@@ -143,18 +144,18 @@ def start(
     if dry_run:
         try:
             launch.dry_run(settings, say=say)
-        except (launch.LaunchError, NodeError) as error:
+        except (LaunchError, NodeError) as error:
             fail(str(error))
         raise typer.Exit(0)
     stop_on_signals()
     try:
         status = launch.launch(settings, say=say, relay=echo_to_stderr)
-    except (launch.LaunchError, NodeError) as error:
+    except (LaunchError, NodeError) as error:
         fail(str(error))
     except Signalled as stop:
         fail(*stopped(stop, "the cluster's containers were"))
     except Exception as error:  # anything unforeseen still ends as one line; cleanup already ran
-        fail(f"{launch.unforeseen(error)}; the cluster's containers were removed")
+        fail(f"{unforeseen(error)}; the cluster's containers were removed")
     raise typer.Exit(status)
 
 
@@ -370,11 +371,13 @@ def export(
     horovod-stack:1 -o digits.yaml -- --dataset digits --epochs 5; then kubectl apply -f digits.yaml
     """
     given = dict(locals())  # every flag as given, by name: flags.export_request says what each turns into
-    from launcher.k8s import mpijob  # PyYAML, only here
+    from launcher.k8s import mpijob, mpijob_request  # PyYAML, only here
 
     command = command_of(ctx)
     try:
-        request = mpijob.request(**flags.export_request(given, command, lambda: load_env_file(env_file).get("IMAGE")))
+        request = mpijob_request.request(
+            **flags.export_request(given, command, lambda: load_env_file(env_file).get("IMAGE"))
+        )
     except SettingsError as error:
         fail(str(error), 2)
     text = mpijob.to_yaml(request)

@@ -14,7 +14,9 @@ import pytest
 
 from launcher.agent import __main__ as agent
 from launcher.agent import compose
-from launcher.agent.job import Agent, ElasticClaims, LifelineWatch, LostWorker, say
+from launcher.agent.job import Agent
+from launcher.agent.watches import ElasticClaims, LifelineWatch
+from launcher.agent.workers import LostWorker, say
 from launcher.core.job import JobSpec, Worker
 from launcher.core.options import SettingsError
 from launcher.core.protocol import (

@@ -21,7 +21,8 @@ from launcher import cli
 from launcher.core.options import SettingsError
 from launcher.host import access, reach
 from launcher.host.access import EngineTls, Setting, exposure, insecure_allowed, node_key, node_setting
-from launcher.host.engines import NodeDriver, NodeError
+from launcher.host.docker_driver import NodeDriver
+from launcher.host.engines import NodeError
 from launcher.host.plan import ClusterPlan, Node
 from launcher.host.settings import resolve_settings
 from tests import tlsengine
@@ -198,7 +199,7 @@ def test_each_tls_failure_is_one_line_with_its_fix(said, folder, expected):
 
 
 def test_the_engines_ca_wins_over_requests_ca_bundle_variables(monkeypatch):
-    import launcher.host.engines  # noqa: F401  (patches docker-py's client)
+    import launcher.host.docker_sdk  # noqa: F401  (patches docker-py's client)
 
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
     client = APIClient(base_url="tcp://127.0.0.1:1", version="1.41", tls=False)

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from launcher.host import images, launch
+from launcher.host import images, nodechecks
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError
 from launcher.host.settings import resolve_settings
@@ -95,7 +95,7 @@ def test_only_the_nodes_that_lack_a_registry_image_pull_it():
     has, lacks = Engine("node_1", resolves=hosts), Engine("node_2", image=None, resolves=hosts)
     said: list[str] = []
     settings = launch_settings(nodes=("node_1", "node_2"), image="registry.example:5000/img:1")
-    launch.check_nodes(settings, [has, lacks], say=said.append)
+    nodechecks.check_nodes(settings, [has, lacks], say=said.append)
     assert (has.pulled, lacks.pulled) == ([], ["registry.example:5000/img:1"])
     assert [line for line in said if " pulled " in line] == ["node_2: pulled registry.example:5000/img:1 in 0 s"]
     assert "image registry.example:5000/img:1 (0123456789ab) is the same on all 2 nodes" in said

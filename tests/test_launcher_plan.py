@@ -857,7 +857,7 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     import tarfile
 
     from launcher.core.sshtrust import KeyPair
-    from launcher.host import launch
+    from launcher.host import handover
 
     class Recorder:
         def __init__(self, name: str) -> None:
@@ -875,7 +875,7 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     plan = ClusterPlan.of(settings, cluster_id="c0ffee00")
     engines = [Recorder("node-1"), Recorder("node-2")]
     containers = [container("w1", "c0ffee00"), container("w2", "c0ffee00", role="worker")]
-    launch.hand_over_trust(plan, engines, containers, KeyPair(b"PRIVATE", "ssh-ed25519 PUBLIC"), 0, lambda _: None)
+    handover.hand_over_trust(plan, engines, containers, KeyPair(b"PRIVATE", "ssh-ed25519 PUBLIC"), 0, lambda _: None)
     secrets = [(mode, content) for path, mode, content in engines[0].put if path == "/cluster/private/secrets.json"]
     assert secrets == [(0o600, json.dumps({"API_KEY": "sk-SECRET123"}).encode())]
     assert not any(b"sk-SECRET123" in content for _, _, content in engines[1].put)

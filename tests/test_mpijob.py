@@ -27,7 +27,7 @@ from launcher.core.nics import parse_ip_addresses
 from launcher.core.options import JobOptions, SettingsError, job_command
 from launcher.core.pod_contract import PodArgs
 from launcher.core.protocol import CLUSTER_KEY, HOSTKEYS_DIR, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR
-from launcher.k8s import mpijob, podsecurity, resources
+from launcher.k8s import mpijob, mpijob_request, podsecurity, resources
 from tests.conftest import JOB_OPTIONS, StandInTransport, job_spec
 
 SCHEMA = Path(__file__).parent / "k8s" / "mpijob-v2beta1.schema.json"
@@ -111,7 +111,7 @@ def export(**fields) -> dict:
     """The document `launcher export mpijob` writes for these flags (the job options' by their JobOptions names)."""
     job = {"command": job_command(TRAIN), **{key: fields.pop(key) for key in list(fields) if key in JOB_OPTIONS}}
     job.setdefault("elastic", job.get("elastic_min_workers") is not None)
-    text = mpijob.to_yaml(mpijob.request(job, **{"name": "digits", "workers": 2, "image": IMAGE, **fields}))
+    text = mpijob.to_yaml(mpijob_request.request(job, **{"name": "digits", "workers": 2, "image": IMAGE, **fields}))
     assert text.startswith("# MPIJob ")
     return yaml.safe_load(text)
 
@@ -241,7 +241,7 @@ IMAGES = {
 
 @pytest.mark.parametrize("image,problem,policy", IMAGES.values(), ids=IMAGES.keys())
 def test_the_image_comes_from_a_registry_with_a_tag_and_latest_is_always_pulled(image, problem, policy):
-    found = mpijob.image_problem(image)
+    found = mpijob_request.image_problem(image)
     if problem:
         assert found is not None and problem in found
     else:
@@ -275,8 +275,8 @@ def test_elastic_mpijobs_are_refused_in_one_line_saying_why():
     for fields in ({"elastic": True, "network_interface": "eth0"}, {"elastic_min_workers": 1}):
         with pytest.raises(SettingsError) as refused:
             export(**fields)
-        assert refused.value.problems == [mpijob.ELASTIC_REFUSED]
-    assert "evicted" in mpijob.ELASTIC_REFUSED and "\n" not in mpijob.ELASTIC_REFUSED
+        assert refused.value.problems == [mpijob_request.ELASTIC_REFUSED]
+    assert "evicted" in mpijob_request.ELASTIC_REFUSED and "\n" not in mpijob_request.ELASTIC_REFUSED
 
 
 def test_the_launcher_pod_runs_the_same_command_with_the_stacks_defaults_and_the_users_env():
@@ -384,10 +384,10 @@ def test_the_cli_writes_the_document_and_refuses_bad_input_in_one_line_with_exit
 
 
 def test_docker_sizes_become_kubernetes_quantities():
-    assert [mpijob.k8s_quantity(size) for size in ("1g", "512m", "64k", "1024", "2G")] == [
+    assert [mpijob_request.k8s_quantity(size) for size in ("1g", "512m", "64k", "1024", "2G")] == [
         "1Gi", "512Mi", "64Ki", "1024", "2Gi"]
     with pytest.raises(ValueError, match="is not a number"):
-        mpijob.k8s_quantity("1.5g")
+        mpijob_request.k8s_quantity("1.5g")
 
 
 # --- the launcher pod's side --------------------------------------------------------------------------------------

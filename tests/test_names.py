@@ -6,9 +6,9 @@ import pytest
 
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError, env_problem, job_command
-from launcher.host.engines import host_view_argv
+from launcher.host.docker_driver import host_view_argv
 from launcher.host.plan import mpi_host
-from launcher.k8s import mpijob as mpijob_module
+from launcher.k8s import mpijob_request
 from tests.conftest import launch_settings
 
 
@@ -43,7 +43,7 @@ def digests(digest: str) -> None:
 
 
 def mpijob(**where) -> None:
-    mpijob_module.request({"command": job_command(())}, **{"name": "digits", "workers": 2,
+    mpijob_request.request({"command": job_command(())}, **{"name": "digits", "workers": 2,
                                                            "image": "registry.example/horovod-stack:1", **where})
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from launcher import cli
 from launcher.core import ranktag
 from launcher.core.options import SettingsError
-from launcher.host import launch, ranklogs
+from launcher.host import follow, ranklogs
 from launcher.host.plan import Node
 from tests.conftest import container
 
@@ -212,12 +212,12 @@ def test_start_shows_the_agents_lines_and_the_chosen_ranks_only():
     log = (b"[agent 12:00:00] running: mpirun -np 2\n[1,0]<stdout>:rank 0 here\n[1,1]<stdout>:rank 1 here\n"
            b"untagged\n[1,1]<stderr>:rank 1's last, without an end")
     out, relayed = io.StringIO(), []
-    end = launch.follow_job(FollowedRank0(log), container("c1-node_1", "c1"), out, relayed.append, {0})
+    end = follow.follow_job(FollowedRank0(log), container("c1-node_1", "c1"), out, relayed.append, {0})
     assert end is not None and end.status == 0
     assert relayed == ["[agent 12:00:00] running: mpirun -np 2"]
     assert out.getvalue() == "[1,0]<stdout>:rank 0 here\n"
     everything = io.StringIO()
-    launch.follow_job(FollowedRank0(log), container("c1-node_1", "c1"), everything, [].append)
+    follow.follow_job(FollowedRank0(log), container("c1-node_1", "c1"), everything, [].append)
     assert everything.getvalue() == log.decode().split("\n", 1)[1]
 
 

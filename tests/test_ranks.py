@@ -13,7 +13,7 @@ from launcher.agent import compose
 from launcher.core.options import SettingsError
 from launcher.core.ranks import COMPOSE, LAUNCHER, MPIJOB, ranks_per_node, ranks_problem
 from launcher.host.settings import resolve_settings
-from launcher.k8s import mpijob
+from launcher.k8s import mpijob, mpijob_request
 
 REFUSED = "a GPU worker runs one rank per GPU"
 
@@ -62,7 +62,7 @@ def compose_ranks(slots, gpus):
 
 
 def export_ranks(slots, gpus):
-    request = mpijob.request({"command": ("python", "t.py")}, name="j", workers=2, image="registry.example/i:1",
+    request = mpijob_request.request({"command": ("python", "t.py")}, name="j", workers=2, image="registry.example/i:1",
                              slots=slots, gpus_per_node=gpus)
     return mpijob.document(request)["spec"]["slotsPerWorker"]
 

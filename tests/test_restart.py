@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from launcher.agent.job import LEFTOVERS, Agent
+from launcher.agent.job import Agent
+from launcher.agent.restarts import LEFTOVERS
 from launcher.core import restart
 from launcher.core.job import JobSpec, Worker
 from launcher.core.options import SPELLINGS, JobOptions, SettingsError
@@ -302,15 +303,15 @@ def test_every_refusal_starts_alike(given):
 
 
 def test_a_restarts_run_has_what_is_left_of_the_jobs_time_limit(monkeypatch):
-    from launcher.agent import job as agent_job
+    from launcher.agent import watches
 
     given: list[float] = []
 
-    class Recorded(agent_job.TimeLimit):
+    class Recorded(watches.TimeLimit):
         def run(self) -> None:
             given.append(self.seconds)
 
-    monkeypatch.setattr(agent_job, "TimeLimit", Recorded)
+    monkeypatch.setattr(watches, "TimeLimit", Recorded)
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address},
                           returns_at={W2.address: 12})
     end, _ = run(trainer_spec(time_limit=100), transport)
@@ -364,7 +365,7 @@ def test_with_no_spare_left_the_smaller_world_or_the_wait_decides():
 
 
 def test_a_lost_spare_does_not_end_the_job():
-    from launcher.agent.job import LifelineWatch
+    from launcher.agent.watches import LifelineWatch
 
     transport = Transport(Clock(), up_from=up(W1, W2, W3, S4))
     said: list[str] = []

@@ -7,9 +7,10 @@ import pytest
 
 from app import gpu
 from app.gpu import FRAMEWORK_LABEL
-from launcher.host import doctor, launch, preflight
+from launcher.host import doctor, launch, nodechecks, preflight
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import NodeFacts, Severity
+from launcher.host.rootcause import LaunchError
 from tests.conftest import StandInEngine, connect_to, container, launch_settings
 
 HOSTS = {"node_1": "10.0.0.1", "node_2": "10.0.0.2"}
@@ -32,10 +33,10 @@ def test_nic_and_port_are_checked_before_any_worker_starts(nic, node_2_nics, por
     said = []
     settings = launch_settings(nodes=("node_1", "node_2"), network_interface=nic)
     if error is None:
-        launch.check_nodes(settings, engines, say=said.append)
+        nodechecks.check_nodes(settings, engines, say=said.append)
         assert "node_2: port 12345 free" + (f", NIC {nic} present" if nic else "") in said
         return
-    with pytest.raises(launch.LaunchError) as refused:
+    with pytest.raises(LaunchError) as refused:
         launch.launch(settings, say=said.append, relay=said.append, connect=connect_to(*engines))
     assert str(refused.value).startswith(error)
     assert [d.started for d in engines] == [[], []]
@@ -56,9 +57,9 @@ def test_gpus_are_checked_on_every_node_before_any_worker_starts(query, wanted, 
     engines = [node_engine("node_1", ("lo",), gpu_query=H100 * 2), node_engine("node_2", ("lo",), gpu_query=query)]
     settings = launch_settings(nodes=("node_1", "node_2"), gpus_per_node=wanted if problem else 2)
     if problem is None:
-        launch.check_nodes(settings, engines, say=lambda _: None)
+        nodechecks.check_nodes(settings, engines, say=lambda _: None)
         return
-    with pytest.raises(launch.LaunchError) as refused:
+    with pytest.raises(LaunchError) as refused:
         launch.launch(settings, say=lambda _: None, relay=lambda _: None, connect=connect_to(*engines))
     assert str(refused.value).startswith(f"node_2: {problem}")
     assert [d.started for d in engines] == [[], []]
@@ -84,7 +85,7 @@ def test_each_images_framework_is_held_to_its_own_cuda_builds_needs(labels, quer
 def test_gpus_named_by_id_are_checked_with_the_workers_own_request():
     engines = [node_engine("node_1", ("lo",), gpu_query=H100), node_engine("node_2", ("lo",), gpu_query=H100)]
     settings = launch_settings(nodes=("node_1", "node_2"), gpus_per_node=2, gpu_ids=("0", "1"))
-    launch.check_nodes(settings, engines, say=lambda _: None)
+    nodechecks.check_nodes(settings, engines, say=lambda _: None)
     plan = ClusterPlan.of(settings)
     assert [request for driver in engines for request in driver.gpu_requests] == [plan.gpu_request(plan.rank0)] * 2
     assert plan.gpu_request(plan.rank0).device_ids == ("0", "1")
@@ -102,7 +103,7 @@ def test_an_unpinned_nic_across_hosts_leaves_every_nodes_virtual_subnets_out(nic
     engines = [node_engine("node_1", ("lo", "eth0", "docker0"), addresses=node_1),
                node_engine("node_2", ("lo", "eth0", "docker0", "br-c33e5cb9fa8c", "veth9a1"), addresses=node_2)]
     settings = launch_settings(nodes=nodes, network_interface=nic)
-    checked, _ = launch.check_nodes(settings, engines[: len(nodes)], say=lambda _: None)
+    checked, _ = nodechecks.check_nodes(settings, engines[: len(nodes)], say=lambda _: None)
     assert checked.found.excluded_subnets == expected
     assert checked.job_spec().excluded_subnets == expected
 
@@ -111,11 +112,11 @@ def test_a_running_cluster_refuses_a_start_and_a_finished_one_is_named():
     node_1, node_2 = node_engine("node_1", ("lo",)), node_engine("node_2", ("lo",))
     node_2.cluster_containers = lambda cluster_id=None: [container("old", "5ca1ab1e", running=False)]  # type: ignore
     said: list[str] = []
-    launch.check_nodes(launch_settings(nodes=("node_1", "node_2")), [node_1, node_2], say=said.append)
+    nodechecks.check_nodes(launch_settings(nodes=("node_1", "node_2")), [node_1, node_2], say=said.append)
     assert ("node_2: finished cluster 5ca1ab1e is kept for `launcher status` and `launcher logs`; `launcher stop "
             "--nodes node_1,node_2 --cluster 5ca1ab1e` removes it") in said
     node_1.cluster_containers = lambda cluster_id=None: [container("job", "c0ffee00")]  # type: ignore
-    with pytest.raises(launch.LaunchError) as refused:
+    with pytest.raises(LaunchError) as refused:
         launch.launch(launch_settings(nodes=("node_1", "node_2")), say=said.append, relay=said.append,
                        connect=connect_to(node_1, node_2))
     assert str(refused.value) == ("node_1: cluster c0ffee00 is still running; stop it first with `launcher stop "
@@ -158,7 +159,7 @@ def test_a_dry_run_prints_every_finding_with_the_plan_and_refuses_with_the_first
     assert "  node_2: ssh port      ok free (12345)" in checks and plan.startswith("2 ranks on 2 node(s)")
     busy = node_engine("node_2", ("lo", "ens5"), port_taken=True)
     out = io.StringIO()
-    with pytest.raises(launch.LaunchError) as refused:
+    with pytest.raises(LaunchError) as refused:
         launch.dry_run(launch_settings(nodes=("node_1", "node_2"), network_interface="eth0"), say=lambda _: None,
                         out=out, connect=connect_to(node_1, busy))
     assert str(refused.value).startswith("node_2: no network interface eth0 there (it has ens5, lo)")
@@ -179,8 +180,8 @@ def test_a_running_cluster_is_named_before_another_nodes_missing_image():
     node_1, node_2 = node_engine("node_1", ("lo",)), node_engine("node_2", ("lo",))
     node_1.image = None
     node_2.cluster_containers = lambda cluster_id=None: [container("job", "c0ffee00")]  # type: ignore
-    with pytest.raises(launch.LaunchError) as refused:
-        launch.check_nodes(launch_settings(nodes=("node_1", "node_2")), [node_1, node_2], say=lambda _: None)
+    with pytest.raises(LaunchError) as refused:
+        nodechecks.check_nodes(launch_settings(nodes=("node_1", "node_2")), [node_1, node_2], say=lambda _: None)
     assert str(refused.value).startswith("node_2: cluster c0ffee00 is still running")
 
 
@@ -199,7 +200,7 @@ def test_a_node_name_rank_0_cannot_resolve_blocks_with_an_etc_hosts_line_and_a_p
         "(the workers read the host's): `10.0.0.3 node_3`",
     ]
     assert "node_3: names         ok (all 3 node names resolve)" in printed
-    with pytest.raises(launch.LaunchError, match="^node_1: node_2 does not resolve there"):
+    with pytest.raises(LaunchError, match="^node_1: node_2 does not resolve there"):
         launch.launch(settings, say=printed.append, relay=printed.append, connect=connect_to(node_1, node_2, node_3))
     assert [engine.started for engine in (node_1, node_2, node_3)] == [[], [], []]
 
@@ -207,7 +208,7 @@ def test_a_node_name_rank_0_cannot_resolve_blocks_with_an_etc_hosts_line_and_a_p
 def test_nodes_that_share_a_host_name_are_told_apart_by_their_workers_own():
     engines = [StandInEngine(name, ("lo", "eth0"), resolves=HOSTS, host_name="ubuntu") for name in HOSTS]
     said: list[str] = []
-    plan, findings = launch.check_nodes(launch_settings(nodes=tuple(HOSTS)), engines, say=said.append)
+    plan, findings = nodechecks.check_nodes(launch_settings(nodes=tuple(HOSTS)), engines, say=said.append)
     assert ("node_1, node_2: share the host name ubuntu: each worker gets its own (node-1, node-2), so Open MPI tells "
             "the nodes apart") in said
     containers = [plan.worker_container(node) for node in plan.nodes]

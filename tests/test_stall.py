@@ -9,8 +9,9 @@ import json
 import pytest
 
 from launcher.agent import stacks
-from launcher.agent.job import Agent, StallWatch
+from launcher.agent.job import Agent
 from launcher.agent.stacks import Frame, RankStack
+from launcher.agent.watches import StallWatch
 from launcher.core import stall
 from launcher.core.job import Worker
 from launcher.core.protocol import JOB_STALL

@@ -21,8 +21,9 @@ from typing import IO
 
 from launcher.agent import compose, stacks
 from launcher.agent.hostkeys import FirstContactAgent
-from launcher.agent.job import DISCOVERY_SSH_TIMEOUT, Agent, lost_addresses, say
+from launcher.agent.job import Agent
 from launcher.agent.transport import SshTransport, Transport, read_text, stop_on_signals, write_atomically
+from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, lost_addresses, say
 from launcher.core.job import JobSpec
 from launcher.core.options import one_line
 from launcher.core.protocol import (

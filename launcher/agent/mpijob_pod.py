@@ -29,8 +29,8 @@ import subprocess
 import sys
 
 from launcher.agent.hostkeys import FirstContactAgent, Scan, keyscan
-from launcher.agent.job import JobError
 from launcher.agent.transport import SshTransport, Transport, stop_on_signals
+from launcher.agent.workers import JobError
 from launcher.core.job import DoorWords, JobSpec, Worker, new_run_id
 from launcher.core.nics import IP_ADDRESSES, own_nic, parse_ip_addresses, subnet_of, virtual_subnets
 from launcher.core.options import JobOptions, SettingsError, one_line

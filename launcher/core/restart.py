@@ -1,6 +1,6 @@
 """Restarting a fixed-size job that lost a node (--max-restarts, MAX_RESTARTS): which ended runs are started again,
-on which workers, and the one line each restart is said and recorded in. Pure: the job agent (launcher/agent/job.py)
-does what these decide, and `launcher status` reads the lines back (restart_in).
+on which workers, and the one line each restart is said and recorded in. Pure: the job agent
+(launcher/agent/restarts.py) does what these decide, and `launcher status` reads the lines back (restart_in).
 
 A run that lost a node is started again from the newest checkpoint in the shared folder: on every worker when the
 lost ones answer again, else on those that remain when the user allowed a smaller world (--min-nodes). A failure of

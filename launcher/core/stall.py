@@ -3,8 +3,8 @@
 A running job that prints nothing and records no new metrics for the stall timeout is stalled (a hung job and a
 slow one look alike from outside; this is the line between them). Horovod's stall inspector also warns when some
 ranks wait in a collective that others never joined ("Missing ranks:"); those lines are picked out of the job's
-output. The job agent (launcher/agent/job.py) watches, gathers every rank's stack once (launcher/agent/stacks.py) and
-writes a StallRecord to JOB_STALL, which `launcher status` reads.
+output. The job agent's stall watch (launcher/agent/watches.py) watches, gathers every rank's stack once
+(launcher/agent/stacks.py) and writes a StallRecord to JOB_STALL, which `launcher status` reads.
 """
 
 from __future__ import annotations

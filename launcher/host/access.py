@@ -1,10 +1,10 @@
 """How the launcher reaches each node's engine; every command that connects (start, stop, status, results, stacks,
-logs, doctor) goes through here and engines.NodeDriver.connect. The address is ssh://NODE unless DOCKER_HOST_<NODE>
-overrides it; a tcp:// engine takes the Docker CLI's TLS variables, DOCKER_TLS_VERIFY and DOCKER_CERT_PATH (a
-folder with ca.pem, cert.pem and key.pem; ~/.docker by default), each also per node where the nodes differ
-(DOCKER_TLS_VERIFY_<NODE>, DOCKER_CERT_PATH_<NODE>; the node's own key wins, even empty), from this machine's
-environment or .env (the environment wins). docker-py's kwargs_from_env reads them as the Docker tools do and makes
-the TLS configuration: nothing here speaks TLS itself.
+logs, doctor) goes through here and docker_driver.NodeDriver.connect. The address is ssh://NODE unless
+DOCKER_HOST_<NODE> overrides it; a tcp:// engine takes the Docker CLI's TLS variables, DOCKER_TLS_VERIFY and
+DOCKER_CERT_PATH (a folder with ca.pem, cert.pem and key.pem; ~/.docker by default), each also per node where the
+nodes differ (DOCKER_TLS_VERIFY_<NODE>, DOCKER_CERT_PATH_<NODE>; the node's own key wins, even empty), from this
+machine's environment or .env (the environment wins). docker-py's kwargs_from_env reads them as the Docker tools do
+and makes the TLS configuration: nothing here speaks TLS itself.
 
 An engine whose traffic others could read on the way (plain tcp://, or TLS that does not check the engine's
 certificate) is refused on any address but loopback unless the user allows it (--insecure-engine, INSECURE_ENGINES=1),

@@ -11,8 +11,9 @@ from dataclasses import replace
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
 from launcher.core.protocol import LINK_SECONDS
 from launcher.host import linkcheck, links, preflight
-from launcher.host.engines import Connect, NodeDriver, NodeEngine, NodeError, connecting_line
-from launcher.host.launch import engine_facts, host_facts
+from launcher.host.docker_driver import NodeDriver
+from launcher.host.engines import Connect, NodeEngine, NodeError, connecting_line
+from launcher.host.nodechecks import engine_facts, host_facts
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import HostView, NodeFacts
 from launcher.host.settings import LaunchSettings

@@ -1,5 +1,5 @@
 """What the launcher's flags mean: each one's help text, and what `start`'s and `export mpijob`'s flags turn into
-(the keyword arguments of settings.resolve_settings and mpijob.request, job options by their JobOptions names).
+(the keyword arguments of settings.resolve_settings and mpijob_request.request, job options by their JobOptions names).
 Pure: the command line (launcher/cli.py) declares the flags with these texts and hands over what it was given.
 """
 
@@ -197,8 +197,8 @@ and those export_request words itself. Every other flag sets the field of its na
 def export_request(
     given: Mapping[str, Any], command: tuple[str, ...], env_image: Callable[[], str | None]
 ) -> dict[str, Any]:
-    """mpijob.request's keyword arguments from `launcher export mpijob`'s flags as given, by name; `env_image` reads
-    IMAGE in .env, for want of --image (the .env file is read only then)."""
+    """mpijob_request.request's keyword arguments from `launcher export mpijob`'s flags as given, by name;
+    `env_image` reads IMAGE in .env, for want of --image (the .env file is read only then)."""
     job = {option: given[flag] for flag, option in EXPORT_JOB.items()}
     return {
         **{name: value for name, value in given.items() if name not in EXPORT_NOT_WHERE},

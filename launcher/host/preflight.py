@@ -3,7 +3,7 @@ what each node's engine reported (NodeFacts) to typed Findings, and from the fac
 
 `start` refuses on the first blocking finding (a warning it only says), `doctor` prints every finding and fails on
 any blocking one or warning (so a cluster still running there fails it too), `--dry-run` prints them all with the
-plan and refuses as a start would. Gathering the facts (the engine's side effects) is launch.py's.
+plan and refuses as a start would. Gathering the facts (the engine's side effects) is nodechecks.py's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Byte streams from the engines (a run folder's archive, a job's log) read as they arrive, never whole in memory:
-a file over an iterator of chunks, the tail of one, and one decoded as text for a terminal.
+a file over an iterator of chunks, the first file of an archive's stream, a stream's tail, and one decoded as text
+for a terminal.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ class ChunkReader(io.RawIOBase):
 
 def reader(chunks: Iterable[bytes]) -> io.BufferedReader:
     return io.BufferedReader(ChunkReader(chunks), BLOCK)
+
+
+def file_in_archive(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The first file of a tar stream (get_archive's of one file), block by block; nothing for a broken archive."""
+    try:
+        with tarfile.open(fileobj=reader(chunks), mode="r|") as archive:
+            member = archive.next()
+            content = archive.extractfile(member) if member else None
+            while content is not None and (block := content.read(BLOCK)):
+                yield block
+    except tarfile.TarError:
+        return
 
 
 def tail_bytes(chunks: Iterable[bytes], limit: int) -> tuple[bytes, bool]:
@@ -82,15 +95,3 @@ def decoded(chunks: Iterable[bytes]) -> Iterator[str]:
     for chunk in chunks:
         yield decoder.decode(chunk)
     yield decoder.decode(b"", final=True)
-
-
-def file_in_archive(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """The first file of a tar stream (get_archive's of one file), block by block; nothing for a broken archive."""
-    try:
-        with tarfile.open(fileobj=reader(chunks), mode="r|") as archive:
-            member = archive.next()
-            content = archive.extractfile(member) if member else None
-            while content is not None and (block := content.read(BLOCK)):
-                yield block
-    except tarfile.TarError:
-        return

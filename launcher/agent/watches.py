@@ -1,0 +1,179 @@
+"""The watches beside a running job, each a thread that run_job (launcher/agent/job.py) starts with the job and
+stops once it ends: ElasticClaims (an elastic job's joining and returning workers claimed), LifelineWatch (a worker
+lost: the job ended, or an elastic one goes on without it), StallWatch (a job that shows no progress: every rank's
+stack, once) and TimeLimit (the job ended at its time limit). A watch that ends the job says why (its cause).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, LostWorker, WorkerContact
+from launcher.core import stall
+from launcher.core.job import Worker
+from launcher.core.protocol import JOB_STALL
+
+ELASTIC_CLAIM_INTERVAL = 2
+STALL_POLL_SECONDS = 5
+LIFELINE_POLL_SECONDS = 1
+ELASTIC_RECOVERY_GRACE_SECONDS = 30
+"""An elastic job that lost a worker and then shows no progress for its elastic timeout and this long has not
+recovered (Horovod's driver could not go on without the worker, nor fail by itself): the agent ends it."""
+
+
+class JobWatch(threading.Thread):
+    """A thread beside the running job (run_job starts and stops them all): `done` ends it; `cause` is why it ended
+    the job, when it did."""
+
+    def __init__(self, agent: WorkerContact, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.agent = agent
+        self.done = threading.Event()
+        self.cause: str | None = None
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()  # before the wind-down reads the lifelines and the causes
+
+
+class ElasticClaims(JobWatch):
+    """During an elastic job: a lifeline to every worker that joins or comes back (discovery lets it in)."""
+
+    def __init__(self, agent: WorkerContact) -> None:
+        super().__init__(agent, "elastic-claims")
+
+    def run(self) -> None:
+        while not self.done.wait(ELASTIC_CLAIM_INTERVAL):
+            try:
+                agent = self.agent
+                unclaimed = [
+                    worker
+                    for worker in agent.candidates()
+                    if not (line := agent.lifelines.get(worker.address)) or not line.alive()
+                ]
+                # A lost worker comes back only as a new one (its container started again); the old one stops.
+                joining = [
+                    worker
+                    for worker in unclaimed
+                    if agent.answers(worker, DISCOVERY_SSH_TIMEOUT)
+                    and (worker.address not in agent.lost or agent.unclaimed_since_start(worker))
+                ]
+                agent.claim(joining)
+                for worker in joining:
+                    if worker.address in agent.lost:
+                        agent.mark_lost(worker.address, None)
+                        agent.say(f"{worker.name}: a new worker there is claimed; host discovery lists it again")
+            except Exception as error:  # noqa: BLE001  the job goes on; a later round tries again
+                self.agent.say(f"could not claim a returning worker: {error}")
+
+
+class LifelineWatch(JobWatch):
+    """While the job runs: every claimed worker's lifeline. A worker whose line closes is lost: its container stopped
+    or was killed, or it went silent (no answer for SILENCE_SECONDS: link down, host down or powered off). A
+    fixed-size job cannot go on without it, and its ranks would wait in a collective that never completes: the job is
+    ended at once, the loss its cause. An elastic job goes on without it: host discovery stops listing it (JOB_LOST);
+    should the job then show no progress for its elastic timeout and ELASTIC_RECOVERY_GRACE_SECONDS (Horovod neither
+    went on nor failed), it is ended, the loss its cause."""
+
+    def __init__(self, agent: WorkerContact) -> None:
+        super().__init__(agent, "lifeline-watch")
+        self.last_loss: float | None = None
+
+    def run(self) -> None:
+        while self.cause is None and not self.done.wait(LIFELINE_POLL_SECONDS):
+            try:
+                self.check()
+            except Exception as error:  # noqa: BLE001  the job goes on; the next round looks again
+                self.agent.say(f"lifeline watch: {type(error).__name__}: {error}")
+
+    def check(self) -> None:
+        agent = self.agent
+        for address, line in list(agent.lifelines.items()):
+            if line.alive() or address in agent.lost:
+                continue
+            loss = LostWorker(agent.claimed[address].name, line.silent())
+            agent.mark_lost(address, loss)
+            if not agent.spec.elastic and address not in agent.running:  # a spare: the job goes on
+                agent.say(f"{loss}; a spare, not used by any restart")
+                continue
+            self.last_loss = agent.clock()
+            if not agent.spec.elastic:
+                self.end(str(loss))
+                return
+            agent.say(f"{loss}; host discovery drops it and the elastic job goes on without it")
+        if agent.spec.elastic and agent.lost and self.last_loss is not None:
+            patience = agent.spec.options.elastic_timeout + ELASTIC_RECOVERY_GRACE_SECONDS
+            if agent.clock() - self.last_loss > patience and agent.transport.output_age() > patience:
+                lost = ", ".join(loss.short() for loss in agent.lost.values())
+                self.end(f"the elastic job showed no progress for {patience} s after it lost {lost}")
+
+    def end(self, cause: str) -> None:
+        if self.agent.transport.stop_job():  # else it ended by itself meanwhile: its end stands
+            self.cause = cause
+            self.agent.say(f"error: {cause}; ending the job")
+
+
+class StallWatch(JobWatch):
+    """While the job runs: when it prints nothing and records no new metrics for the stall timeout, every rank's
+    stack goes into the job's log once, and JOB_STALL says so for `launcher status` (also Horovod's own stall
+    warnings); with the stall action `fail`, the job is ended with the stall as its cause."""
+
+    def __init__(self, agent: WorkerContact, workers: list[Worker]) -> None:
+        super().__init__(agent, "stall-watch")
+        self.workers = workers
+
+    def run(self) -> None:
+        spec, transport = self.agent.spec, self.agent.transport
+        metrics = f"{spec.run_dir}/metrics.jsonl" if spec.run_dir else None
+        where, written = "", None
+        while not self.done.wait(min(STALL_POLL_SECONDS, max(1.0, spec.options.stall_timeout / 4))):
+            try:
+                idle = stall.idle_seconds(transport.output_age(), transport.file_age(metrics) if metrics else None)
+                if not stall.is_stalled(idle, spec.options.stall_timeout):
+                    if where:
+                        self.agent.say(f"the job shows progress again after a stall of {idle:.0f} s or more")
+                    where = ""
+                elif not where:
+                    where = self.stalled(idle) or "no rank's stack could be taken"
+                record = stall.StallRecord(int(idle) if where else 0, where, transport.horovod_warning())
+                if record != written:
+                    transport.write(JOB_STALL, record.to_json() + "\n")
+                    written = record
+            except Exception as error:  # noqa: BLE001  the job goes on; the next round tries again
+                self.agent.say(f"stall watch: {type(error).__name__}: {error}")
+
+    def stalled(self, idle: float) -> str:
+        spec = self.agent.spec
+        where = self.agent.report_stacks(
+            self.workers,
+            f"the job looks stalled: no output and no new metrics for {idle:.0f} s (stall timeout "
+            f"{spec.options.stall_timeout} s)",
+        )
+        if spec.options.stall_action == "fail":
+            cause = f"the job stalled: no output and no new metrics for {idle:.0f} s; {where or 'no stacks'}"
+            if self.agent.transport.stop_job():  # else it ended by itself meanwhile: its end stands
+                self.cause = cause
+                self.agent.say(f"error: {cause}; ending the job (stall action fail)")
+        return where
+
+
+class TimeLimit(JobWatch):
+    """The job's time limit: once the job has run that long, every rank's stack goes into the job's log and the job
+    is ended (as timeout(1) ends a command: exit status 124), with the limit and where the ranks were as its cause."""
+
+    STATUS = 124
+
+    def __init__(self, agent: WorkerContact, workers: list[Worker], seconds: float) -> None:
+        super().__init__(agent, "time-limit")
+        self.workers, self.seconds = workers, seconds
+        """What is left of the limit (all of it in the first run)."""
+
+    def run(self) -> None:
+        limit = self.agent.spec.options.time_limit
+        if self.done.wait(max(0.0, self.seconds)):
+            return
+        where = self.agent.report_stacks(self.workers, f"the job ran past its time limit of {limit} s")
+        cause = f"the job ran past its time limit of {limit} s; {where or 'no stacks'}"
+        if self.agent.transport.stop_job():  # else it ended by itself while the stacks were taken: its end stands
+            self.cause = cause
+            self.agent.say(f"error: {cause}; ending the job")
