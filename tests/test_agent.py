@@ -61,7 +61,7 @@ def test_the_job_runs_once_every_worker_answers_and_every_worker_is_told_how_it_
                                             "[10.0.0.2]:12345 ssh-ed25519 KEY-10.0.0.2\n")
     assert transport.files[HOSTFILE_PATH] == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
     assert transport.ran == [spec().job_argv()]
-    assert transport.files[JOB_STATUS] == "exit status 0\n"
+    assert parse_job_end(transport.files[JOB_STATUS]) == JobEnd(0)
     assert {address: line.last_word for address, line in transport.lines.items()} == {
         W1.address: "exit status 0", W2.address: "exit status 0"}
     assert said[-1] == "job succeeded (exit status 0); the workers stop now"
@@ -79,7 +79,7 @@ def test_a_job_whose_ranks_fail_keeps_their_status_and_names_no_cause_of_its_own
     clock = Clock()
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, status=3)
     end, said = run(spec(), clock, transport)
-    assert end == JobEnd(3) and transport.files[JOB_STATUS] == "exit status 3\n"
+    assert end == JobEnd(3) == parse_job_end(transport.files[JOB_STATUS])
     assert "mpirun exited with status 3" in said and "job FAILED (exit status 3); the workers stop now" in said
     assert {line.last_word for line in transport.lines.values()} == {"exit status 3"}
 
@@ -111,7 +111,8 @@ def test_a_worker_lost_during_the_run_is_the_jobs_root_cause():
     clock = Clock()
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, status=1, lost_in_job={W2.address})
     end, said = run(spec(), clock, transport)
-    assert end == JobEnd(1, "node_2: worker lost during the run; `launcher status` shows how each worker ended")
+    assert end == JobEnd(1, "node_2: worker lost during the run; `launcher status` shows how each worker ended",
+                         lost=("node_2",))
     assert transport.lines[W1.address].last_word == end.message()
     assert transport.told == {} and not any("could not reach" in line for line in said)  # node_2 knows: its line closed
 
@@ -122,7 +123,7 @@ def test_a_worker_that_goes_silent_ends_a_fixed_job_at_once_with_the_silence_as_
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, silent_in_job={W2.address})
     end, said = run(spec(), clock, transport)
     cause = "node_2 went silent (no answer for 15 s: link down, host down or powered off)"
-    assert end == JobEnd(143, cause) and transport.files[JOB_STATUS] == f"exit status 143: {cause}\n"
+    assert end == JobEnd(143, cause, lost=("node_2",)) == parse_job_end(transport.files[JOB_STATUS])
     assert f"error: {cause}; ending the job" in said
     assert transport.lines[W1.address].last_word == end.message()
     assert JOB_LOST not in transport.files  # host discovery is an elastic job's
@@ -156,14 +157,11 @@ def test_a_lost_worker_is_claimed_again_only_as_a_new_worker():
     LifelineWatch(subject).check()
     assert subject.lost == {"172.18.0.3": LostWorker("172.18.0.3", silent=True)}
     claims = ElasticClaims(subject)
-    claims.start()
-    time.sleep(2.5)  # one round of claims: the old worker answers, but it was claimed before
+    claims.claim_round()  # the old worker answers, but it was claimed before
     assert not transport.lines["172.18.0.3"].alive() and transport.files[JOB_LOST] == "172.18.0.3\n"
     transport.fresh.add("172.18.0.3")  # its container started again
-    deadline = time.monotonic() + 10
-    while "172.18.0.3" in subject.lost and time.monotonic() < deadline:
-        time.sleep(0.1)
-    claims.stop()
+    claims.claim_round()
+    assert "172.18.0.3" not in subject.lost
     assert transport.lines["172.18.0.3"].alive() and transport.files[JOB_LOST] == ""
     assert "172.18.0.3: a new worker there is claimed; host discovery lists it again" in said
 
@@ -199,7 +197,7 @@ def test_an_elastic_job_below_its_minimum_names_the_lost_workers():
     assert transport.files["cluster key"] == "made" and transport.run_dirs == [job.run_dir]
     assert transport.ran[0][transport.ran[0].index("horovodrun") + 1] == "--gloo"
     assert end == JobEnd(1, "the elastic job fell below ELASTIC_MIN_WORKERS=2 for 10 s: lost 172.18.0.3; "
-                            "`docker compose ps -a` shows how they ended")
+                            "`docker compose ps -a` shows how they ended", lost=("172.18.0.3",))
     assert said[-2:] == ["job FAILED (exit status 1); the workers stop now",
                          f"results: {job.run_dir} (metrics.jsonl, curves.png, tb/, checkpoints/)"]
 

@@ -12,7 +12,7 @@ from launcher.agent.restarts import LEFTOVERS
 from launcher.core import restart
 from launcher.core.job import JobSpec, Worker
 from launcher.core.options import SPELLINGS, JobOptions, SettingsError
-from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, JOB_STATUS, RESTART_VARIABLE, JobEnd
+from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, JOB_STATUS, RESTART_VARIABLE, JobEnd, parse_job_end
 from launcher.host import jobstate
 from tests.conftest import Clock, job_spec, launch_settings
 from tests.conftest import StandInTransport as Transport
@@ -98,18 +98,30 @@ def test_the_last_checkpointed_epoch_is_the_metrics_last(metrics, epoch):
     assert restart.metrics_epoch(metrics) == epoch
 
 
-def test_status_shows_the_last_restart_line():
-    log = ("[agent 12:00:01] restart 1/2: node_2 went silent; starting over on node_1\n"
-           "[1,0]<stdout>:epoch 1/3: train loss 0.5\n"
-           "[agent 12:01:01] restart 2/2: node_3's worker was lost; resuming after epoch 1 on node_1\n")
-    assert restart.restart_in(log) == "restart 2/2: node_3's worker was lost; resuming after epoch 1 on node_1"
-    assert restart.restart_in("[1,0]<stdout>:restart 1/2: the user's own words\n") is None
+FIRST = restart.Restart(1, 2, "node_2 went silent", ("node_1",))
+SECOND = restart.Restart(2, 2, "node_3's worker was lost", ("node_1",), resume_epoch=1)
+
+
+def test_status_shows_the_last_restart_from_the_agents_records_not_from_its_words():
+    assert restart.last_restart(FIRST.record() + SECOND.record()) == (
+        "restart 2/2: node_3's worker was lost; resuming after epoch 1 on node_1")
+    assert restart.last_restart(FIRST.record() + '{"number": 2, "of": 2, "rea') == FIRST.line()  # being written
+    assert restart.last_restart(None) is None
 
 
 def test_status_of_a_running_job_names_its_last_restart():
-    log = "[agent 12:00:01] restart 1/2: node_2 went silent; starting over on node_1\n"
-    state = jobstate.describe(jobstate.ContainerState("rank0", True), None, log, [])
+    log = "[1,0]<stdout>:restart 9/9: the user's own words\n"  # a rank's words are not the agent's records
+    state = jobstate.describe(jobstate.ContainerState("rank0", True), None, log, [], restarts_made=FIRST.record())
     assert state.endswith("; restart 1/2: node_2 went silent; starting over on node_1")
+    assert jobstate.describe(jobstate.ContainerState("rank0", True), None, log, []) == "running: no epoch finished yet"
+
+
+def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end_record():
+    end = JobEnd(137, "node_2: worker lost during the run", lost=("node_2",), restarts=(FIRST.line(),),
+                 not_restarted="not restarted: all 1 restart(s) (--max-restarts 1) are used up")
+    state = jobstate.describe(jobstate.ContainerState("rank0", False, 137), end.to_json(), "", [])
+    assert state == ("failed (exit status 137): node_2: worker lost during the run; not restarted: all 1 restart(s) "
+                     "(--max-restarts 1) are used up; restart 1/2: node_2 went silent; starting over on node_1")
 
 
 # --- the options ------------------------------------------------------------------------------------------------
@@ -194,8 +206,8 @@ def test_a_lost_node_restarts_the_job_on_those_that_remain_from_its_last_checkpo
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address})
     transport.files[f"{RUN}/metrics.jsonl"] = '{"epoch": 1}\n{"epoch": 2}\n'
     end, said = run(trainer_spec(elastic_min_workers=2, elastic=False), transport)
-    assert end == JobEnd(0)
     line = "restart 1/2: node_2's worker was lost; resuming after epoch 2 on node_1,node_3"
+    assert end == JobEnd(0, restarts=(line,))
     assert line in said
     first, again = transport.ran
     assert "--resume" not in first and again[-1] == "--resume"
@@ -205,7 +217,7 @@ def test_a_lost_node_restarts_the_job_on_those_that_remain_from_its_last_checkpo
     assert record == {"number": 1, "of": 2, "reason": "node_2's worker was lost", "workers": ["node_1", "node_3"],
                       "resume_epoch": 2, "checkpoint_dir": f"{RUN}/checkpoints"}
     assert (W3.address, LEFTOVERS) in transport.commands and (W1.address, LEFTOVERS) not in transport.commands
-    assert transport.files[JOB_STATUS] == "exit status 0\n"
+    assert parse_job_end(transport.files[JOB_STATUS]) == end
     assert "job succeeded (exit status 0); the workers stop now" in said
 
 
@@ -213,9 +225,10 @@ def test_without_a_smaller_world_the_agent_waits_for_the_lost_worker_to_answer_a
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address},
                           returns_at={W2.address: 12})
     end, said = run(trainer_spec(), transport)
-    assert end == JobEnd(0)
+    line = "restart 1/2: node_2's worker was lost; starting over on node_1,node_2,node_3"
+    assert end == JobEnd(0, restarts=(line,))
     assert "waiting up to 30 s for node_2 to answer again" in said
-    assert "restart 1/2: node_2's worker was lost; starting over on node_1,node_2,node_3" in said
+    assert line in said
     assert transport.clock() >= 12 and transport.lines[W2.address].alive() is False  # told the job ended
     assert transport.told.get(W2.address) is None and transport.lines[W2.address].last_word == "exit status 0"
 
@@ -225,23 +238,26 @@ def test_a_lost_worker_that_never_answers_again_ends_the_job_saying_what_would_l
     end, said = run(trainer_spec(), transport)
     why = ("not restarted: node_2 did not answer again within 30 s and the job may not run on fewer nodes: pass "
            "--min-nodes 2 to let it go on without it")
-    assert end.status == 137 and end.cause.endswith(why) and why in said
+    assert end == JobEnd(137, "node_2: worker lost during the run; `launcher status` shows how each worker ended",
+                         lost=("node_2",), not_restarted=why)
+    assert end.message().endswith(why) and why in said  # what each worker's lifeline is told
     assert len(transport.ran) == 1
 
 
 def test_a_silent_node_is_named_so_in_the_restart_line():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=1, silent_in_job={W2.address})
     end, said = run(trainer_spec(elastic_min_workers=1, elastic=False), transport)
-    assert end == JobEnd(0)
+    assert end == JobEnd(0, restarts=("restart 1/2: node_2 went silent; starting over on node_1,node_3",))
     assert "restart 1/2: node_2 went silent; starting over on node_1,node_3" in said
 
 
 def test_the_scripts_own_failure_is_restarted_once_and_then_says_why_not():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=1, restarts=(1,))
     end, said = run(trainer_spec(), transport)
-    assert end == JobEnd(1) and len(transport.ran) == 2
-    assert "restart 1/2: the script failed (exit status 1); starting over on node_1,node_2,node_3" in said
-    assert any(line.startswith("not restarted: the script itself failed again (exit status 1)") for line in said)
+    assert end.status == 1 and end.cause is None and len(transport.ran) == 2
+    assert end.restarts == ("restart 1/2: the script failed (exit status 1); starting over on node_1,node_2,node_3",)
+    assert end.not_restarted and end.not_restarted.startswith("not restarted: the script itself failed again")
+    assert end.not_restarted in said
 
 
 def test_restarts_end_when_used_up():
@@ -262,7 +278,8 @@ def test_a_job_told_to_stop_is_not_restarted():
 def test_without_max_restarts_a_lost_node_ends_the_job_as_before():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address})
     end, said = run(trainer_spec(max_restarts=0), transport)
-    assert end == JobEnd(137, "node_2: worker lost during the run; `launcher status` shows how each worker ended")
+    assert end == JobEnd(137, "node_2: worker lost during the run; `launcher status` shows how each worker ended",
+                         lost=("node_2",))
     assert len(transport.ran) == 1 and not any("restart" in line for line in said)
     assert f"{RUN}/{restart.RECORDS_FILE}" not in transport.files
 
@@ -271,9 +288,9 @@ def test_a_users_script_is_told_its_checkpoint_folder_in_the_restart_line():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address})
     job = trainer_spec(command=("python", "t.py"), workdir="/workdir", elastic_min_workers=2, elastic=False)
     end, said = run(job, transport)
-    assert end == JobEnd(0)
-    assert (f"restart 1/2: node_2's worker was lost; resuming from the newest checkpoint in {RUN}/checkpoints on "
-            "node_1,node_3") in said
+    line = (f"restart 1/2: node_2's worker was lost; resuming from the newest checkpoint in {RUN}/checkpoints on "
+            "node_1,node_3")
+    assert end == JobEnd(0, restarts=(line,)) and line in said
     assert transport.ran[1][-2:] == ["python", "t.py"]
     assert f"{CHECKPOINT_DIR_VARIABLE}={RUN}/checkpoints" in transport.ran[1]
 
@@ -283,23 +300,29 @@ def test_restart_options_round_trip_through_the_job_spec():
     assert JobOptions.from_dict(options.to_dict()) == options
 
 
-@pytest.mark.parametrize("seen, job_cause, expected", [
-    ("node_2: its worker container was killed during the run", "node_2: worker lost during the run; not restarted: "
-     "all 1 restart(s) (--max-restarts 1) are used up; allow more with a larger --max-restarts",
-     "node_2: its worker container was killed during the run; not restarted: all 1 restart(s) (--max-restarts 1) "
-     "are used up; allow more with a larger --max-restarts"),
-    ("node_2: its worker container was killed during the run", None,
+USED_UP = "not restarted: all 1 restart(s) (--max-restarts 1) are used up; allow more with a larger --max-restarts"
+
+
+@pytest.mark.parametrize("seen, end, expected", [
+    ("node_2: its worker container was killed during the run",
+     JobEnd(137, "node_2: worker lost during the run", not_restarted=USED_UP),
+     f"node_2: its worker container was killed during the run; {USED_UP}"),
+    ("node_2: its worker container was killed during the run", JobEnd(137, "node_2: worker lost during the run"),
      "node_2: its worker container was killed during the run"),
-    ("x; not restarted: y", "z; not restarted: y", "x; not restarted: y"),
+    (None, JobEnd(137, "node_2: worker lost during the run", not_restarted=USED_UP),
+     f"node_2: worker lost during the run; {USED_UP}"),
+    (None, JobEnd(1, None, not_restarted=USED_UP), None),  # no cause to name: the status is its own
+    (f"x; {USED_UP}", JobEnd(1, "z", not_restarted=USED_UP), f"x; {USED_UP}"),
 ])
-def test_the_launcher_keeps_why_the_agent_did_not_restart(seen, job_cause, expected):
-    assert restart.with_why_not(seen, job_cause) == expected
+def test_one_root_cause_line_keeps_why_the_agent_did_not_restart(seen, end, expected):
+    assert end.root_cause(seen) == expected
+    assert JobEnd.from_json(end.to_json()) == end
 
 
 @pytest.mark.parametrize("given", [{"lost": [], "script_restarts": 1}, {"restarts": 3}, {"ended_by": "x"},
                                    {"stop_asked": True}])
 def test_every_refusal_starts_alike(given):
-    assert why_not(**given).startswith(restart.NOT_RESTARTED)
+    assert why_not(**given).startswith("not restarted: ")
 
 
 def test_a_restarts_run_has_what_is_left_of_the_jobs_time_limit(monkeypatch):
@@ -315,7 +338,7 @@ def test_a_restarts_run_has_what_is_left_of_the_jobs_time_limit(monkeypatch):
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address},
                           returns_at={W2.address: 12})
     end, _ = run(trainer_spec(time_limit=100), transport)
-    assert end == JobEnd(0) and transport.clock() >= 12
+    assert end.succeeded and len(end.restarts) == 1 and transport.clock() >= 12
     assert given == [100, 100 - transport.clock()]
 
 
@@ -336,7 +359,7 @@ def test_a_spare_takes_a_lost_workers_place(lost, spares, expected):
 def test_a_spare_is_checked_before_it_is_needed_then_takes_the_lost_nodes_place():
     transport = Transport(Clock(), up_from=up(W1, W2, W3, S4, S5), status=137, lost_in_job={W2.address})
     end, said = run(trainer_spec(spares=(S4, S5)), transport)
-    assert end == JobEnd(0)
+    assert end.succeeded and len(end.restarts) == 1
     assert said.index("node_4: spare, sshd answers; out of the hostfile until a restart needs it") < \
         said.index("hostfile: 10.0.0.1:1 10.0.0.2:1 10.0.0.3:1")
     assert any(address == S4.address and "probe" in command for address, command in transport.commands[:40])
@@ -351,7 +374,7 @@ def test_a_spare_that_does_not_answer_is_passed_over_for_the_next():
     transport = Transport(Clock(), up_from={**up(W1, W2, W3, S5), S4.address: float("inf")}, status=137,
                           lost_in_job={W2.address})
     end, said = run(trainer_spec(spares=(S4, S5)), transport)
-    assert end == JobEnd(0)
+    assert end.succeeded and len(end.restarts) == 1
     assert "node_4: spare, does not answer yet; tried again when a restart needs it" in said
     assert "restart 1/2: node_2's worker was lost; starting over on node_1,node_5,node_3" in said
 
@@ -359,7 +382,7 @@ def test_a_spare_that_does_not_answer_is_passed_over_for_the_next():
 def test_with_no_spare_left_the_smaller_world_or_the_wait_decides():
     transport = Transport(Clock(), up_from=up(W1, W2, W3, S4), status=137, lost_in_job={W2.address, W3.address})
     end, said = run(trainer_spec(spares=(S4,), elastic_min_workers=2, elastic=False), transport)
-    assert end == JobEnd(0)
+    assert end.succeeded and len(end.restarts) == 1
     assert ("restart 1/2: node_2's worker was lost and node_3's worker was lost; starting over on node_1,node_4"
             in said)
 

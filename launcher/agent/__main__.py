@@ -69,7 +69,7 @@ def run_spec(log_file: str | None) -> int:
             2, f"the job agent cannot read {JOB_SPEC} ({error}); start the job with a launcher of the image's version"
         )
         say(f"error: {end.cause}")
-        transport.write(JOB_STATUS, end.message() + "\n")
+        transport.write(JOB_STATUS, end.to_json() + "\n")
         return end.status
     return Agent(spec, transport).run().status
 

@@ -20,6 +20,8 @@ here is tested without containers.
 
 from __future__ import annotations
 
+import dataclasses
+
 from launcher.agent import records, watches
 from launcher.agent.restarts import RestartingAgent
 from launcher.agent.transport import Transport
@@ -66,8 +68,11 @@ class Agent(RestartingAgent):
             while (again := self.restart_on(end, ready)) is not None:
                 ready = again
                 end = self.run_job(ready, secrets)
-            if self.not_restarted and end.cause:
-                end = JobEnd(end.status, f"{end.cause}; {self.not_restarted}")
+            end = dataclasses.replace(
+                end,
+                restarts=tuple(done.line() for done in self.restarts),
+                not_restarted=self.not_restarted or None,
+            )
         except JobError as error:
             self.say(f"error: {error}")
             end = JobEnd(2, str(error))
@@ -161,7 +166,8 @@ class Agent(RestartingAgent):
         if lifelines.cause:
             if spec.options.max_restarts:
                 self.run_losses = self.losses(ready)
-            return JobEnd(status or 1, lifelines.cause)
+            lost = self.run_losses or list(self.lost.values())
+            return JobEnd(status or 1, lifelines.cause, lost=tuple(sorted(loss.name for loss in lost)))
         if stall and stall.cause:
             self.ended_by = "the stall watch (stall action fail)"
             return JobEnd(status or 1, stall.cause)
@@ -169,7 +175,7 @@ class Agent(RestartingAgent):
             return JobEnd(0)
         losses = self.losses(ready)
         self.run_losses = losses if spec.options.max_restarts else []
-        return JobEnd(status, self.cause_of(losses))
+        return JobEnd(status, self.cause_of(losses), lost=tuple(loss.name for loss in losses))
 
     def cause_of(self, losses: list[LostWorker]) -> str | None:
         """The failed job's cause, when it lost workers."""
@@ -178,11 +184,7 @@ class Agent(RestartingAgent):
             return None
         hint = spec.words.lost_hint
         if spec.elastic:
-            minimum = spec.options.spelling.of("elastic_min_workers", spec.options.min_workers)
-            return (
-                f"the elastic job fell below {minimum} for {spec.options.elastic_timeout} s: lost "
-                f"{', '.join(loss.short() for loss in losses)}; {hint}"
-            )
+            return f"{spec.options.fell_below(', '.join(loss.short() for loss in losses))}; {hint}"
         silent = [str(loss) for loss in losses if loss.silent]
         closed = [loss.name for loss in losses if not loss.silent]
         return "; ".join([*silent, *([f"{', '.join(closed)}: worker lost during the run; {hint}"] if closed else [])])
@@ -216,7 +218,7 @@ class Agent(RestartingAgent):
         elif spec.results_hint:
             self.say(f"results: {spec.results_hint}")
         self.keep_output()
-        self.transport.write(JOB_STATUS, end.message() + "\n")
+        self.transport.write(JOB_STATUS, end.to_json() + "\n")
         self.wind_down(end, workers, patience)
 
     def keep_output(self) -> None:

@@ -175,7 +175,7 @@ def main(argv: list[str]) -> int:
         try:
             return agent.refuse(one_line(error)).status
         except JobError:  # no key to tell the workers with: they stop when the operator removes the pods
-            transport.write(JOB_STATUS, JobEnd(2, one_line(error)).message() + "\n")
+            transport.write(JOB_STATUS, JobEnd(2, one_line(error)).to_json() + "\n")
             return 2
     return OperatorAgent(spec, transport, ssh_auth).run().status
 

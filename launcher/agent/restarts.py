@@ -12,7 +12,7 @@ from launcher.agent.transport import Transport
 from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, JobError, LostWorker, WorkerContact
 from launcher.core import restart
 from launcher.core.job import JobSpec, Worker, trainer_option
-from launcher.core.protocol import JobEnd
+from launcher.core.protocol import JOB_RESTARTS, JobEnd
 
 LEFTOVERS = "pkill -TERM -x orted; pkill -TERM -x prted; true"
 """Run on each worker a restart keeps: what is left of the ended run's Open MPI daemons (and their ranks) goes."""
@@ -84,8 +84,9 @@ class RestartingAgent(WorkerContact):
         done = restart.Restart(len(self.restarts) + 1, options.max_restarts, reason, tuple(names), *self.resume_point())
         self.restarts.append(done)
         self.say(done.line())
+        records = "".join(item.record() for item in self.restarts)
+        self.transport.write(JOB_RESTARTS, records)  # for `launcher status` while the job runs
         if self.spec.output_dir:
-            records = "".join(item.record() for item in self.restarts)
             self.transport.write(f"{self.spec.output_dir}/{restart.RECORDS_FILE}", records)
         for worker in workers:
             if worker.address != spec.agent_host and worker.address not in self.lost:

@@ -45,26 +45,30 @@ class ElasticClaims(JobWatch):
     def run(self) -> None:
         while not self.done.wait(ELASTIC_CLAIM_INTERVAL):
             try:
-                agent = self.agent
-                unclaimed = [
-                    worker
-                    for worker in agent.candidates()
-                    if not (line := agent.lifelines.get(worker.address)) or not line.alive()
-                ]
-                # A lost worker comes back only as a new one (its container started again); the old one stops.
-                joining = [
-                    worker
-                    for worker in unclaimed
-                    if agent.answers(worker, DISCOVERY_SSH_TIMEOUT)
-                    and (worker.address not in agent.lost or agent.unclaimed_since_start(worker))
-                ]
-                agent.claim(joining)
-                for worker in joining:
-                    if worker.address in agent.lost:
-                        agent.mark_lost(worker.address, None)
-                        agent.say(f"{worker.name}: a new worker there is claimed; host discovery lists it again")
+                self.claim_round()
             except Exception as error:  # noqa: BLE001  the job goes on; a later round tries again
                 self.agent.say(f"could not claim a returning worker: {error}")
+
+    def claim_round(self) -> None:
+        """One round: every candidate without a live lifeline that answers is claimed, unless it is a lost worker's
+        old container (a lost worker comes back only as a new one, its container started again; the old one stops)."""
+        agent = self.agent
+        unclaimed = [
+            worker
+            for worker in agent.candidates()
+            if not (line := agent.lifelines.get(worker.address)) or not line.alive()
+        ]
+        joining = [
+            worker
+            for worker in unclaimed
+            if agent.answers(worker, DISCOVERY_SSH_TIMEOUT)
+            and (worker.address not in agent.lost or agent.unclaimed_since_start(worker))
+        ]
+        agent.claim(joining)
+        for worker in joining:
+            if worker.address in agent.lost:
+                agent.mark_lost(worker.address, None)
+                agent.say(f"{worker.name}: a new worker there is claimed; host discovery lists it again")
 
 
 class LifelineWatch(JobWatch):

@@ -408,6 +408,11 @@ class JobOptions:
         """Elastic: the fewest workers the job goes on with."""
         return 1 if self.elastic_min_workers is None else self.elastic_min_workers
 
+    def fell_below(self, lost: str) -> str:
+        """The one sentence for an elastic job that lost more nodes than it may: `lost` names them (and why)."""
+        minimum = self.spelling.of("elastic_min_workers", self.min_workers)
+        return f"the elastic job fell below {minimum} for {self.elastic_timeout} s: lost {lost}"
+
     @property
     def binds(self) -> tuple[Bind, ...]:
         return tuple(parse_bind(text) for text in self.mounts)

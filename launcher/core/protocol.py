@@ -10,11 +10,12 @@ compose launcher) container, each worker's entrypoint (docker/entrypoint.sh read
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from app import frameworks
 
@@ -111,7 +112,7 @@ KEPT_JOB_LOG = "job.log"
 """In the job's run folder: JOB_LOG as it was when the job ended (every rank's lines, tagged), kept after the
 containers are gone (`launcher results` brings it home)."""
 JOB_STATUS = f"{HOME}/job.status"
-"""The job-end message, written once the job has ended, however it ended."""
+"""How the job ended (JobEnd as JSON), written once it has ended, however it ended."""
 JOB_END_FILE = f"{HOME}/.job-ended"
 """In every worker: the job-end message its lifeline received; the entrypoint stops the worker when it appears."""
 WORKER_CLAIMED = f"{HOME}/.claimed"
@@ -124,6 +125,9 @@ JOB_LOST = f"{HOME}/job.lost"
 silent), one a line. Host discovery leaves them out until the agent claims a new worker there."""
 JOB_STALL = f"{HOME}/job.stall"
 """In the agent's container while the job runs: the stall watch's record (launcher/core/stall.py), for `status`."""
+JOB_RESTARTS = f"{HOME}/job.restarts"
+"""In the agent's container once the job was restarted: one JSON record per restart (launcher/core/restart.py's
+Restart.record), for `status` while the job runs."""
 STALL_TIMEOUT_SECONDS = 300
 """A running job that prints nothing and records no new metrics this long is stalled (0: no stall watch)."""
 RESTART_VARIABLE = "HOROVOD_STACK_RESTART"
@@ -184,27 +188,68 @@ _JOB_END = re.compile(r"^exit status (\d+)(?:: (.*))?$")
 
 @dataclass(frozen=True)
 class JobEnd:
-    """How a job ended: its exit status and, where the agent could tell, the one-line root cause."""
+    """How a job ended, as the agent records it in JOB_STATUS (a JSON object) for every host-side reader: its exit
+    status; where the agent could tell, the one-line cause; the nodes its last run lost; the restarts it made; and,
+    when restarts were allowed and it failed, why it was not started again."""
 
     status: int
     cause: str | None = None
+    lost: tuple[str, ...] = ()
+    """The nodes whose workers the last run lost."""
+    restarts: tuple[str, ...] = ()
+    """Each restart made, as it was said (launcher.core.restart.Restart.line)."""
+    not_restarted: str | None = None
+    """Why the job was not started again (launcher.core.restart.why_not's words)."""
 
     @property
     def succeeded(self) -> bool:
         return self.status == 0
 
+    def root_cause(self, seen: str | None = None) -> str | None:
+        """The one line that says why the job failed: `seen` (what the launcher saw end it, such as a killed worker)
+        or the agent's own cause, with why it was not restarted; None when there is nothing to say."""
+        cause = seen or self.cause
+        if cause and self.not_restarted and self.not_restarted not in cause:
+            return f"{cause}; {self.not_restarted}"
+        return cause
+
     def message(self) -> str:
-        """'exit status 3', or 'exit status 2: CAUSE': JOB_STATUS's content and a lifeline's last line."""
-        return f"exit status {self.status}" + (f": {self.cause}" if self.cause else "")
+        """'exit status 3', or 'exit status 2: ROOT CAUSE': a lifeline's last line, which a worker's entrypoint
+        reads (`python -m launcher.core.protocol exit-code`)."""
+        cause = self.root_cause()
+        return f"exit status {self.status}" + (f": {cause}" if cause else "")
+
+    def to_json(self) -> str:
+        """JOB_STATUS's content."""
+        return json.dumps({**asdict(self), "lost": list(self.lost), "restarts": list(self.restarts)})
+
+    @classmethod
+    def from_json(cls, text: str) -> JobEnd | None:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("status"), int):
+            return None
+        return cls(
+            data["status"],
+            data.get("cause"),
+            tuple(data.get("lost") or ()),
+            tuple(data.get("restarts") or ()),
+            data.get("not_restarted"),
+        )
 
 
 def parse_job_end(text: str | None) -> JobEnd | None:
-    """The JobEnd in a job-end message; None for anything else (no message, a lost driver, a bare number)."""
+    """The JobEnd in JOB_STATUS's record or a lifeline's message; None for anything else (no message, a lost
+    driver). (A message's cause is its whole root cause.)"""
     first = (text or "").strip().splitlines()[:1]
+    if first and first[0].startswith("{"):
+        return JobEnd.from_json(first[0])
     found = _JOB_END.match(first[0]) if first else None
     if found:
         return JobEnd(int(found.group(1)), found.group(2) or None)
-    if first and first[0].isdigit():  # a JOB_STATUS written before the message existed
+    if first and first[0].isdigit():  # a JOB_STATUS written before the record existed
         return JobEnd(int(first[0]))
     return None
 

@@ -1,6 +1,6 @@
 """Restarting a fixed-size job that lost a node (--max-restarts, MAX_RESTARTS): which ended runs are started again,
 on which workers, and the one line each restart is said and recorded in. Pure: the job agent
-(launcher/agent/restarts.py) does what these decide, and `launcher status` reads the lines back (restart_in).
+(launcher/agent/restarts.py) does what these decide, and records each restart (Restart.record) for `launcher status`.
 
 A run that lost a node is started again from the newest checkpoint in the shared folder: on every worker when the
 lost ones answer again, else on those that remain when the user allowed a smaller world (--min-nodes). A failure of
@@ -10,7 +10,6 @@ the script itself (no node lost) is started again once at most: a second would f
 from __future__ import annotations
 
 import json
-import re
 import signal
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -26,7 +25,6 @@ STOP_STATUSES = frozenset(128 + signum for signum in (signal.SIGINT, signal.SIGT
 """A job that exits so with no node lost was told to stop (Ctrl-C, docker stop): not restarted."""
 RECORDS_FILE = "restarts.jsonl"
 """In the run folder: one JSON object per restart (Restart.record)."""
-_LINE = re.compile(r"(restart \d+/\d+: .*)$")
 
 
 def metrics_epoch(metrics_text: str | None) -> int | None:
@@ -132,21 +130,14 @@ class Restart:
         return json.dumps({**asdict(self), "workers": list(self.workers)}) + "\n"
 
 
-NOT_RESTARTED = "not restarted: "
-
-
-def with_why_not(cause: str, job_cause: str | None) -> str:
-    """`cause` (what the launcher saw end the job: a killed worker) with why the agent did not restart it, when the
-    job's own cause says (why_not's words)."""
-    _, found, why = (job_cause or "").partition(NOT_RESTARTED)
-    return f"{cause}; {NOT_RESTARTED}{why}" if found and why not in cause else cause
-
-
-def restart_in(job_log: str) -> str | None:
-    """The last restart line the agent said in a job's log (for `launcher status`); None without one."""
+def last_restart(records: str | None) -> str | None:
+    """The last restart's line, from JOB_RESTARTS's records (for `launcher status` while the job runs); None before
+    any restart. A record cut short (being written as it is read) is left out."""
     found = None
-    for line in job_log.splitlines():
-        match = _LINE.search(line)
-        if match and "] restart " in line:
-            found = match.group(1)
+    for text in (records or "").splitlines():
+        try:
+            data = json.loads(text)
+            found = Restart(**{**data, "workers": tuple(data["workers"])}).line()
+        except (json.JSONDecodeError, TypeError, KeyError):
+            continue
     return found

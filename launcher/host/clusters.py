@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.core.protocol import AGENT, JOB_LOG, JOB_STALL, JOB_STATUS, KEPT_JOB_LOG
+from launcher.core.protocol import AGENT, JOB_LOG, JOB_RESTARTS, JOB_STALL, JOB_STATUS, KEPT_JOB_LOG
 from launcher.host import jobstate, results, streams
 from launcher.host.engines import Container, NodeEngine
 from launcher.host.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, run_dir
@@ -50,6 +50,7 @@ def status(engines: list[NodeEngine]) -> Iterator[str]:
                 [member.container.state for member in members],
                 metrics=engine.read_file(container.id, f"{run_dir(cluster)}/metrics.jsonl"),
                 stall=engine.read_file(container.id, JOB_STALL),
+                restarts_made=engine.read_file(container.id, JOB_RESTARTS),
             )
             yield f"cluster {cluster}: {state}"
             for member in members:

@@ -11,10 +11,9 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from launcher.core import metrics
+from launcher.core import metrics, restart
 from launcher.core.protocol import parse_job_end
 from launcher.core.ranktag import untagged
-from launcher.core.restart import restart_in
 from launcher.core.stall import StallRecord
 
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+): .*val accuracy ([0-9.]+), ([0-9.]+) samples/s")
@@ -81,10 +80,13 @@ def describe(
     now: datetime | None = None,
     metrics: str | None = None,
     stall: str | None = None,
+    restarts_made: str | None = None,
 ) -> str:
+    """One line for `launcher status` from JOB_STATUS's record (once the job ended), the tail of JOB_LOG (the last
+    epoch, the ranks' errors), the containers' states, the metrics file, JOB_STALL's and JOB_RESTARTS's records."""
     now = now or datetime.now(UTC)
     end = parse_job_end(job_status)
-    restarted = restart_in(job_log)
+    restarted = (end.restarts[-1] if end.restarts else None) if end else restart.last_restart(restarts_made)
     restarts = f"; {restarted}" if restarted else ""
     if end is None:
         if rank0.running:
@@ -97,5 +99,5 @@ def describe(
     ended = _ago(rank0.finished_at, now)
     if end.succeeded:
         return f"succeeded (exit status 0): {progress(job_log, metrics)}{restarts}{ended}"
-    cause = end.cause or root_cause(job_log, workers)
+    cause = end.root_cause() or root_cause(job_log, workers)
     return f"failed (exit status {end.status}){': ' + cause if cause else ''}{restarts}{ended}"

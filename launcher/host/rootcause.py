@@ -6,7 +6,6 @@ cause (root_cause).
 
 from __future__ import annotations
 
-from launcher.core import restart
 from launcher.core.protocol import JobEnd
 from launcher.host.engines import Container, NodeEngine, NodeError
 from launcher.host.follow import WorkerWatch
@@ -41,10 +40,9 @@ def root_cause(
         if watch
         else dead_worker(engines, containers, rank0_ended_first)
     )
-    cause = seen or (end.cause if end else f"{plan.rank0.name}: rank 0's container ended before the job did")
-    if cause and end and plan.settings.job.max_restarts:
-        cause = restart.with_why_not(cause, end.cause)
-    return cause
+    if end is None:
+        return seen or f"{plan.rank0.name}: rank 0's container ended before the job did"
+    return end.root_cause(seen)
 
 
 def elastic_failure(
@@ -62,10 +60,7 @@ def elastic_failure(
             "ended with it"
         )
     if watch.lost:
-        job = plan.settings.job
-        lost = "; ".join(f"{name} ({why})" for name, why in sorted(watch.lost.items()))
-        minimum = job.spelling.of("elastic_min_workers", job.min_workers)
-        return f"the elastic job fell below {minimum} for {job.elastic_timeout} s: lost {lost}"
+        return plan.settings.job.fell_below("; ".join(f"{name} ({why})" for name, why in sorted(watch.lost.items())))
     return None
 
 
