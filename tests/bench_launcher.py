@@ -35,22 +35,32 @@ IMAGE = "horovod-stack:latest"
 
 
 def start(cluster: Cluster, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([LAUNCHER, "start", "--env-file", str(cluster.env_file()), *args],
-                            env=cluster.launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [LAUNCHER, "start", "--env-file", str(cluster.env_file()), *args],
+        env=cluster.launcher_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def time_to_first_step(cluster: Cluster, label: str, *flags: str) -> None:
     started = time.monotonic()
     process = start(cluster, *flags, "--", "--dataset", "digits", "--epochs", "3")
+    assert process.stdout is not None and process.stderr is not None
     first_step = next((time.monotonic() - started for line in process.stdout if "epoch 1 [" in line), None)
     process.wait()
     pushed = [line for line in process.stderr.read().splitlines() if "image loaded" in line]
-    print(f"{label}: first training step after {first_step:.1f} s, exit {process.returncode} after "
-          f"{time.monotonic() - started:.1f} s {' '.join(pushed)}", flush=True)
+    print(
+        f"{label}: first training step after {first_step:.1f} s, exit {process.returncode} after "
+        f"{time.monotonic() - started:.1f} s {' '.join(pushed)}",
+        flush=True,
+    )
 
 
 def failure(cluster: Cluster, label: str, event) -> None:
     process = start(cluster, "--", "--dataset", "synthetic", "--epochs", "200")
+    assert process.stdout is not None
     for line in process.stdout:
         if "epoch 1/200" in line:
             break
@@ -58,8 +68,11 @@ def failure(cluster: Cluster, label: str, event) -> None:
     event(process)
     _, stderr = process.communicate()
     lines = [line for line in stderr.splitlines() if "cleanup" in line or line.startswith("error")]
-    print(f"{label}: exit {process.returncode} {time.monotonic() - happened:.1f} s after the event; {lines}; "
-          f"left: {cluster.project_containers()}", flush=True)
+    print(
+        f"{label}: exit {process.returncode} {time.monotonic() - happened:.1f} s after the event; {lines}; "
+        f"left: {cluster.project_containers()}",
+        flush=True,
+    )
 
 
 def leftovers(cluster: Cluster) -> dict[str, int]:
@@ -77,28 +90,68 @@ def soak(cluster: Cluster, cycles: int) -> None:
     started = time.monotonic()
     for cycle in range(1, cycles + 1):
         failure(cluster, f"cycle {cycle}: Ctrl-C", lambda process: process.send_signal(signal.SIGINT))
-        detached = subprocess.run([LAUNCHER, "start", "--env-file", str(cluster.env_file()), "--detach", "--",
-                                   "--dataset", "synthetic", "--epochs", "200"], env=cluster.launcher_env(),
-                                  capture_output=True, text=True)
-        stop = subprocess.run([LAUNCHER, "stop", "--env-file", str(cluster.env_file())], env=cluster.launcher_env(),
-                              capture_output=True, text=True)
-        print(f"cycle {cycle}: detached start exit {detached.returncode}, stop exit {stop.returncode}: "
-              f"{stop.stdout.strip().replace(chr(10), '; ')}", flush=True)
+        detached = subprocess.run(
+            [
+                LAUNCHER,
+                "start",
+                "--env-file",
+                str(cluster.env_file()),
+                "--detach",
+                "--",
+                "--dataset",
+                "synthetic",
+                "--epochs",
+                "200",
+            ],
+            env=cluster.launcher_env(),
+            capture_output=True,
+            text=True,
+        )
+        stop = subprocess.run(
+            [LAUNCHER, "stop", "--env-file", str(cluster.env_file())],
+            env=cluster.launcher_env(),
+            capture_output=True,
+            text=True,
+        )
+        print(
+            f"cycle {cycle}: detached start exit {detached.returncode}, stop exit {stop.returncode}: "
+            f"{stop.stdout.strip().replace(chr(10), '; ')}",
+            flush=True,
+        )
     print(f"soak: {cycles} cycles in {time.monotonic() - started:.0f} s; left on the nodes: {leftovers(cluster)}")
 
 
 def cold_start(cluster: Cluster, nodes: list[str], *flags: str) -> tuple[float, list[str]]:
     """Seconds from `launcher start` to the first training step, and the launcher's image lines."""
     started = time.monotonic()
-    process = subprocess.Popen([LAUNCHER, "start", "--env-file", str(cluster.env_file()), "--nodes", ",".join(nodes),
-                                *flags, "--", "--dataset", "digits", "--epochs", "1"],
-                               env=cluster.launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            LAUNCHER,
+            "start",
+            "--env-file",
+            str(cluster.env_file()),
+            "--nodes",
+            ",".join(nodes),
+            *flags,
+            "--",
+            "--dataset",
+            "digits",
+            "--epochs",
+            "1",
+        ],
+        env=cluster.launcher_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
     first_step = next((time.monotonic() - started for line in process.stdout if "epoch 1 [" in line), float("nan"))
     process.wait()
     stderr = process.stderr.read()
     assert process.returncode == 0, stderr[-3000:]
-    return first_step, [line.split("] ", 1)[-1] for line in stderr.splitlines() if "image loaded" in line
-                        or " pulled " in line]
+    return first_step, [
+        line.split("] ", 1)[-1] for line in stderr.splitlines() if "image loaded" in line or " pulled " in line
+    ]
 
 
 def push_scaling() -> None:
@@ -110,8 +163,11 @@ def push_scaling() -> None:
         one, one_lines = cold_start(cluster, nodes[:1], "--push-image")
         cluster.nodes[0].client().images.remove(IMAGE, force=True)
         three, three_lines = cold_start(cluster, nodes, "--push-image")
-        print(f"cold launch with --push-image, start to first training step: 1 node {one:.0f} s, 3 nodes {three:.0f} s "
-              f"({three / one:.2f}x)\n  1 node: {one_lines}\n  3 nodes: {three_lines}", flush=True)
+        print(
+            f"cold launch with --push-image, start to first training step: 1 node {one:.0f} s, 3 nodes {three:.0f} s "
+            f"({three / one:.2f}x)\n  1 node: {one_lines}\n  3 nodes: {three_lines}",
+            flush=True,
+        )
         for node in cluster.nodes:
             node.client().images.remove(IMAGE, force=True)
         from tests.registry import Registry
@@ -120,8 +176,11 @@ def push_scaling() -> None:
             pushed, _ = registry.push(IMAGE, "horovod-stack:bench")
             remote = f"{cluster.bridge_address}:{registry.port}/horovod-stack:bench"
             pulled, lines = cold_start(cluster, nodes, "--image", remote)
-        print(f"cold launch from a registry (pushed there in {pushed:.0f} s), 3 fresh nodes pulling at once: first "
-              f"training step after {pulled:.0f} s\n  {lines}", flush=True)
+        print(
+            f"cold launch from a registry (pushed there in {pushed:.0f} s), 3 fresh nodes pulling at once: first "
+            f"training step after {pulled:.0f} s\n  {lines}",
+            flush=True,
+        )
     finally:
         cluster.stop()
 
@@ -135,9 +194,21 @@ def lost_node() -> None:
         env_file = str(cluster.env_file())
 
         def training(name: str, *flags: str, resume: bool = False) -> BackgroundLaunch:
-            return BackgroundLaunch(cluster, "start", "--env-file", env_file, *flags, "--", "--dataset", "synthetic",
-                                    "--epochs", "12", "--checkpoint-dir", f"/shared/runs/{name}/ck",
-                                    *(["--resume"] if resume else []))
+            return BackgroundLaunch(
+                cluster,
+                "start",
+                "--env-file",
+                env_file,
+                *flags,
+                "--",
+                "--dataset",
+                "synthetic",
+                "--epochs",
+                "12",
+                "--checkpoint-dir",
+                f"/shared/runs/{name}/ck",
+                *(["--resume"] if resume else []),
+            )
 
         restarted = training("restarted", "--push-image", "--max-restarts", "1", "--spares", "node_3")
         restarted.wait_for("epoch 2/12:", timeout=900)  # after the image's copy to all three
@@ -153,11 +224,13 @@ def lost_node() -> None:
         again = training("manual", "--nodes", "node_1,node_3", resume=True)  # the node left and the spare
         manual_step = first_step_after(again, again.wait_for("resuming from")) - lost
         again_status, _, _ = again.finish()
-        print("| a node lost after epoch 2 of 12 | the job | first training step after the loss |\n|---|---|---|\n"
-              f"| --max-restarts 1 --spares node_3 | went on (exit {spare_status}) | {spare_step:.0f} s |\n"
-              f"| manual re-run on node_1,node_3 --resume | failed (exit {failed_status}) {ended:.0f} s after the "
-              f"loss; the re-run exited {again_status} | {manual_step:.0f} s, plus the time until someone notices |",
-              flush=True)
+        print(
+            "| a node lost after epoch 2 of 12 | the job | first training step after the loss |\n|---|---|---|\n"
+            f"| --max-restarts 1 --spares node_3 | went on (exit {spare_status}) | {spare_step:.0f} s |\n"
+            f"| manual re-run on node_1,node_3 --resume | failed (exit {failed_status}) {ended:.0f} s after the "
+            f"loss; the re-run exited {again_status} | {manual_step:.0f} s, plus the time until someone notices |",
+            flush=True,
+        )
     finally:
         cluster.stop()
 
@@ -181,16 +254,25 @@ def main() -> None:
         time_to_first_step(cluster, "warm")
         time_to_first_step(cluster, "warm")
         node_2 = cluster.nodes[1]
-        failure(cluster, "worker killed", lambda _: node_2.client().containers.list(
-            filters={"label": "horovod-stack.node=node_2"})[0].kill())
+        failure(
+            cluster,
+            "worker killed",
+            lambda _: node_2.client().containers.list(filters={"label": "horovod-stack.node=node_2"})[0].kill(),
+        )
         failure(cluster, "Ctrl-C", lambda process: process.send_signal(signal.SIGINT))
         cluster.listen_on(node_2, 12345)
         started = time.monotonic()
-        result = subprocess.run([LAUNCHER, "start", "--env-file", str(cluster.env_file())],
-                                env=cluster.launcher_env(), capture_output=True, text=True)
+        result = subprocess.run(
+            [LAUNCHER, "start", "--env-file", str(cluster.env_file())],
+            env=cluster.launcher_env(),
+            capture_output=True,
+            text=True,
+        )
         errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
-        print(f"port taken: exit {result.returncode} after {time.monotonic() - started:.1f} s; {errors}; "
-              f"left: {cluster.project_containers()}")
+        print(
+            f"port taken: exit {result.returncode} after {time.monotonic() - started:.1f} s; {errors}; "
+            f"left: {cluster.project_containers()}"
+        )
     finally:
         cluster.stop()
 

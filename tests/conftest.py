@@ -1,5 +1,6 @@
 """The stand-ins every unit test shares: one of the host side's NodeEngine (launcher/host/engines.py), one of the
-agent's Transport (launcher/agent/transport.py), and builders of settings, plans and job specs from flat keyword arguments.
+agent's Transport (launcher/agent/transport.py), and builders of settings, plans and job specs from flat keyword
+arguments.
 The integration tests use the real things (Docker engines, sshd, mpirun) instead.
 """
 
@@ -88,8 +89,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: module_of(item.nodeid) in RUN_LAST)
     for item in items:
         if "test_hosts" in getattr(item, "fixturenames", ()) and room_of(item.nodeid) != "test-hosts":
-            raise pytest.UsageError(f"{item.nodeid} uses the test hosts: add its module to TEST_HOST_MODULES "
-                                    "(tests/conftest.py)")
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the test hosts: add its module to TEST_HOST_MODULES (tests/conftest.py)"
+            )
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest without xdist (the launcher installed alone) has no such hook
@@ -120,8 +122,13 @@ def measured(record_property: Callable[[str, object], None]) -> Callable[[str], 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """The figures the tests measured (`measured`), one line each with the test that measured it."""
-    figures = {(report.nodeid, value) for outcome in ("passed", "failed") for report in
-               terminalreporter.stats.get(outcome, []) for name, value in report.user_properties if name == "measured"}
+    figures = {
+        (report.nodeid, value)
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.stats.get(outcome, [])
+        for name, value in report.user_properties
+        if name == "measured"
+    }
     if figures:
         terminalreporter.section("figures the tests measured")
         for nodeid, value in sorted(figures):
@@ -292,7 +299,8 @@ class Clock:
 class Line:
     def __init__(self, address: str, heard: list[str]) -> None:
         self.address, self.heard = address, heard
-        self.open, self.last_word, self.went_silent = True, None, False
+        self.open, self.went_silent = True, False
+        self.last_word: str | None = None
 
     def alive(self) -> bool:
         return self.open

@@ -187,12 +187,32 @@ class Cluster:
         node.dockerd = subprocess.Popen(
             # One host name for every node, as servers cloned from one image have: Open MPI tells nodes apart by host
             # name, so the launcher must give each worker its own (its containers would otherwise take this one).
-            node.in_namespace("unshare", "--uts", "sh", "-c", f'hostname {SHARED_HOST_NAME} && exec "$0" "$@"',
-                              "dockerd", "--data-root", str(node.root / "data"), "--exec-root",
-                              str(node.root / "exec"), "--pidfile", str(node.root / "dockerd.pid"), "-H",
-                              node.engine_url, "--bridge=none", "--iptables=false", "--ip6tables=false",
-                              "--insecure-registry", f"{self.network.subnet}.0/24"),  # tests/registry.py, over plain HTTP
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=engine_env())
+            node.in_namespace(
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                f'hostname {SHARED_HOST_NAME} && exec "$0" "$@"',
+                "dockerd",
+                "--data-root",
+                str(node.root / "data"),
+                "--exec-root",
+                str(node.root / "exec"),
+                "--pidfile",
+                str(node.root / "dockerd.pid"),
+                "-H",
+                node.engine_url,
+                "--bridge=none",
+                "--iptables=false",
+                "--ip6tables=false",
+                "--insecure-registry",
+                f"{self.network.subnet}.0/24",
+            ),  # tests/registry.py, over plain HTTP
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=engine_env(),
+        )
         self.processes.append(node.dockerd)
         deadline = time.monotonic() + 60
         while True:
@@ -201,7 +221,9 @@ class Cluster:
                 return
             except Exception:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"dockerd for {node.name} did not start: {(node.root / 'dockerd.log').read_text()[-2000:]}")
+                    raise RuntimeError(
+                        f"dockerd for {node.name} did not start: {(node.root / 'dockerd.log').read_text()[-2000:]}"
+                    ) from None
                 time.sleep(0.5)
 
     def start_ssh_front(self, node: TestNode) -> None:
@@ -213,28 +235,39 @@ class Cluster:
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.ssh_dir / key))
         shutil.copy(self.ssh_dir / "client_key.pub", self.ssh_dir / "authorized_keys")
         (self.ssh_dir / "known_hosts").write_text(
-            f"{node.name} {' '.join((self.ssh_dir / 'host_key.pub').read_text().split()[:2])}\n")
+            f"{node.name} {' '.join((self.ssh_dir / 'host_key.pub').read_text().split()[:2])}\n"
+        )
         (self.ssh_dir / "config").write_text(
             f"Host {node.name}\n  User root\n  IdentityFile {self.ssh_dir / 'client_key'}\n  IdentitiesOnly yes\n"
-            f"  UserKnownHostsFile {self.ssh_dir / 'known_hosts'}\n  StrictHostKeyChecking yes\n  BatchMode yes\n")
+            f"  UserKnownHostsFile {self.ssh_dir / 'known_hosts'}\n  StrictHostKeyChecking yes\n  BatchMode yes\n"
+        )
         bin_dir = self.ssh_dir / "bin"
         bin_dir.mkdir()
         wrapper = bin_dir / "ssh"
-        wrapper.write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {self.ssh_dir / 'config'} \"$@\"\n")
+        wrapper.write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {self.ssh_dir / "config"} "$@"\n')
         wrapper.chmod(0o755)
         Path("/run/sshd").mkdir(exist_ok=True)
-        sshd = (f"mount --bind {node.socket} /var/run/docker.sock && exec /usr/sbin/sshd -D -e "
-                f"-p 22 -o ListenAddress={node.address} -h {self.ssh_dir / 'host_key'} "
-                f"-o AuthorizedKeysFile={self.ssh_dir / 'authorized_keys'} -o StrictModes=no "
-                f"-o PidFile={self.ssh_dir / 'sshd.pid'} -o PasswordAuthentication=no")
+        sshd = (
+            f"mount --bind {node.socket} /var/run/docker.sock && exec /usr/sbin/sshd -D -e "
+            f"-p 22 -o ListenAddress={node.address} -h {self.ssh_dir / 'host_key'} "
+            f"-o AuthorizedKeysFile={self.ssh_dir / 'authorized_keys'} -o StrictModes=no "
+            f"-o PidFile={self.ssh_dir / 'sshd.pid'} -o PasswordAuthentication=no"
+        )
         log = open(self.ssh_dir / "sshd.log", "w")
-        self.processes.append(subprocess.Popen(
-            node.in_namespace("unshare", "--mount", "--propagation", "private", "sh", "-c", sshd),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        self.processes.append(
+            subprocess.Popen(
+                node.in_namespace("unshare", "--mount", "--propagation", "private", "sh", "-c", sshd),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         deadline = time.monotonic() + 30
         while sh("ssh", "-F", str(self.ssh_dir / "config"), node.name, "docker", "version", check=False).returncode:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"ssh front for {node.name} did not answer: {(self.ssh_dir / 'sshd.log').read_text()}")
+                raise RuntimeError(
+                    f"ssh front for {node.name} did not answer: {(self.ssh_dir / 'sshd.log').read_text()}"
+                )
             time.sleep(0.5)
 
     # --- what tests use -------------------------------------------------------------------------------------
@@ -245,6 +278,7 @@ class Cluster:
 
     def launcher_env(self) -> dict[str, str]:
         """Environment for running `launcher` against these nodes: node_1 over ssh://, the rest by override."""
+        assert self.ssh_dir is not None, "the harness is not started"
         env = {**os.environ, "PATH": f"{self.ssh_dir / 'bin'}:{os.environ['PATH']}"}
         for node in self.every_node[1:]:
             env[f"DOCKER_HOST_{node.name.upper()}"] = node.engine_url
@@ -295,19 +329,33 @@ class Cluster:
         sh("cp", "-a", str(source_data / "image"), str(target_data))
         # A running engine's data root is a bind mount of itself, and a hard link cannot cross mounts: the copy runs
         # in a mount namespace of its own, where those bind mounts are lifted.
-        sh("unshare", "--mount", "--propagation", "private", "sh", "-c",
-           'for root in "$0" "$1"; do while umount -l "$root" 2>/dev/null; do :; done; done; '
-           'exec cp -a --link "$0/overlay2" "$1"', str(source_data), str(target_data))
+        sh(
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'for root in "$0" "$1"; do while umount -l "$root" 2>/dev/null; do :; done; done; '
+            'exec cp -a --link "$0/overlay2" "$1"',
+            str(source_data),
+            str(target_data),
+        )
         self.start_engine(target)
         return time.monotonic() - started
 
     def project_containers(self) -> dict[str, list[str]]:
-        return {node.name: [c.name for c in node.client().containers.list(
-            all=True, filters={"label": "horovod-stack.cluster"})] for node in self.every_node}
+        return {
+            node.name: [
+                c.name for c in node.client().containers.list(all=True, filters={"label": "horovod-stack.cluster"})
+            ]
+            for node in self.every_node
+        }
 
     @contextlib.contextmanager
     def nic_renamed(self, node: TestNode, name: str) -> Iterator[None]:
         """The node's NIC under another name for the block (ens5 on one server, eno1 on another), then back."""
+
         def rename(old: str, new: str) -> None:
             sh("ip", "-n", node.namespace, "link", "set", old, "down")
             sh("ip", "-n", node.namespace, "link", "set", old, "name", new)
@@ -347,8 +395,21 @@ class Cluster:
         ends = [(["tc"], node.veth) for node in self.nodes]
         ends += [(["tc", "-n", node.namespace], NIC) for node in self.nodes]
         for tc, device in ends:
-            sh(*tc, "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb",
-               "limit", "32mb")
+            sh(
+                *tc,
+                "qdisc",
+                "replace",
+                "dev",
+                device,
+                "root",
+                "tbf",
+                "rate",
+                f"{mbit}mbit",
+                "burst",
+                "64kb",
+                "limit",
+                "32mb",
+            )
         try:
             yield
         finally:
@@ -356,8 +417,12 @@ class Cluster:
                 sh(*tc, "qdisc", "del", "dev", device, "root", check=False)
 
     def listen_on(self, node: TestNode, port: int) -> subprocess.Popen:
-        process = subprocess.Popen(node.in_namespace("python3", "-m", "http.server", str(port)),
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(
+            node.in_namespace("python3", "-m", "http.server", str(port)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.processes.append(process)
         deadline = time.monotonic() + 30
         while not sh("ip", "netns", "exec", node.namespace, "ss", "-ltnH", f"sport = :{port}").stdout.strip():
@@ -384,9 +449,14 @@ class Cluster:
         mounts, namespaces, bridge, firewall rule, /etc/hosts lines and the folders (image copies) of earlier ones."""
         base = str(self.root.parent)
         # By process name: sshd retitles itself ("sshd: /usr/sbin/sshd -D ..."), so its argv[0] is no path.
-        strays = [p for p in psutil.process_iter(["cmdline", "name"]) if p.info["cmdline"] and p.pid != os.getpid()
-                  and any(base in arg for arg in p.info["cmdline"]) and p.info["name"] in
-                  ("dockerd", "sshd", "nsenter", "unshare", "containerd")]
+        strays = [
+            p
+            for p in psutil.process_iter(["cmdline", "name"])
+            if p.info["cmdline"]
+            and p.pid != os.getpid()
+            and any(base in arg for arg in p.info["cmdline"])
+            and p.info["name"] in ("dockerd", "sshd", "nsenter", "unshare", "containerd")
+        ]
         for process in strays:
             process.terminate()
         psutil.wait_procs(strays, timeout=20)
@@ -451,7 +521,9 @@ IMAGE_COPY_BYTES = 7 * 1024**3
 
 
 @contextlib.contextmanager
-def started_cluster(count: int = 2, spares: int = 0, network: Network = Network(), reserve: int = 0) -> Iterator[Cluster]:
+def started_cluster(
+    count: int = 2, spares: int = 0, network: Network = Network(), reserve: int = 0
+) -> Iterator[Cluster]:
     """A fresh harness of `count` test hosts and `spares` more on `network`, refused up front when the disk cannot hold
     their copies of the image, `reserve` bytes more and 2 GB to spare; removed however the block ends."""
     harness = Cluster(network.folder / uuid.uuid4().hex[:8], network)
@@ -460,8 +532,10 @@ def started_cluster(count: int = 2, spares: int = 0, network: Network = Network(
     free = shutil.disk_usage(TEST_ROOT).free
     needed = (count + spares) * IMAGE_COPY_BYTES + reserve + 2 * 1024**3
     if free < needed:
-        raise RuntimeError(f"the test hosts need {needed / 1024**3:.0f} GiB free under {TEST_ROOT}, only "
-                           f"{free / 1024**3:.1f} GiB is: free disk space (docker image prune, old checkouts)")
+        raise RuntimeError(
+            f"the test hosts need {needed / 1024**3:.0f} GiB free under {TEST_ROOT}, only "
+            f"{free / 1024**3:.1f} GiB is: free disk space (docker image prune, old checkouts)"
+        )
     try:
         harness.start(count=count, spares=spares)
         yield harness

@@ -10,6 +10,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import docker
 
@@ -27,14 +28,32 @@ class Registry:
     def __init__(self) -> None:
         self.client = docker.from_env()
         self.port = free_port()
-        self.container = None
+        self.container: Any = None
 
     def __enter__(self) -> Registry:
-        subprocess.run(["docker", "buildx", "build", "-q", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "-t", IMAGE,
-                        "--load", str(Path(__file__).parent / "registry")], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "docker",
+                "buildx",
+                "build",
+                "-q",
+                "--build-arg",
+                f"BASE_IMAGE={BASE_IMAGE}",
+                "-t",
+                IMAGE,
+                "--load",
+                str(Path(__file__).parent / "registry"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         self.container = self.client.containers.run(
-            IMAGE, name=f"horovod-stack-test-registry-{uuid.uuid4().hex[:6]}", network_mode="host", detach=True,
-            environment={"REGISTRY_HTTP_ADDR": f"0.0.0.0:{self.port}"})
+            IMAGE,
+            name=f"horovod-stack-test-registry-{uuid.uuid4().hex[:6]}",
+            network_mode="host",
+            detach=True,
+            environment={"REGISTRY_HTTP_ADDR": f"0.0.0.0:{self.port}"},
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -42,7 +61,7 @@ class Registry:
                     return self
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the test registry did not answer: {self.container.logs()[-2000:]!r}")
+                    raise RuntimeError(f"the test registry did not answer: {self.container.logs()[-2000:]!r}") from None
                 time.sleep(0.5)
 
     def push(self, image: str, name: str) -> tuple[float, str]:

@@ -39,8 +39,14 @@ W1, W2 = Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2")
 
 
 def spec(**overrides) -> JobSpec:
-    settings = {"job_id": "j1", "command": ("python", "t.py"), "expected_workers": 2, "workers": (W1, W2),
-                "workdir": "/workdir", "ready_timeout": 5}
+    settings = {
+        "job_id": "j1",
+        "command": ("python", "t.py"),
+        "expected_workers": 2,
+        "workers": (W1, W2),
+        "workdir": "/workdir",
+        "ready_timeout": 5,
+    }
     return job_spec(**{**settings, **overrides})
 
 
@@ -57,13 +63,16 @@ def test_the_job_runs_once_every_worker_answers_and_every_worker_is_told_how_it_
     assert end == JobEnd(0)
     assert "node_1: sshd answers on port 12345 (1/2 workers answer over ssh)" in said
     assert "node_2: sshd answers on port 12345 (2/2 workers answer over ssh)" in said
-    assert transport.files[KNOWN_HOSTS] == ("[10.0.0.1]:12345 ssh-ed25519 KEY-10.0.0.1\n"
-                                            "[10.0.0.2]:12345 ssh-ed25519 KEY-10.0.0.2\n")
+    assert transport.files[KNOWN_HOSTS] == (
+        "[10.0.0.1]:12345 ssh-ed25519 KEY-10.0.0.1\n[10.0.0.2]:12345 ssh-ed25519 KEY-10.0.0.2\n"
+    )
     assert transport.files[HOSTFILE_PATH] == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
     assert transport.ran == [spec().job_argv()]
     assert parse_job_end(transport.files[JOB_STATUS]) == JobEnd(0)
     assert {address: line.last_word for address, line in transport.lines.items()} == {
-        W1.address: "exit status 0", W2.address: "exit status 0"}
+        W1.address: "exit status 0",
+        W2.address: "exit status 0",
+    }
     assert said[-1] == "job succeeded (exit status 0); the workers stop now"
 
 
@@ -89,8 +98,10 @@ def test_workers_that_never_answer_fail_the_job_in_one_line_and_those_that_did_a
     transport = Transport(clock, up_from={W1.address: 0})
     end, said = run(spec(), clock, transport)
     assert end.status == 2 and transport.ran == []
-    assert end.cause == ("only 1 of 2 workers answered ssh on port 12345 within 5 s (still waiting for node_2); check "
-                         "that rank 0 reaches those hosts by name and that the port is open between nodes")
+    assert end.cause == (
+        "only 1 of 2 workers answered ssh on port 12345 within 5 s (still waiting for node_2); check "
+        "that rank 0 reaches those hosts by name and that the port is open between nodes"
+    )
     assert f"error: {end.cause}" in said
     assert transport.told == {W1.address: end.message()}  # no lifeline yet: told over a connection of its own
     assert said[-1].startswith("could not reach node_2 to say the job ended; a worker no job claims stops by itself")
@@ -101,9 +112,12 @@ def test_a_command_a_worker_cannot_start_is_named_before_mpirun():
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, cannot_start={W2.address})
     end, said = run(spec(), clock, transport)
     assert transport.ran == [] and not any(line.startswith("mpirun exited") for line in said)
-    assert end == JobEnd(2, "node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass "
-                            "--workdir with the folder that holds your code, or build an image FROM "
-                            "horovod-stack:latest that has it")
+    assert end == JobEnd(
+        2,
+        "node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass "
+        "--workdir with the folder that holds your code, or build an image FROM "
+        "horovod-stack:latest that has it",
+    )
     assert {line.last_word for line in transport.lines.values()} == {end.message()}
 
 
@@ -111,8 +125,9 @@ def test_a_worker_lost_during_the_run_is_the_jobs_root_cause():
     clock = Clock()
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, status=1, lost_in_job={W2.address})
     end, said = run(spec(), clock, transport)
-    assert end == JobEnd(1, "node_2: worker lost during the run; `launcher status` shows how each worker ended",
-                         lost=("node_2",))
+    assert end == JobEnd(
+        1, "node_2: worker lost during the run; `launcher status` shows how each worker ended", lost=("node_2",)
+    )
     assert transport.lines[W1.address].last_word == end.message()
     assert transport.told == {} and not any("could not reach" in line for line in said)  # node_2 knows: its line closed
 
@@ -132,12 +147,18 @@ def test_a_worker_that_goes_silent_ends_a_fixed_job_at_once_with_the_silence_as_
 def test_an_elastic_job_drops_a_silent_worker_from_host_discovery_and_goes_on(tmp_path):
     clock = Clock()
     job = compose.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "1", "NETWORK_INTERFACE": "eth0"}, [])
-    transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 0}, resolves=["172.18.0.2", "172.18.0.3"],
-                          silent_in_job={"172.18.0.3"})
+    transport = Transport(
+        clock,
+        up_from={"172.18.0.2": 0, "172.18.0.3": 0},
+        resolves=["172.18.0.2", "172.18.0.3"],
+        silent_in_job={"172.18.0.3"},
+    )
     end, said = run(job, clock, transport)
     assert end == JobEnd(0)
-    assert ("172.18.0.3 went silent (no answer for 15 s: link down, host down or powered off); host discovery drops "
-            "it and the elastic job goes on without it") in said
+    assert (
+        "172.18.0.3 went silent (no answer for 15 s: link down, host down or powered off); host discovery drops "
+        "it and the elastic job goes on without it"
+    ) in said
     assert transport.files[JOB_LOST] == "172.18.0.3\n"
     transport.up_from["172.18.0.3"] = 0  # the link is back: the old worker answers until it notices and stops
     transport.files[JOB_SPEC] = job.to_json()
@@ -183,23 +204,37 @@ def test_a_secret_that_did_not_arrive_refuses_the_job_before_it_runs():
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
     end, _ = run(spec(secrets=("API_KEY",)), clock, transport)
     assert transport.ran == [] and end.status == 2
-    assert end.cause == ("the secret setting(s) API_KEY did not reach the job's agent: start the job again with "
-                         "--secret and the value in the launching machine's environment")
+    assert end.cause == (
+        "the secret setting(s) API_KEY did not reach the job's agent: start the job again with "
+        "--secret and the value in the launching machine's environment"
+    )
 
 
 def test_an_elastic_job_below_its_minimum_names_the_lost_workers():
     clock = Clock()
-    job = compose.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "2", "NETWORK_INTERFACE": "eth0",
-                                "ELASTIC_TIMEOUT": "10"}, [])
-    transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 0}, resolves=["172.18.0.2", "172.18.0.3"],
-                          status=1, lost_in_job={"172.18.0.3"})
+    job = compose.job_spec(
+        {"WORKERS": "2", "ELASTIC_MIN_WORKERS": "2", "NETWORK_INTERFACE": "eth0", "ELASTIC_TIMEOUT": "10"}, []
+    )
+    transport = Transport(
+        clock,
+        up_from={"172.18.0.2": 0, "172.18.0.3": 0},
+        resolves=["172.18.0.2", "172.18.0.3"],
+        status=1,
+        lost_in_job={"172.18.0.3"},
+    )
     end, said = run(job, clock, transport)
     assert transport.files["cluster key"] == "made" and transport.run_dirs == [job.run_dir]
     assert transport.ran[0][transport.ran[0].index("horovodrun") + 1] == "--gloo"
-    assert end == JobEnd(1, "the elastic job fell below ELASTIC_MIN_WORKERS=2 for 10 s: lost 172.18.0.3; "
-                            "`docker compose ps -a` shows how they ended", lost=("172.18.0.3",))
-    assert said[-2:] == ["job FAILED (exit status 1); the workers stop now",
-                         f"results: {job.run_dir} (metrics.jsonl, curves.png, tb/, checkpoints/)"]
+    assert end == JobEnd(
+        1,
+        "the elastic job fell below ELASTIC_MIN_WORKERS=2 for 10 s: lost 172.18.0.3; "
+        "`docker compose ps -a` shows how they ended",
+        lost=("172.18.0.3",),
+    )
+    assert said[-2:] == [
+        "job FAILED (exit status 1); the workers stop now",
+        f"results: {job.run_dir} (metrics.jsonl, curves.png, tb/, checkpoints/)",
+    ]
 
 
 def test_the_jobs_whole_output_is_kept_in_its_run_folder_before_its_end_is_told():
@@ -243,8 +278,9 @@ def test_a_refused_compose_job_still_tells_the_workers_that_are_up():
     with pytest.raises(SettingsError) as refused:
         compose.job_spec(environ, [])
     said: list[str] = []
-    end = Agent(compose.fallback_spec(environ), transport, say=said.append, clock=clock,
-                sleep=clock.sleep).refuse(str(refused.value))
+    end = Agent(compose.fallback_spec(environ), transport, say=said.append, clock=clock, sleep=clock.sleep).refuse(
+        str(refused.value)
+    )
     assert end.status == 2 and said[0] == f"error: {refused.value}"
     assert "job FAILED (exit status 2); the workers stop now" in said
     assert transport.told == {"172.18.0.2": end.message(), "172.18.0.3": end.message()}  # one came up 4 s later
@@ -260,16 +296,18 @@ def test_discovery_names_rank0_alone_first_then_every_answering_worker(tmp_path)
     assert agent.discover(transport, marker_dir=str(tmp_path)) == ["10.0.0.1:2"]
 
 
-@pytest.mark.parametrize("last_line, recorded", [
-    ("exit status 3\n", "exit status 3\n"),
-    ("exit status 2: node_2: cannot start `x`\n", "exit status 2: node_2: cannot start `x`\n"),
-    ("", lost_driver_message("rank 0's container on node_1") + "\n"),  # the line closed: the agent is gone
-    (f"{KEEP_RUNNING}\n", None),
-])
+@pytest.mark.parametrize(
+    "last_line, recorded",
+    [
+        ("exit status 3\n", "exit status 3\n"),
+        ("exit status 2: node_2: cannot start `x`\n", "exit status 2: node_2: cannot start `x`\n"),
+        ("", lost_driver_message("rank 0's container on node_1") + "\n"),  # the line closed: the agent is gone
+        (f"{KEEP_RUNNING}\n", None),
+    ],
+)
 def test_a_workers_end_of_the_lifeline_records_how_the_job_ended(tmp_path, last_line, recorded):
     end_file, claimed = tmp_path / "job-ended", tmp_path / "claimed"
-    agent.lifeline("rank 0's container on node_1", io.StringIO(last_line), end_file=str(end_file),
-                   claimed=str(claimed))
+    agent.lifeline("rank 0's container on node_1", io.StringIO(last_line), end_file=str(end_file), claimed=str(claimed))
     assert claimed.exists()
     assert (end_file.read_text() if end_file.exists() else None) == recorded
 
@@ -292,14 +330,20 @@ def test_follow_prints_the_whole_log_then_returns_the_jobs_status(tmp_path):
     assert out.getvalue() == b"first\nlast\n"
 
 
-@pytest.mark.parametrize("text, end", [
-    ("exit status 0\n", JobEnd(0)),
-    ("exit status 2: node_2: cannot start `x`; pass --workdir", JobEnd(2, "node_2: cannot start `x`; pass --workdir")),
-    ("7\n", JobEnd(7)),  # a status file from before the message
-    ("lost: the agent went away", None),
-    ("", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "text, end",
+    [
+        ("exit status 0\n", JobEnd(0)),
+        (
+            "exit status 2: node_2: cannot start `x`; pass --workdir",
+            JobEnd(2, "node_2: cannot start `x`; pass --workdir"),
+        ),
+        ("7\n", JobEnd(7)),  # a status file from before the message
+        ("lost: the agent went away", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_job_end_message_round_trip(text, end):
     assert parse_job_end(text) == end
     if end is not None:
@@ -344,16 +388,20 @@ def test_discovery_and_the_hostfile_give_each_worker_its_own_rank_count(tmp_path
 def test_a_job_past_its_time_limit_is_ended_with_every_ranks_stack_and_exit_status_124():
     from launcher.agent.stacks import Frame, RankStack
 
-    waiting = {W1.address: [RankStack(0, "node_1", 7, (Frame("allreduce", "mpi_ops.py", 240),))],
-               W2.address: [RankStack(1, "node_2", 8, (Frame("wait_for_data", "/workdir/t.py", 14),))]}
+    waiting = {
+        W1.address: [RankStack(0, "node_1", 7, (Frame("allreduce", "mpi_ops.py", 240),))],
+        W2.address: [RankStack(1, "node_2", 8, (Frame("wait_for_data", "/workdir/t.py", 14),))],
+    }
     transport = Transport(up_from={W1.address: 0, W2.address: 0}, stacks_of=waiting, until_stopped=True)
     said: list[str] = []
     started = time.monotonic()
     end = Agent(spec(time_limit=1, stall_timeout=0), transport, say=said.append).run()
     assert 1 <= time.monotonic() - started < 5
     assert end.status == 124 and end.cause is not None
-    assert end.cause == ("the job ran past its time limit of 1 s; rank 0 (node_1 pid 7) in allreduce at "
-                         "mpi_ops.py:240; rank 1 (node_2 pid 8) in wait_for_data at t.py:14")
+    assert end.cause == (
+        "the job ran past its time limit of 1 s; rank 0 (node_1 pid 7) in allreduce at "
+        "mpi_ops.py:240; rank 1 (node_2 pid 8) in wait_for_data at t.py:14"
+    )
     assert "the job ran past its time limit of 1 s; every rank's stack:" in said
     assert {line.last_word for line in transport.lines.values()} == {end.message()}  # every worker told
 
@@ -363,8 +411,10 @@ def test_without_ptrace_a_job_past_its_time_limit_ends_without_trying_for_stacks
     said: list[str] = []
     end = Agent(spec(time_limit=1, stall_timeout=0, ptrace=False), transport, say=said.append).run()
     assert end.status == 124 and end.cause == "the job ran past its time limit of 1 s; no stacks"
-    assert ("the job ran past its time limit of 1 s; no stacks: the workers run without SYS_PTRACE (started with "
-            "--no-ptrace, or PTRACE=0 in .env; an MPIJob exported without --ptrace)") in said
+    assert (
+        "the job ran past its time limit of 1 s; no stacks: the workers run without SYS_PTRACE (started with "
+        "--no-ptrace, or PTRACE=0 in .env; an MPIJob exported without --ptrace)"
+    ) in said
     assert not any("stacks collect" in command for _, command in transport.commands)
 
 

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.bench import netns
+from app.bench import links, netns
 from app.bench.allreduce import bus_bandwidth, parse_size, size_label
-from app.bench import links
 from app.bench.container_vs_host import round_rows
 from app.bench.peers import ALONE, parse_variant, peer_rows
 from app.bench.ps_vs_ring import model_ratio, model_seconds, within_tolerance
@@ -29,32 +28,45 @@ def test_bus_bandwidth(algbw, ranks, busbw):
     assert bus_bandwidth(algbw, ranks) == pytest.approx(busbw)
 
 
-@pytest.mark.parametrize("text, size, label", [
-    ("4K", 4096, "4 KB"), ("256M", 256 << 20, "256 MB"), ("1G", 1 << 30, "1 GB"), ("100", 100, "100 B"),
-    ("64kb", 65536, "64 KB")])
+@pytest.mark.parametrize(
+    "text, size, label",
+    [
+        ("4K", 4096, "4 KB"),
+        ("256M", 256 << 20, "256 MB"),
+        ("1G", 1 << 30, "1 GB"),
+        ("100", 100, "100 B"),
+        ("64kb", 65536, "64 KB"),
+    ],
+)
 def test_sizes(text, size, label):
     assert parse_size(text) == size
     assert size_label(size) == label
 
 
-@pytest.mark.parametrize("ranks, ps_ms, ring_ms, ratio", [
-    (2, 640.0, 320.0, 2.0), (4, 1920.0, 480.0, 4.0), (8, 4480.0, 560.0, 8.0)])
+@pytest.mark.parametrize(
+    "ranks, ps_ms, ring_ms, ratio", [(2, 640.0, 320.0, 2.0), (4, 1920.0, 480.0, 4.0), (8, 4480.0, 560.0, 8.0)]
+)
 def test_cost_model_8mb_at_200mbit(ranks, ps_ms, ring_ms, ratio):
     assert model_seconds("ps", ranks, 8, 200) * 1e3 == pytest.approx(ps_ms)
     assert model_seconds("ring", ranks, 8, 200) * 1e3 == pytest.approx(ring_ms)
     assert model_ratio(ranks) == pytest.approx(ratio)
 
 
-@pytest.mark.parametrize("ratio, expected, ok", [(1.96, 2, True), (3.41, 4, True), (3.39, 4, False),
-                                                 (9.19, 8, True), (9.21, 8, False)])
+@pytest.mark.parametrize(
+    "ratio, expected, ok", [(1.96, 2, True), (3.41, 4, True), (3.39, 4, False), (9.19, 8, True), (9.21, 8, False)]
+)
 def test_within_tolerance(ratio, expected, ok):
     assert within_tolerance(ratio, expected) is ok
 
 
-@pytest.mark.parametrize("text, variant", [
-    ("c=hvd-gloo:HOROVOD_CYCLE_TIME=0.2", ("c", "hvd-gloo", {"HOROVOD_CYCLE_TIME": "0.2"})),
-    ("plain=hvd-mpi", ("plain", "hvd-mpi", {})),
-    ("two=ddp:A=1,B=x=y", ("two", "ddp", {"A": "1", "B": "x=y"}))])
+@pytest.mark.parametrize(
+    "text, variant",
+    [
+        ("c=hvd-gloo:HOROVOD_CYCLE_TIME=0.2", ("c", "hvd-gloo", {"HOROVOD_CYCLE_TIME": "0.2"})),
+        ("plain=hvd-mpi", ("plain", "hvd-mpi", {})),
+        ("two=ddp:A=1,B=x=y", ("two", "ddp", {"A": "1", "B": "x=y"})),
+    ],
+)
 def test_parse_variant(text, variant):
     assert parse_variant(text) == variant
 
@@ -97,9 +109,17 @@ def test_container_vs_host_rounds_take_the_ratio_within_each_round():
     assert containers["val_accuracy"] == 0.93
 
 
-@pytest.mark.parametrize("text, mbit, label", [
-    ("1gbit", 1000.0, "1gbit"), ("200mbit", 200.0, "200mbit"), ("200", 200.0, "200mbit"), ("500kbit", 0.5, "0.5mbit"),
-    ("2.5Gbit", 2500.0, "2500mbit"), ("10gbit", 10000.0, "10gbit")])
+@pytest.mark.parametrize(
+    "text, mbit, label",
+    [
+        ("1gbit", 1000.0, "1gbit"),
+        ("200mbit", 200.0, "200mbit"),
+        ("200", 200.0, "200mbit"),
+        ("500kbit", 0.5, "0.5mbit"),
+        ("2.5Gbit", 2500.0, "2500mbit"),
+        ("10gbit", 10000.0, "10gbit"),
+    ],
+)
 def test_link_rates(text, mbit, label):
     assert links.parse_rate(text) == mbit
     assert links.rate_label(mbit) == label
@@ -111,11 +131,15 @@ def test_link_rates_refused(text):
         links.parse_rate(text)
 
 
-@pytest.mark.parametrize("setting, rate, seconds", [
-    ("fp32", 200.0, 46.8 * 8 / 200),  # the ring on 2 ranks: M/B
-    ("fp16", 200.0, 46.8 * 8 / 200 / 2),
-    ("adasum", 1000.0, 46.8 * 8 / 1000),
-    ("fusion-0", 1000.0, 46.8 * 8 / 1000)])
+@pytest.mark.parametrize(
+    "setting, rate, seconds",
+    [
+        ("fp32", 200.0, 46.8 * 8 / 200),  # the ring on 2 ranks: M/B
+        ("fp16", 200.0, 46.8 * 8 / 200 / 2),
+        ("adasum", 1000.0, 46.8 * 8 / 1000),
+        ("fusion-0", 1000.0, 46.8 * 8 / 1000),
+    ],
+)
 def test_predicted_exchange_is_the_ring_model_for_the_bytes_on_the_wire(setting, rate, seconds):
     assert links.predicted_exchange_s(46.8, setting, rate) == pytest.approx(seconds)
 
@@ -129,9 +153,11 @@ def test_link_rows_hold_each_setting_against_fp32_within_each_round_and_the_pred
     def jobs(*rates, exchange=1.0):
         return [{"samples_per_sec": r, "step_s": 128 / r, "exchange_s": exchange, "gradient_mb": 46.8} for r in rates]
 
-    results = {(200.0, "resnet18", links.COMPUTE): [{"step_s": 0.25}, {"step_s": 0.27}],
-               (200.0, "resnet18", "fp32"): jobs(60, 40, exchange=2.0),
-               (200.0, "resnet18", "fp16"): jobs(90, 80, exchange=1.0)}
+    results = {
+        (200.0, "resnet18", links.COMPUTE): [{"step_s": 0.25}, {"step_s": 0.27}],
+        (200.0, "resnet18", "fp32"): jobs(60, 40, exchange=2.0),
+        (200.0, "resnet18", "fp16"): jobs(90, 80, exchange=1.0),
+    }
     rows = links.link_rows(results)
     assert [row["setting"] for row in rows] == ["fp32", "fp16"]
     fp32, fp16 = rows
@@ -141,7 +167,9 @@ def test_link_rows_hold_each_setting_against_fp32_within_each_round_and_the_pred
     assert (fp16["samples_per_s"], fp16["samples_min"], fp16["samples_max"]) == (85, 80, 90)
     assert fp32["predicted_exchange_s"] == pytest.approx(1.872) and fp32["measured_exchange_s"] == 2.0
     assert fp32["prediction_error"] == pytest.approx(1.872 / 2.0 - 1)
-    assert fp32["compute_s"] == pytest.approx(0.26) and fp32["exposed_exchange_s"] == pytest.approx((128 / 60 + 128 / 40) / 2 - 0.26)
+    assert fp32["compute_s"] == pytest.approx(0.26) and fp32["exposed_exchange_s"] == pytest.approx(
+        (128 / 60 + 128 / 40) / 2 - 0.26
+    )
     json.dumps(rows)  # the --json file's rows
 
 
@@ -172,8 +200,14 @@ def assert_report(out: Path, name: str, row_keys: list[str]) -> list[dict]:
 
 def run_bench(name: str, out: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "app.bench", name, "--short", "--out", str(out), *args],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "app.bench", name, "--short", "--out", str(out), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -181,8 +215,9 @@ def run_bench(name: str, out: Path, *args: str, timeout: float = 600) -> subproc
 @pytest.mark.integration
 def test_peers_short(tmp_path):
     run_bench("peers", tmp_path)
-    rows = assert_report(tmp_path, "peers", ["model", "config", "samples_per_sec", "ratio_to_ddp",
-                                             "scaling_efficiency"])
+    rows = assert_report(
+        tmp_path, "peers", ["model", "config", "samples_per_sec", "ratio_to_ddp", "scaling_efficiency"]
+    )
     assert {row["config"] for row in rows} >= {ALONE, "ddp", "hvd-mpi stack", "hvd-gloo stack"}
     assert all(row["scaling_efficiency"] > 0 for row in rows if row["config"] != ALONE)
 
@@ -205,11 +240,14 @@ def test_ps_vs_ring_loopback_short(tmp_path):
 @pytest.mark.skipif(netns.unavailable() is not None, reason=f"ps-vs-ring in namespaces {netns.unavailable()}")
 def test_ps_vs_ring_in_namespaces_short(tmp_path):
     run_bench("ps-vs-ring", tmp_path)
-    rows = assert_report(tmp_path, "ps-vs-ring", ["ranks", "ps_ms", "ring_ms", "ratio", "model_ratio",
-                                                  "within_tolerance"])
+    rows = assert_report(
+        tmp_path, "ps-vs-ring", ["ranks", "ps_ms", "ring_ms", "ratio", "model_ratio", "within_tolerance"]
+    )
     assert [row["ranks"] for row in rows] == [2, 3]
-    assert not any(line.startswith(netns.NAMESPACE_PREFIX) for line in
-                   subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines())
+    assert not any(
+        line.startswith(netns.NAMESPACE_PREFIX)
+        for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+    )
 
 
 @pytest.mark.integration
@@ -217,13 +255,16 @@ def test_ps_vs_ring_in_namespaces_short(tmp_path):
 def test_links_short(tmp_path):
     """SimpleNet at 20 Mbit/s, fp32 and fp16, one round of a few steps: the table, the JSON rows, the plot."""
     result = run_bench("links", tmp_path, "--json", str(tmp_path / "rows.json"))
-    print(result.stdout[result.stdout.find("###"):])
-    rows = assert_report(tmp_path, "links", ["rate", "model", "setting", "samples_per_s", "predicted_exchange_s",
-                                             "measured_exchange_s"])
+    print(result.stdout[result.stdout.find("###") :])
+    rows = assert_report(
+        tmp_path, "links", ["rate", "model", "setting", "samples_per_s", "predicted_exchange_s", "measured_exchange_s"]
+    )
     assert [(row["rate"], row["setting"]) for row in rows] == [("20mbit", "fp32"), ("20mbit", "fp16")]
     assert json.loads((tmp_path / "rows.json").read_text()) == rows
-    assert not any(line.startswith(netns.LINKS.namespace_prefix) for line in
-                   subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines())
+    assert not any(
+        line.startswith(netns.LINKS.namespace_prefix)
+        for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+    )
 
 
 def docker_image_missing() -> str | None:

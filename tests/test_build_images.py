@@ -36,12 +36,15 @@ def engine_answers() -> bool:
 
 def needs_engine(test):
     """A test against this machine's real engine: an integration test, skipped where no engine answers."""
-    return pytest.mark.integration(pytest.mark.skipif(not engine_answers(), reason="needs a running Docker engine")(test))
+    return pytest.mark.integration(
+        pytest.mark.skipif(not engine_answers(), reason="needs a running Docker engine")(test)
+    )
 
 
 def build_images(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BUILD_IMAGES), *argv], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [str(BUILD_IMAGES), *argv], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 @needs_engine
@@ -64,8 +67,10 @@ def test_a_base_that_cannot_be_pulled_means_the_offline_path(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "offline path: localhost:1/no-such-base:1 cannot be pulled (" in result.stdout
     assert "connection refused" in result.stdout
-    assert (f"--build-arg BASE_IMAGE={LOCAL_BASE} --build-arg PIP_OFFLINE=1 --build-context wheels={tmp_path} ."
-            in result.stdout)
+    assert (
+        f"--build-arg BASE_IMAGE={LOCAL_BASE} --build-arg PIP_OFFLINE=1 --build-context wheels={tmp_path} ."
+        in result.stdout
+    )
 
 
 @needs_engine
@@ -118,9 +123,16 @@ def test_the_wheel_folder_is_filled_for_the_images_python_once(tmp_path):
     assert len(downloads) == 2, downloads
     wheels, sdist = downloads
     arch = platform.machine()
-    for option in ("--only-binary=:all:", "--implementation cp", "--python-version 3.11", "--abi cp311",
-                   f"--platform manylinux_2_36_{arch}", f"--platform manylinux_2_28_{arch}",
-                   f"--platform manylinux_2_17_{arch}", "-r docker/requirements-runtime.txt"):
+    for option in (
+        "--only-binary=:all:",
+        "--implementation cp",
+        "--python-version 3.11",
+        "--abi cp311",
+        f"--platform manylinux_2_36_{arch}",
+        f"--platform manylinux_2_28_{arch}",
+        f"--platform manylinux_2_17_{arch}",
+        "-r docker/requirements-runtime.txt",
+    ):
         assert option in wheels, option
     assert "--platform manylinux_2_37" not in wheels  # Debian 12's glibc is 2.36
     assert sdist.endswith("--no-deps --no-binary :all: horovod==0.28.1")
@@ -156,8 +168,9 @@ def test_without_an_engine_a_user_is_told_what_to_install_and_nothing_is_set_up(
         bin_dir = Path(folder)
         bin_dir.chmod(0o755)
         docker = bin_dir / "docker"
-        docker.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock.' >&2\n"
-                          "exit 1\n")
+        docker.write_text(
+            "#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock.' >&2\nexit 1\n"
+        )
         docker.chmod(0o755)
         argv = [str(BUILD_IMAGES), "--dry-run"]
         if os.geteuid() == 0:
@@ -166,8 +179,13 @@ def test_without_an_engine_a_user_is_told_what_to_install_and_nothing_is_set_up(
             argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
             if subprocess.run([*argv[:4], "test", "-x", str(BUILD_IMAGES)]).returncode != 0:
                 pytest.skip("this checkout is not readable by an unprivileged user")
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                                env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        )
     assert result.returncode == 1
     assert "docker info: Cannot connect to the Docker daemon" in result.stderr
     assert "Install Docker Engine with Compose v2 and buildx" in result.stderr

@@ -38,7 +38,6 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == [checkpoint.LATEST]
 
 
-
 def trainer_state(epoch: int = 2) -> tuple[dict, torch.nn.Module, torch.optim.Optimizer]:
     """What the trainer's record_epoch saves: SimpleNet's weights and SGD's momentum after a step."""
     from app.model import SimpleNet
@@ -63,9 +62,11 @@ def test_a_trainer_checkpoint_loads_weights_only_into_a_fresh_model(tmp_path):
     fresh.load_state_dict(state["model"])
     fresh_optimizer.load_state_dict(state["optimizer"])
     assert (state["epoch"], state["dataset"]) == (2, "digits")
-    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values(), strict=True))
     momentum = [fresh_optimizer.state[p]["momentum_buffer"] for p in fresh.parameters()]
-    assert all(torch.equal(a, optimizer.state[p]["momentum_buffer"]) for a, p in zip(momentum, model.parameters()))
+    assert all(
+        torch.equal(a, optimizer.state[p]["momentum_buffer"]) for a, p in zip(momentum, model.parameters(), strict=True)
+    )
 
 
 class RunsCode:

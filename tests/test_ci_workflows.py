@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -30,7 +31,7 @@ def templates() -> dict[str, str]:
     return found
 
 
-def triggers(workflow: dict) -> object:
+def triggers(workflow: dict) -> Any:
     # YAML 1.1 reads the key `on` as True.
     return workflow.get("on", workflow.get(True))
 
@@ -125,8 +126,10 @@ def test_actionlint(tmp_path):
     done = actionlint(*WORKFLOWS, template)
     assert done.returncode == 0, done.stdout + done.stderr
     broken = tmp_path / "broken.yml"
-    broken.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    timeout-minute: 5\n    steps:\n"
-                      "      - run: echo ${{ github.nope }}\n")
+    broken.write_text(
+        "on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    timeout-minute: 5\n    steps:\n"
+        "      - run: echo ${{ github.nope }}\n"
+    )
     done = actionlint(broken)
     assert done.returncode == 1, done.stdout + done.stderr
     assert 'unexpected key "timeout-minute"' in done.stdout and 'property "nope" is not defined' in done.stdout

@@ -46,8 +46,9 @@ class ComposeRun:
     def __init__(self, workdir: Path, **settings: str) -> None:
         self.project = f"hst-test-{uuid.uuid4().hex[:8]}"
         self.workdir = workdir
-        for tracked in subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
-                                      check=True).stdout.split():
+        for tracked in subprocess.run(
+            ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.split():
             if (REPO / tracked).is_file():
                 (workdir / tracked).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(REPO / tracked, workdir / tracked)
@@ -56,21 +57,45 @@ class ComposeRun:
         self.env = {**env, "COMPOSE_PROJECT_NAME": self.project, "IMAGE": IMAGE, **settings}
 
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        result = subprocess.run(["docker", "compose", *args], cwd=self.workdir, env=self.env,
-                                capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            ["docker", "compose", *args],
+            cwd=self.workdir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         # Compose clears each line with an escape sequence even when not writing to a terminal.
         result.stdout, result.stderr = (ANSI_ESCAPE.sub("", text) for text in (result.stdout, result.stderr))
         return result
 
     def start(self, *args: str, log: Path) -> subprocess.Popen:
         """`docker compose ARGS` in the background, its output (escapes and all) into `log`."""
-        return subprocess.Popen(["docker", "compose", *args], cwd=self.workdir, env=self.env,
-                                stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            ["docker", "compose", *args],
+            cwd=self.workdir,
+            env=self.env,
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+        )
 
     def read_shared(self, path: str, binary: bool = False) -> str | bytes:
-        return subprocess.run(["docker", "run", "--rm", "-v", f"{self.project}_shared:/shared", "--entrypoint",
-                               "cat", IMAGE, f"/shared/{path}"], capture_output=True, text=not binary,
-                              check=True).stdout
+        return subprocess.run(
+            [
+                "docker",
+                "run",
+                "--rm",
+                "-v",
+                f"{self.project}_shared:/shared",
+                "--entrypoint",
+                "cat",
+                IMAGE,
+                f"/shared/{path}",
+            ],
+            capture_output=True,
+            text=not binary,
+            check=True,
+        ).stdout
 
     def down(self) -> None:
         self.compose("down", "--volumes", "--remove-orphans", timeout=300)
@@ -113,8 +138,9 @@ def test_plain_compose_up_trains_across_containers_and_returns(engine, compose_r
     hosts = [rank["host"] for rank in summary["ranks"]]
     assert len(set(hosts)) == 2, f"both ranks ran in one container: {hosts}"
     assert len({rank["digest"] for rank in summary["ranks"]}) == 1, "ranks ended with different parameters"
-    worker_ids = {c.id[:12] for c in project_containers(engine, run.project)
-                  if c.labels["com.docker.compose.service"] == "worker"}
+    worker_ids = {
+        c.id[:12] for c in project_containers(engine, run.project) if c.labels["com.docker.compose.service"] == "worker"
+    }
     assert set(hosts) == worker_ids, "ranks did not run in the worker containers"
 
     assert project_containers(engine, run.project, status="running") == []
@@ -125,17 +151,35 @@ def test_plain_compose_up_trains_across_containers_and_returns(engine, compose_r
             assert sorted(container.attrs["HostConfig"]["CapAdd"]) == ["IPC_LOCK", "SYS_PTRACE"]
             # the cluster's public key only, read-only; no folder of host keys any worker could write
             assert {(m["Destination"], m["RW"]) for m in container.attrs["Mounts"] if m["Type"] == "volume"} == {
-                ("/shared", True), ("/cluster/ssh", False)}, container.attrs["Mounts"]
-    launcher = next(c for c in project_containers(engine, run.project)
-                    if c.labels["com.docker.compose.service"] == "launcher")
+                ("/shared", True),
+                ("/cluster/ssh", False),
+            }, container.attrs["Mounts"]
+    launcher = next(
+        c for c in project_containers(engine, run.project) if c.labels["com.docker.compose.service"] == "launcher"
+    )
     assert not launcher.attrs["HostConfig"]["CapAdd"], launcher.attrs["HostConfig"]["CapAdd"]
     assert not any(PRIVATE_KEY_MARK.decode() in variable for variable in launcher.attrs["Config"]["Env"])
     # What the workers mount holds no private key: it stayed in the launcher's container.
     workers_folder = subprocess.run(
-        ["docker", "run", "--rm", "-v", f"{run.project}_cluster-ssh:/keys:ro", "--entrypoint", "sh", IMAGE, "-c",
-         "ls /keys; cat /keys/*"], capture_output=True, text=True, check=True).stdout
-    assert workers_folder.startswith("authorized_keys\n") and PRIVATE_KEY_MARK.decode() not in workers_folder, \
+        [
+            "docker",
+            "run",
+            "--rm",
+            "-v",
+            f"{run.project}_cluster-ssh:/keys:ro",
+            "--entrypoint",
+            "sh",
+            IMAGE,
+            "-c",
+            "ls /keys; cat /keys/*",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert workers_folder.startswith("authorized_keys\n") and PRIVATE_KEY_MARK.decode() not in workers_folder, (
         workers_folder
+    )
     run.down()
     assert project_containers(engine, run.project) == []
 
@@ -149,8 +193,10 @@ def test_failing_job_returns_by_itself_with_its_error(engine, compose_run):
     assert "error: --epochs must be at least 1 (got 0)" in output, output[-5000:]
     assert "job FAILED (exit status" in output, output[-5000:]
     assert project_containers(engine, run.project, status="running") == []
-    exit_codes = {c.labels["com.docker.compose.service"]: c.attrs["State"]["ExitCode"]
-                  for c in project_containers(engine, run.project)}
+    exit_codes = {
+        c.labels["com.docker.compose.service"]: c.attrs["State"]["ExitCode"]
+        for c in project_containers(engine, run.project)
+    }
     assert exit_codes["launcher"] != 0 and exit_codes["worker"] == 0, exit_codes
 
     # Scripts get the job's status from --exit-code-from (plain `up` returns 0 in Compose 2.26).
@@ -177,10 +223,11 @@ def test_a_compose_secret_reaches_every_rank_and_no_command_line_or_inspect(engi
     """The README's compose.secrets.yaml: the value comes from the shell's environment through Compose's own secret,
     every rank gets it, and neither the output nor any container's configuration holds it."""
     value = f"sk-compose-{uuid.uuid4().hex}"
-    run = compose_run(TRAIN_COMMAND="python secret_digest.py WANDB_API_KEY --hold 0", WORKDIR=str(USER_SCRIPT),
-                      WANDB_API_KEY=value)
+    run = compose_run(
+        TRAIN_COMMAND="python secret_digest.py WANDB_API_KEY --hold 0", WORKDIR=str(USER_SCRIPT), WANDB_API_KEY=value
+    )
     readme = (REPO / "README.md").read_text()
-    example = readme[readme.index("```yaml\nservices:\n  launcher:\n    secrets:") + len("```yaml\n"):]
+    example = readme[readme.index("```yaml\nservices:\n  launcher:\n    secrets:") + len("```yaml\n") :]
     (run.workdir / "compose.secrets.yaml").write_text(example[: example.index("```")])
     result = run.compose("-f", "compose.yaml", "-f", "compose.secrets.yaml", "up", "--exit-code-from", "launcher")
     output = result.stdout + result.stderr
@@ -195,8 +242,9 @@ def test_a_compose_secret_reaches_every_rank_and_no_command_line_or_inspect(engi
 
 def test_a_stalled_job_shows_every_ranks_stack_and_fails_when_asked(engine, compose_run):
     """rank 1 blocks in a function of its own, rank 0 waits in an allreduce: the stall watch names both."""
-    run = compose_run(TRAIN_COMMAND="python stall.py", WORKDIR=str(USER_SCRIPT), STALL_TIMEOUT="20",
-                      STALL_ACTION="fail")
+    run = compose_run(
+        TRAIN_COMMAND="python stall.py", WORKDIR=str(USER_SCRIPT), STALL_TIMEOUT="20", STALL_ACTION="fail"
+    )
     result = run.compose("up", "--exit-code-from", "launcher")
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-5000:]
@@ -223,8 +271,11 @@ def test_users_script_missing_from_workdir_is_named_before_mpirun(engine, compos
     run = compose_run(TRAIN_COMMAND="python train_missing.py", WORKDIR=str(USER_SCRIPT))
     result = run.compose("up")
     output = result.stdout + result.stderr
-    assert re.search(r"error: [0-9.]+: cannot start `python train_missing\.py` in /workdir: script train_missing\.py "
-                     "is not there; set WORKDIR to the folder that holds your code", output), output[-3000:]
+    assert re.search(
+        r"error: [0-9.]+: cannot start `python train_missing\.py` in /workdir: script train_missing\.py "
+        "is not there; set WORKDIR to the folder that holds your code",
+        output,
+    ), output[-3000:]
     assert "job FAILED (exit status 2)" in output and "mpirun exited" not in output
     assert project_containers(engine, run.project, status="running") == []
 
@@ -258,8 +309,14 @@ def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout: floa
 
 def horovod_rank(container) -> int | None:
     """The Horovod rank of the trainer running in a worker container (from its environment), if any."""
-    found = container.exec_run(["bash", "-c", 'for p in $(pgrep -f "app.train"); do '
-                                'tr "\\0" "\\n" < /proc/$p/environ | grep "^HOROVOD_RANK="; done'], user="mpiuser")
+    found = container.exec_run(
+        [
+            "bash",
+            "-c",
+            'for p in $(pgrep -f "app.train"); do tr "\\0" "\\n" < /proc/$p/environ | grep "^HOROVOD_RANK="; done',
+        ],
+        user="mpiuser",
+    )
     ranks = {int(line.split("=")[1]) for line in found.output.decode().split()}
     return ranks.pop() if len(ranks) == 1 else None
 
@@ -273,16 +330,21 @@ def probe_the_launcher(engine, run: ComposeRun) -> dict[str, list[str]]:
     to every port the launcher container listens on (horovodrun's rendezvous among them); what each listening
     address:port answered.
     Nothing of the job listens on a wildcard address, and no pickle ran."""
-    launcher = next(c for c in project_containers(engine, run.project)
-                    if c.labels["com.docker.compose.service"] == "launcher")
+    launcher = next(
+        c for c in project_containers(engine, run.project) if c.labels["com.docker.compose.service"] == "launcher"
+    )
     sockets = launcher.exec_run(["ss", "-Hltn"]).output.decode().split("\n")
     local = [line.split()[3] for line in sockets if line.strip()]
     assert local and not [address for address in local if address.startswith(("0.0.0.0:", "*:", "[::]:"))], local
     address = launcher.attrs["NetworkSettings"]["Networks"][f"{run.project}_default"]["IPAddress"]
     ports = sorted({address_port.rsplit(":", 1)[1] for address_port in local})
-    output = engine.containers.run(IMAGE, ["python", "/probe/rendezvous_probe.py", address, MARKER, *ports],
-                                   network=f"{run.project}_default", remove=True,
-                                   volumes={str(USER_SCRIPT): {"bind": "/probe", "mode": "ro"}}).decode()
+    output = engine.containers.run(
+        IMAGE,
+        ["python", "/probe/rendezvous_probe.py", address, MARKER, *ports],
+        network=f"{run.project}_default",
+        remove=True,
+        volumes={str(USER_SCRIPT): {"bind": "/probe", "mode": "ro"}},
+    ).decode()
     assert launcher.exec_run(["test", "-d", "/tmp"]).exit_code == 0  # the check's control
     assert launcher.exec_run(["test", "-e", MARKER]).exit_code == 1, "a stranger's pickle ran in the launcher"
     where = {address_port.rsplit(":", 1)[1]: address_port for address_port in local}
@@ -303,8 +365,11 @@ def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, com
         measured(f"rendezvous probe of the compose launcher's listening ports: {answers}")
         assert [port for port, got in answers.items() if got == ["403", "403", "403"]], answers
         assert not [port for port, got in answers.items() if "200" in got], answers
-        victim = next(c for c in project_containers(engine, run.project)
-                      if c.labels["com.docker.compose.service"] == "worker" and horovod_rank(c) == 2)
+        victim = next(
+            c
+            for c in project_containers(engine, run.project)
+            if c.labels["com.docker.compose.service"] == "worker" and horovod_rank(c) == 2
+        )
         victim.kill()
         wait_for_line(log, "first step at world size 2", process, timeout=120)
         process.wait(timeout=400)
@@ -317,8 +382,10 @@ def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, com
     assert "horovod-stack: refused a rendezvous request from " in output, output[-5000:]
     gap = re.search(r"first step at world size 2, ([0-9.]+) s after the last step", output).group(1)
     measured(f"elastic (compose): {gap} s from the last step at world size 3 to the first at world size 2")
-    exit_codes = sorted((c.labels["com.docker.compose.service"], c.attrs["State"]["ExitCode"])
-                        for c in project_containers(engine, run.project))
+    exit_codes = sorted(
+        (c.labels["com.docker.compose.service"], c.attrs["State"]["ExitCode"])
+        for c in project_containers(engine, run.project)
+    )
     assert exit_codes == [("launcher", 0), ("worker", 0), ("worker", 0), ("worker", 137)], exit_codes
 
     epochs = [json.loads(line) for line in run.read_shared("runs/latest/metrics.jsonl").splitlines()]
@@ -339,8 +406,9 @@ def test_killed_launcher_container_stops_every_worker_and_up_returns(engine, com
     process = run.start("up", log=log)
     try:
         wait_for_line(log, "epoch 1/200:", process, timeout=400)
-        launcher = next(c for c in project_containers(engine, run.project)
-                        if c.labels["com.docker.compose.service"] == "launcher")
+        launcher = next(
+            c for c in project_containers(engine, run.project) if c.labels["com.docker.compose.service"] == "launcher"
+        )
         launcher.kill()
         killed = time.monotonic()
         process.wait(timeout=60)
@@ -352,8 +420,9 @@ def test_killed_launcher_container_stops_every_worker_and_up_returns(engine, com
     left = [c.name for c in project_containers(engine, run.project, status="running")]
     measured(f"compose launcher killed: `up` returned {took:.1f} s later, running containers left: {left}")
     assert left == []
-    assert output.count("compose's launcher container went away (its ssh lifeline closed); stopping") == 2, \
-        output[-3000:]
+    assert output.count("compose's launcher container went away (its ssh lifeline closed); stopping") == 2, output[
+        -3000:
+    ]
 
 
 def test_a_paused_worker_ends_the_job_within_a_minute_naming_it(engine, compose_run, tmp_path, measured):
@@ -364,8 +433,9 @@ def test_a_paused_worker_ends_the_job_within_a_minute_naming_it(engine, compose_
     victim = None
     try:
         wait_for_line(log, "epoch 1/200:", process, timeout=400)
-        victim = next(c for c in project_containers(engine, run.project)
-                      if c.labels["com.docker.compose.service"] == "worker")
+        victim = next(
+            c for c in project_containers(engine, run.project) if c.labels["com.docker.compose.service"] == "worker"
+        )
         address = next(iter(victim.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"]
         victim.pause()
         paused = time.monotonic()
@@ -389,8 +459,9 @@ def test_elastic_minimum_above_the_worker_count_is_refused_in_one_line(engine, c
     run = compose_run(ELASTIC_MIN_WORKERS="3")
     result = run.compose("up")
     output = result.stdout + result.stderr
-    assert "error: ELASTIC_MIN_WORKERS=3 is not from 1 to the 2 workers in WORKERS; fix it in .env" in output, (
-        output[-3000:])
+    assert "error: ELASTIC_MIN_WORKERS=3 is not from 1 to the 2 workers in WORKERS; fix it in .env" in output, output[
+        -3000:
+    ]
     assert "job FAILED (exit status 2)" in output
     assert project_containers(engine, run.project, status="running") == []
 
@@ -398,8 +469,9 @@ def test_elastic_minimum_above_the_worker_count_is_refused_in_one_line(engine, c
 def test_image_carries_no_private_key(engine):
     image = engine.images.get(IMAGE)
     assert not any(PRIVATE_KEY_MARK.decode() in variable for variable in image.attrs["Config"]["Env"] or [])
-    history = subprocess.run(["docker", "history", "--no-trunc", IMAGE], capture_output=True, text=True,
-                             check=True).stdout
+    history = subprocess.run(
+        ["docker", "history", "--no-trunc", IMAGE], capture_output=True, text=True, check=True
+    ).stdout
     assert PRIVATE_KEY_MARK.decode() not in history
 
     # Every layer, not only the final file system: a key deleted in a later layer still ships in an earlier one.
@@ -414,7 +486,8 @@ def test_layer_scan_finds_a_key_deleted_in_a_later_layer(engine, tmp_path):
     (tmp_path / "Dockerfile").write_text(
         "FROM horovod-stack-base:bookworm\n"
         "RUN printf -- '-----BEGIN OPENSSH PRIV''ATE KEY-----\\nnot-a-real-key\\n' > /root/id_test\n"
-        "RUN rm /root/id_test\n")
+        "RUN rm /root/id_test\n"
+    )
     tag = f"hst-keyscan-control:{uuid.uuid4().hex[:8]}"
     subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], check=True, capture_output=True)
     try:
@@ -469,13 +542,24 @@ def lone_worker(engine, tmp_path):
     network = engine.networks.create(name)
     volumes = [engine.volumes.create(f"{name}-ssh"), engine.volumes.create(f"{name}-hostkeys")]
     try:
-        engine.containers.run(IMAGE, ["sh", "-c", f"echo '{(tmp_path / 'ours.pub').read_text().strip()}' > "
-                                      "/cluster/ssh/authorized_keys"],
-                              volumes={volumes[0].name: {"bind": "/cluster/ssh", "mode": "rw"}}, remove=True)
+        engine.containers.run(
+            IMAGE,
+            ["sh", "-c", f"echo '{(tmp_path / 'ours.pub').read_text().strip()}' > /cluster/ssh/authorized_keys"],
+            volumes={volumes[0].name: {"bind": "/cluster/ssh", "mode": "rw"}},
+            remove=True,
+        )
         worker = f"{name}-worker"
-        engine.containers.run(IMAGE, ["worker"], name=worker, network=name, detach=True,
-                              volumes={volumes[0].name: {"bind": "/cluster/ssh", "mode": "ro"},
-                                       volumes[1].name: {"bind": "/cluster/hostkeys", "mode": "rw"}})
+        engine.containers.run(
+            IMAGE,
+            ["worker"],
+            name=worker,
+            network=name,
+            detach=True,
+            volumes={
+                volumes[0].name: {"bind": "/cluster/ssh", "mode": "ro"},
+                volumes[1].name: {"bind": "/cluster/hostkeys", "mode": "rw"},
+            },
+        )
         yield name, worker, volumes[1].name
     finally:
         for container in engine.containers.list(all=True, filters={"name": name}):
@@ -489,11 +573,17 @@ def probe(engine, lone_worker, tmp_path, script: str, user: str = "mpiuser") -> 
     """`bash -c script` in a container of the image beside the worker, once its host key is published and its
     sshd listens ($address: its address; the keys at /keys)."""
     network, worker, hostkeys = lone_worker
-    wait = (f"address=$(getent hosts {worker} | cut -d' ' -f1); "
-            "tries=0; until [ -f /cluster/hostkeys/$address.pub ] && (exec 3<>/dev/tcp/$address/12345) 2>/dev/null; "
-            "do sleep 0.5; [ $((tries += 1)) -lt 120 ] || { echo 'the worker never answered'; exit 1; }; done; ")
+    wait = (
+        f"address=$(getent hosts {worker} | cut -d' ' -f1); "
+        "tries=0; until [ -f /cluster/hostkeys/$address.pub ] && (exec 3<>/dev/tcp/$address/12345) 2>/dev/null; "
+        "do sleep 0.5; [ $((tries += 1)) -lt 120 ] || { echo 'the worker never answered'; exit 1; }; done; "
+    )
     return engine.containers.run(
-        IMAGE, ["bash", "-c", wait + script], user=user, network=network, remove=True,
+        IMAGE,
+        ["bash", "-c", wait + script],
+        user=user,
+        network=network,
+        remove=True,
         volumes={str(tmp_path): {"bind": "/keys", "mode": "ro"}, hostkeys: {"bind": "/cluster/hostkeys", "mode": "ro"}},
     ).decode()
 
@@ -502,17 +592,24 @@ def test_worker_refuses_passwords_and_other_clusters_keys_and_logs_the_attempts(
     """A worker accepts its own cluster's key only: not a password, not another cluster's key; its log shows each
     login and each refused attempt."""
     _, worker, _ = lone_worker
-    output = probe(engine, lone_worker, tmp_path, (
-        # pin the worker's published host key, as the launcher does
-        f"echo \"[{worker}]:12345 $(cut -d' ' -f1,2 /cluster/hostkeys/$address.pub)\" > /tmp/known_hosts; "
-        "try() { ssh -p 12345 -o UserKnownHostsFile=/tmp/known_hosts -o StrictHostKeyChecking=yes "
-        f"-o ConnectTimeout=5 \"$@\" mpiuser@{worker} echo logged-in 2>&1; echo \"exit=$?\"; }}; "
-        "install -m 600 /keys/ours /keys/theirs /tmp/; "  # ssh takes no private key others may read
-        "echo '--- ours'; try -o BatchMode=yes -i /tmp/ours; "
-        "echo '--- theirs'; try -o BatchMode=yes -i /tmp/theirs; "
-        "echo '--- password'; try -o PubkeyAuthentication=no -o PreferredAuthentications=password,keyboard-interactive "
-        "-o NumberOfPasswordPrompts=1 < /dev/null"
-    ), user="root")
+    output = probe(
+        engine,
+        lone_worker,
+        tmp_path,
+        (
+            # pin the worker's published host key, as the launcher does
+            f"echo \"[{worker}]:12345 $(cut -d' ' -f1,2 /cluster/hostkeys/$address.pub)\" > /tmp/known_hosts; "
+            "try() { ssh -p 12345 -o UserKnownHostsFile=/tmp/known_hosts -o StrictHostKeyChecking=yes "
+            f'-o ConnectTimeout=5 "$@" mpiuser@{worker} echo logged-in 2>&1; echo "exit=$?"; }}; '
+            "install -m 600 /keys/ours /keys/theirs /tmp/; "  # ssh takes no private key others may read
+            "echo '--- ours'; try -o BatchMode=yes -i /tmp/ours; "
+            "echo '--- theirs'; try -o BatchMode=yes -i /tmp/theirs; "
+            "echo '--- password'; try -o PubkeyAuthentication=no -o "
+            "PreferredAuthentications=password,keyboard-interactive "
+            "-o NumberOfPasswordPrompts=1 < /dev/null"
+        ),
+        user="root",
+    )
     ours, theirs, password = [part.strip() for part in output.split("--- ")[1:]]
     assert "logged-in" in ours and ours.endswith("exit=0"), output  # the control: our key works
     assert "Permission denied (publickey)" in theirs and "logged-in" not in theirs, output
@@ -555,17 +652,23 @@ print(json.dumps(found))
 """)
     output = probe(engine, lone_worker, tmp_path, "export address; python /keys/both_paths.py")
     found = json.loads(output.strip().splitlines()[-1])
-    print("\nhost key changed: " + "; ".join(f"{path} path exit {found['changed'][path][0]}: "
-                                             f"{found['changed'][path][1].strip().splitlines()[-1]}"
-                                             for path in ("fixed", "elastic")))
+    print(
+        "\nhost key changed: "
+        + "; ".join(
+            f"{path} path exit {found['changed'][path][0]}: {found['changed'][path][1].strip().splitlines()[-1]}"
+            for path in ("fixed", "elastic")
+        )
+    )
     for path in ("fixed", "elastic"):
         status, said = found["changed"][path]
         assert status == 255 and "Host key verification failed" in said and "logged-in" not in said, found
         status, said = found["pinned"][path]
         assert status == 0 and "logged-in" in said, found
     assert "API_KEY=sk-SENT-OVER-SSH" in found["pinned"]["elastic"][1], found
-    assert "sk-SENT-OVER-SSH" not in found["pinned"]["elastic_line"] and "StrictHostKeyChecking" not in found[
-        "pinned"]["elastic_line"], found
+    assert (
+        "sk-SENT-OVER-SSH" not in found["pinned"]["elastic_line"]
+        and "StrictHostKeyChecking" not in found["pinned"]["elastic_line"]
+    ), found
 
 
 def test_gpu_variant_gives_one_worker_every_gpu_and_a_rank_per_gpu(compose_run):

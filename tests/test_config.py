@@ -66,7 +66,11 @@ def test_run_dir_holds_every_output_unless_a_flag_says_otherwise(tmp_path):
     run = tmp_path / "runs" / "3f9a1c2e"
     config = parse_config(["--run-dir", str(run), "--summary-file", str(tmp_path / "elsewhere.json")])
     assert (config.metrics_file, config.summary_file, config.checkpoint_dir, config.tensorboard_dir) == (
-        run / "metrics.jsonl", tmp_path / "elsewhere.json", run / "checkpoints", run / "tb")
+        run / "metrics.jsonl",
+        tmp_path / "elsewhere.json",
+        run / "checkpoints",
+        run / "tb",
+    )
     assert config.curves_file == run / "curves.png"
     assert (run / "checkpoints").is_dir() and (run / "tb").is_dir()
 
@@ -79,27 +83,51 @@ def test_without_run_dir_only_what_is_asked_for_is_written(tmp_path):
 
 
 def test_good_values_parse(tmp_path):
-    config = parse_config(["--dataset", "synthetic", "--epochs", "3", "--checkpoint-dir", str(tmp_path / "c"),
-                           "--resume", "--fp16-allreduce", "--use-adasum", "--lr", "0.05"])
-    assert config == TrainConfig(dataset="synthetic", epochs=3, checkpoint_dir=tmp_path / "c", resume=True,
-                                 fp16_allreduce=True, use_adasum=True, base_lr=0.05)
+    config = parse_config(
+        [
+            "--dataset",
+            "synthetic",
+            "--epochs",
+            "3",
+            "--checkpoint-dir",
+            str(tmp_path / "c"),
+            "--resume",
+            "--fp16-allreduce",
+            "--use-adasum",
+            "--lr",
+            "0.05",
+        ]
+    )
+    assert config == TrainConfig(
+        dataset="synthetic",
+        epochs=3,
+        checkpoint_dir=tmp_path / "c",
+        resume=True,
+        fp16_allreduce=True,
+        use_adasum=True,
+        base_lr=0.05,
+    )
     assert (tmp_path / "c").is_dir()
 
 
 def test_cli_prints_one_line_and_exits_nonzero_before_training():
-    result = subprocess.run([sys.executable, "-m", "app.train", "--epochs", "0"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "app.train", "--epochs", "0"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["error: --epochs must be at least 1 (got 0)"]
     assert "epoch" not in result.stdout
 
 
-@pytest.mark.parametrize("environ, cuda, no_cuda, refused", [
-    ({}, False, False, False),  # a CPU job
-    ({"HOROVOD_STACK_GPUS": "1"}, True, False, False),
-    ({"HOROVOD_STACK_GPUS": "1"}, False, True, False),  # --no-cuda: the user's choice
-    ({"HOROVOD_STACK_GPUS": "1"}, False, False, True),
-])
+@pytest.mark.parametrize(
+    "environ, cuda, no_cuda, refused",
+    [
+        ({}, False, False, False),  # a CPU job
+        ({"HOROVOD_STACK_GPUS": "1"}, True, False, False),
+        ({"HOROVOD_STACK_GPUS": "1"}, False, True, False),  # --no-cuda: the user's choice
+        ({"HOROVOD_STACK_GPUS": "1"}, False, False, True),
+    ],
+)
 def test_ranks_given_gpus_refuse_to_train_on_the_cpu(environ, cuda, no_cuda, refused):
     problem = gpu.cuda_problem(environ, cuda, no_cuda)
     assert (problem is not None) == refused
@@ -109,7 +137,15 @@ def test_ranks_given_gpus_refuse_to_train_on_the_cpu(environ, cuda, no_cuda, ref
 
 def test_a_rank_given_gpus_without_cuda_stops_in_one_line():
     """Here CUDA is never available, as on a host whose driver is older than torch's CUDA build needs."""
-    result = subprocess.run([sys.executable, "-m", "app.train", "--dataset", "synthetic", "--epochs", "1"], cwd=REPO,
-                            env={**os.environ, "HOROVOD_STACK_GPUS": "1"}, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "app.train", "--dataset", "synthetic", "--epochs", "1"],
+        cwd=REPO,
+        env={**os.environ, "HOROVOD_STACK_GPUS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"error: {gpu.cuda_problem({'HOROVOD_STACK_GPUS': '1'}, False, False)}"]
+    assert result.stderr.strip().splitlines() == [
+        f"error: {gpu.cuda_problem({'HOROVOD_STACK_GPUS': '1'}, False, False)}"
+    ]

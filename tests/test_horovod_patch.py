@@ -24,9 +24,15 @@ def idle_cycles(peer: str, out: Path, **env: str) -> int:
     """Runs the script on 2 ranks (`hvd-gloo`: horovodrun --gloo, `hvd-mpi`: mpirun) and returns the cycles its
     idle second took."""
     env = {"HOROVOD_TIMELINE": "DYNAMIC", "OMPI_MCA_mpi_yield_when_idle": "1", **env}
-    result = subprocess.run([*ranks.launcher_argv(peer, 2, env), sys.executable, str(SCRIPT), str(out)],
-                            env=ranks.bench_env(env), cwd=ranks.REPO, capture_output=True, text=True, timeout=180,
-                            start_new_session=True)
+    result = subprocess.run(
+        [*ranks.launcher_argv(peer, 2, env), sys.executable, str(SCRIPT), str(out)],
+        env=ranks.bench_env(env),
+        cwd=ranks.REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        start_new_session=True,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert json.loads((out / "result.json").read_text())["ok"]
     return (out / "timeline.json").read_text().count('"CYCLE_START"')
@@ -53,9 +59,15 @@ def test_a_peer_later_than_the_collective_timeout_still_meets_the_rendezvous():
     """HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS: rank 1 arrives 8 s after rank 0 with a 3 s collective timeout (a
     worker joining an elastic job while its torch starts); unpatched, rank 0 aborted at 3 s ("Wait timeout")."""
     env = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "3", "HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS": "60"}
-    result = subprocess.run([*ranks.launcher_argv("hvd-gloo", 2, env), sys.executable, str(LATE_PEER), "8"],
-                            env=ranks.bench_env(env), cwd=ranks.REPO, capture_output=True, text=True, timeout=180,
-                            start_new_session=True)
+    result = subprocess.run(
+        [*ranks.launcher_argv("hvd-gloo", 2, env), sys.executable, str(LATE_PEER), "8"],
+        env=ranks.bench_env(env),
+        cwd=ranks.REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        start_new_session=True,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in (0, 1):
         assert f"rank {rank} of 2: rendezvous ok, allreduce sum 3" in result.stdout, result.stdout[-3000:]
@@ -65,6 +77,7 @@ def load_module(path: Path, name: str):
     import importlib.util
 
     found = importlib.util.spec_from_file_location(name, path)
+    assert found is not None and found.loader is not None
     module = importlib.util.module_from_spec(found)
     found.loader.exec_module(module)
     return module

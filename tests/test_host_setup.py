@@ -20,8 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 HOST_SETUP = REPO / "scripts" / "host-setup.sh"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="scripts/host-setup.sh runs as root")
-needs_apt = pytest.mark.skipif(shutil.which("apt-get") is None or os.geteuid() != 0,
-                               reason="needs a Debian host and root, as scripts/host-setup.sh does")
+needs_apt = pytest.mark.skipif(
+    shutil.which("apt-get") is None or os.geteuid() != 0,
+    reason="needs a Debian host and root, as scripts/host-setup.sh does",
+)
 
 
 def run(*argv: str, **kwargs) -> subprocess.CompletedProcess:
@@ -75,9 +77,13 @@ PLAN_CASES = {
     "a new package only": ("Inst openmpi-bin (4.1.4-3+b1 Debian:12.15/oldstable [amd64])\n", None),
     "a Debian revision of the same upstream version": (
         "Inst openssh-client [1:9.2p1-2+deb12u6] (1:9.2p1-2+deb12u10 Debian:12.15/oldstable [amd64])\n"
-        "Inst libevent-core-2.1-7 [2.1.12-stable-8] (2.1.12-stable-8+deb12u1 Debian-Security:12 [amd64])\n", None),
-    "another release's libc": ("Inst libc6 [2.36-9+deb12u10] (2.41-12 Debian:13.1/stable [amd64])\n",
-                               "libc6: 2.36-9+deb12u10 -> 2.41-12"),
+        "Inst libevent-core-2.1-7 [2.1.12-stable-8] (2.1.12-stable-8+deb12u1 Debian-Security:12 [amd64])\n",
+        None,
+    ),
+    "another release's libc": (
+        "Inst libc6 [2.36-9+deb12u10] (2.41-12 Debian:13.1/stable [amd64])\n",
+        "libc6: 2.36-9+deb12u10 -> 2.41-12",
+    ),
     "a removal": ("Remv python3.11-venv [3.11.2-6+deb12u6]\n", "python3.11-venv: removed"),
 }
 

@@ -55,7 +55,8 @@ def test_an_image_in_a_registry_is_pulled_where_it_lacks_and_the_job_trains_on_i
         missing = launcher(puller, *start_args(puller, "--image", no_such_tag), *TRAIN)
         assert missing.returncode == 1
         assert error_lines(missing)[0].startswith(f"error: {node.name}: pulling {no_such_tag} failed (") and (
-            "check the name and tag, or push the image there first" in error_lines(missing)[0]), missing.stderr
+            "check the name and tag, or push the image there first" in error_lines(missing)[0]
+        ), missing.stderr
     assert puller.project_containers() == {node.name: [] for node in puller.every_node}
 
 
@@ -67,8 +68,15 @@ def test_a_spare_that_lacks_the_image_gets_it_before_the_job_starts(puller: Clus
         node.client().images.get(docker.from_env().images.get(IMAGE).id).tag(IMAGE)
     except docker.errors.ImageNotFound:  # this test alone
         puller.ensure_image(IMAGE, node)
-    result = launcher(puller, *start_args(puller, "--push-image", "--nodes", f"{node.name}:2", "--spares", spare.name,
-                                          "--max-restarts", "1"), "--", "--dataset", "digits", "--epochs", "1")
+    result = launcher(
+        puller,
+        *start_args(puller, "--push-image", "--nodes", f"{node.name}:2", "--spares", spare.name, "--max-restarts", "1"),
+        "--",
+        "--dataset",
+        "digits",
+        "--epochs",
+        "1",
+    )
     assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
     pushed = re.search(rf"\] {spare.name}: pushing {re.escape(IMAGE)}: (\S+) of \1 GB", result.stderr)
     assert pushed, result.stderr

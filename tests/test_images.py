@@ -8,51 +8,65 @@ import threading
 
 import pytest
 
-from launcher.host import images, nodechecks
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError
-from launcher.host.settings import resolve_settings
+from launcher.host import images, nodechecks
 from launcher.host.engines import NodeError, pull_failure
-from tests.conftest import StandInEngine as Engine, launch_settings
-
+from launcher.host.settings import resolve_settings
+from tests.conftest import StandInEngine as Engine
+from tests.conftest import launch_settings
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
-@pytest.mark.parametrize("image, registry, path, tag, digest, source", [
-    ("horovod-stack:latest", None, "horovod-stack", "latest", None, None),   # this machine's build: never pulled
-    ("horovod-stack", None, "horovod-stack", None, None, None),
-    ("team/horovod-stack:1", None, "team/horovod-stack", "1", None, "Docker Hub"),  # a Docker Hub namespace
-    (f"horovod-stack@{DIGEST}", None, "horovod-stack", None, DIGEST, "Docker Hub"),
-    (f"team/horovod-stack:1@{DIGEST}", None, "team/horovod-stack", "1", DIGEST, "Docker Hub"),
-    ("registry.example:5000/horovod-stack:1", "registry.example:5000", "horovod-stack", "1", None,
-     "registry.example:5000"),
-    ("10.213.7.1:5000/horovod-stack", "10.213.7.1:5000", "horovod-stack", None, None, "10.213.7.1:5000"),
-    ("localhost/horovod-stack:1", "localhost", "horovod-stack", "1", None, "localhost"),
-    (f"ghcr.io/team/sub/horovod-stack@{DIGEST}", "ghcr.io", "team/sub/horovod-stack", None, DIGEST, "ghcr.io"),
-])
+@pytest.mark.parametrize(
+    "image, registry, path, tag, digest, source",
+    [
+        ("horovod-stack:latest", None, "horovod-stack", "latest", None, None),  # this machine's build: never pulled
+        ("horovod-stack", None, "horovod-stack", None, None, None),
+        ("team/horovod-stack:1", None, "team/horovod-stack", "1", None, "Docker Hub"),  # a Docker Hub namespace
+        (f"horovod-stack@{DIGEST}", None, "horovod-stack", None, DIGEST, "Docker Hub"),
+        (f"team/horovod-stack:1@{DIGEST}", None, "team/horovod-stack", "1", DIGEST, "Docker Hub"),
+        (
+            "registry.example:5000/horovod-stack:1",
+            "registry.example:5000",
+            "horovod-stack",
+            "1",
+            None,
+            "registry.example:5000",
+        ),
+        ("10.213.7.1:5000/horovod-stack", "10.213.7.1:5000", "horovod-stack", None, None, "10.213.7.1:5000"),
+        ("localhost/horovod-stack:1", "localhost", "horovod-stack", "1", None, "localhost"),
+        (f"ghcr.io/team/sub/horovod-stack@{DIGEST}", "ghcr.io", "team/sub/horovod-stack", None, DIGEST, "ghcr.io"),
+    ],
+)
 def test_an_image_reference_says_where_a_node_gets_it(image, registry, path, tag, digest, source):
     reference = parse_image(image)
     assert (reference.registry, reference.path, reference.tag, reference.digest) == (registry, path, tag, digest)
     assert (reference.source if reference.pulled else None) == source
 
 
-@pytest.mark.parametrize("image, words", [
-    ("Registry/UPPER:tag", "'UPPER' is not a lowercase name part"),
-    ("Horovod-Stack:latest", "'Horovod-Stack' is not a lowercase name part"),
-    ("horovod-stack:", "its tag '' is not"),
-    ("horovod-stack:a/b", "'horovod-stack:a' is not a registry host[:port]"),
-    ("horovod-stack@sha256:xyz", "its digest 'sha256:xyz' is not ALGORITHM:HEX"),
-    ("team//img", "'' is not a lowercase name part"),
-    ("", "'' is not a lowercase name part"),
-])
+@pytest.mark.parametrize(
+    "image, words",
+    [
+        ("Registry/UPPER:tag", "'UPPER' is not a lowercase name part"),
+        ("Horovod-Stack:latest", "'Horovod-Stack' is not a lowercase name part"),
+        ("horovod-stack:", "its tag '' is not"),
+        ("horovod-stack:a/b", "'horovod-stack:a' is not a registry host[:port]"),
+        ("horovod-stack@sha256:xyz", "its digest 'sha256:xyz' is not ALGORITHM:HEX"),
+        ("team//img", "'' is not a lowercase name part"),
+        ("", "'' is not a lowercase name part"),
+    ],
+)
 def test_a_reference_docker_refuses_is_named_with_its_fault(image, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         parse_image(image)
 
 
 def test_a_bad_image_setting_stops_before_any_node_is_contacted():
-    with pytest.raises(SettingsError, match=re.escape("image 'Team/Img:1' (--image, IMAGE in .env) is not an image name")):
+    with pytest.raises(
+        SettingsError, match=re.escape("image 'Team/Img:1' (--image, IMAGE in .env) is not an image name")
+    ):
         resolve_settings({"IMAGE": "Team/Img:1"}, nodes="node_1")
 
 
@@ -60,7 +74,11 @@ CHUNKS = [bytes([n]) * 1000 for n in range(40)]  # more than CHUNKS_AHEAD: the l
 
 
 def test_one_export_reaches_every_node_at_once():
-    source, targets, said = Engine("this machine", chunks=CHUNKS), [Engine("node_2"), Engine("node_3"), Engine("node_4")], []
+    source, targets, said = (
+        Engine("this machine", chunks=CHUNKS),
+        [Engine("node_2"), Engine("node_3"), Engine("node_4")],
+        [],
+    )
     images.push_everywhere(source, targets, "img:1", said.append)
     assert source.saves == 1
     assert all(target.loaded == CHUNKS for target in targets)
@@ -85,9 +103,11 @@ def test_pulls_run_on_every_node_and_a_missing_tag_is_one_line():
     assert "node_2: pulling registry.example:5000/img:1: 0.00 of 0.00 GB" in said
     with pytest.raises(NodeError) as refused:
         images.pull_everywhere(targets, "registry.example:5000/missing:1", lambda _: None)
-    assert str(refused.value) == ("node_1: pulling registry.example:5000/missing:1 failed (manifest unknown); check "
-                                  "the name and tag, or push the image there first (docker push "
-                                  "registry.example:5000/missing:1)")
+    assert str(refused.value) == (
+        "node_1: pulling registry.example:5000/missing:1 failed (manifest unknown); check "
+        "the name and tag, or push the image there first (docker push "
+        "registry.example:5000/missing:1)"
+    )
 
 
 def test_only_the_nodes_that_lack_a_registry_image_pull_it():
@@ -101,12 +121,17 @@ def test_only_the_nodes_that_lack_a_registry_image_pull_it():
     assert "image registry.example:5000/img:1 (0123456789ab) is the same on all 2 nodes" in said
 
 
-@pytest.mark.parametrize("why, fix", [
-    ("Get \"https://reg.example:5000/v2/\": dial tcp: lookup reg.example: no such host",
-     "check that reg.example:5000 resolves and answers from node_2"),
-    ("unauthorized: authentication required", "run `docker login reg.example:5000` on this machine"),
-    ("manifest for reg.example:5000/img:9 not found: manifest unknown", "check the name and tag"),
-    ("something else", "pull it there by hand to see more"),
-])
+@pytest.mark.parametrize(
+    "why, fix",
+    [
+        (
+            'Get "https://reg.example:5000/v2/": dial tcp: lookup reg.example: no such host',
+            "check that reg.example:5000 resolves and answers from node_2",
+        ),
+        ("unauthorized: authentication required", "run `docker login reg.example:5000` on this machine"),
+        ("manifest for reg.example:5000/img:9 not found: manifest unknown", "check the name and tag"),
+        ("something else", "pull it there by hand to see more"),
+    ],
+)
 def test_pull_failures_name_the_fix(why, fix):
     assert fix in pull_failure("node_2", "reg.example:5000/img:9", why)

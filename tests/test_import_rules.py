@@ -19,10 +19,16 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("launcher.core", SIDES, "core is what every side reads: it imports none of them"),
     ("launcher.agent", ("launcher.host", "launcher.cli"), "the agent runs in the containers: no host side there"),
     ("launcher.smoke", ("launcher.host", "launcher.cli"), "the smoke role runs in the containers: no host side there"),
-    ("launcher.k8s", ("launcher.agent", "launcher.host", "launcher.smoke", "launcher.cli"), "the MPIJob document reads "
-     "only core (the launcher pod's arguments: core/pod_contract.py)"),
-    ("launcher.host", ("launcher.agent", "launcher.k8s", "launcher.smoke", "launcher.cli"), "the host side reads core; "
-     "the command line alone calls the other doors"),
+    (
+        "launcher.k8s",
+        ("launcher.agent", "launcher.host", "launcher.smoke", "launcher.cli"),
+        "the MPIJob document reads only core (the launcher pod's arguments: core/pod_contract.py)",
+    ),
+    (
+        "launcher.host",
+        ("launcher.agent", "launcher.k8s", "launcher.smoke", "launcher.cli"),
+        "the host side reads core; the command line alone calls the other doors",
+    ),
     ("launcher", ("launcher.cli",), "launcher/cli.py is the face on top: nothing imports it"),
     ("app", ("launcher",), "the trainer runs in every rank, without the launcher"),
 )

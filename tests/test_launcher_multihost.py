@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -91,8 +91,14 @@ def default_signal_dispositions() -> None:
 
 
 def launcher(cluster: Cluster, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([LAUNCHER, *args], env=cluster.launcher_env(), capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=default_signal_dispositions)
+    return subprocess.run(
+        [LAUNCHER, *args],
+        env=cluster.launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=default_signal_dispositions,
+    )
 
 
 def start_args(cluster: Cluster, *extra: str) -> list[str]:
@@ -111,9 +117,11 @@ def test_node_without_image_is_refused(bare):
     cluster = bare
     result = launcher(cluster, *start_args(cluster), *TRAIN)
     assert result.returncode == 1
-    assert error_lines(result) == ["error: node_1: image horovod-stack:latest is not there; pass --push-image to "
-                                   "copy it from this machine's engine, load it on that node, or name it in a "
-                                   "registry (IMAGE=USER/NAME:TAG on Docker Hub, or REGISTRY/NAME:TAG)"]
+    assert error_lines(result) == [
+        "error: node_1: image horovod-stack:latest is not there; pass --push-image to "
+        "copy it from this machine's engine, load it on that node, or name it in a "
+        "registry (IMAGE=USER/NAME:TAG on Docker Hub, or REGISTRY/NAME:TAG)"
+    ]
     assert_nothing_left(cluster)
 
 
@@ -130,8 +138,10 @@ def test_push_image_then_train_across_both_hosts(bare, measured):
     # One export from this machine's engine, streamed to both nodes' loads at once.
     assert re.search(r"node_1, node_2: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), result.stderr
     assert "node_1: image loaded" in result.stderr and "node_2: image loaded" in result.stderr
-    assert (f"node_1, node_2: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, node-2), so "
-            "Open MPI tells the nodes apart") in result.stderr
+    assert (
+        f"node_1, node_2: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, node-2), so "
+        "Open MPI tells the nodes apart"
+    ) in result.stderr
     assert "parameters identical on all 3 ranks" in result.stdout
     summary = json.loads(node_file(cluster, "node_1", "/shared/runs/summary.json"))
     assert summary["final"]["val_accuracy"] >= 0.90
@@ -147,10 +157,14 @@ def test_warm_start_with_no_nic_pinned_trains_over_the_nodes_own_nic(cluster, me
     started = time.monotonic()
     result = launcher(cluster, "start", "--env-file", str(cluster.env_file(pin_nic=False)), *TRAIN)
     assert result.returncode == 0, result.stderr[-3000:]
-    for line in ("node_1: sshd answers on port 12345", "node_2: sshd answers on port 12345",
-                 "image horovod-stack:latest", "is the same on all 2 nodes",
-                 "no NIC pinned: Open MPI and NCCL leave out lo*, docker*, br-*, veth*, virbr* (172.17.0.0/16",
-                 "--mca btl_tcp_if_exclude 127.0.0.1/8,172.17.0.0/16"):
+    for line in (
+        "node_1: sshd answers on port 12345",
+        "node_2: sshd answers on port 12345",
+        "image horovod-stack:latest",
+        "is the same on all 2 nodes",
+        "no NIC pinned: Open MPI and NCCL leave out lo*, docker*, br-*, veth*, virbr* (172.17.0.0/16",
+        "--mca btl_tcp_if_exclude 127.0.0.1/8,172.17.0.0/16",
+    ):
         assert line in result.stderr, result.stderr
     summary = json.loads(node_file(cluster, "node_1", "/shared/runs/summary.json"))
     assert summary["final"]["val_accuracy"] >= 0.90
@@ -161,8 +175,15 @@ def test_warm_start_with_no_nic_pinned_trains_over_the_nodes_own_nic(cluster, me
 def test_users_script_from_workdir_runs_on_both_hosts_with_its_exit_status(cluster, measured):
     """The article's `mpirun ... python mnist_train.py`, as `launcher start --workdir DIR -- python SCRIPT`."""
     started = time.monotonic()
-    result = launcher(cluster, *start_args(cluster, "--workdir", str(USER_SCRIPT), "--env", "USER_SETTING=on"),
-                      "--", "python", "allreduce_train.py", "--exit-status", "3")
+    result = launcher(
+        cluster,
+        *start_args(cluster, "--workdir", str(USER_SCRIPT), "--env", "USER_SETTING=on"),
+        "--",
+        "python",
+        "allreduce_train.py",
+        "--exit-status",
+        "3",
+    )
     measured(f"warm --workdir launch, start to exit: {time.monotonic() - started:.1f} s")
     assert result.returncode == 3, result.stderr[-3000:] + result.stdout[-3000:]
     assert "copied to /workdir on 2 node(s)" in result.stderr
@@ -175,8 +196,15 @@ def test_users_script_from_workdir_runs_on_both_hosts_with_its_exit_status(clust
 
 
 def test_users_script_failing_on_rank_1_shows_its_traceback(cluster):
-    result = launcher(cluster, *start_args(cluster, "--workdir", str(USER_SCRIPT)),
-                      "--", "python", "allreduce_train.py", "--fail-on-rank", "1")
+    result = launcher(
+        cluster,
+        *start_args(cluster, "--workdir", str(USER_SCRIPT)),
+        "--",
+        "python",
+        "allreduce_train.py",
+        "--fail-on-rank",
+        "1",
+    )
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "Traceback (most recent call last)" in output
@@ -191,7 +219,8 @@ def test_users_script_missing_on_the_nodes_is_named(cluster):
     assert error_lines(result) == [
         "error: node_1: cannot start `python train_missing.py` in /home/mpiuser: script train_missing.py is not "
         "there; pass --workdir with the folder that holds your code, or build an image FROM horovod-stack:latest "
-        "that has it"]
+        "that has it"
+    ]
     assert_nothing_left(cluster)
 
 
@@ -201,14 +230,18 @@ def test_unreachable_node_fails_before_starting_anything(cluster):
     env_file.write_text(env_file.read_text() + "DOCKER_HOST_NODE_7=tcp://10.213.7.99:2375\nINSECURE_ENGINES=1\n")
     result = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_1,node_2,node_7", *TRAIN)
     assert result.returncode == 1
-    assert error_lines(result) == ["error: node_7: cannot reach its Docker engine at tcp://10.213.7.99:2375 "
-                                   "(another address: DOCKER_HOST_NODE_7 in .env): no route to 10.213.7.99 (down, "
-                                   "or on a network this machine cannot reach)"]
+    assert error_lines(result) == [
+        "error: node_7: cannot reach its Docker engine at tcp://10.213.7.99:2375 "
+        "(another address: DOCKER_HOST_NODE_7 in .env): no route to 10.213.7.99 (down, "
+        "or on a network this machine cannot reach)"
+    ]
     unknown = launcher(cluster, *start_args(cluster), "--nodes", "node_1,node_9", *TRAIN)
     assert unknown.returncode == 1
     [line] = error_lines(unknown)
-    assert line.startswith("error: node_9: cannot reach its Docker engine at ssh://node_9 (another address: "
-                           "DOCKER_HOST_NODE_9 in .env): node_9 does not resolve on this machine; add it to /etc/hosts"), line
+    assert line.startswith(
+        "error: node_9: cannot reach its Docker engine at ssh://node_9 (another address: "
+        "DOCKER_HOST_NODE_9 in .env): node_9 does not resolve on this machine; add it to /etc/hosts"
+    ), line
     assert_nothing_left(cluster)
 
 
@@ -217,8 +250,10 @@ def test_a_node_that_drops_every_packet_is_named_within_the_connect_timeout(clus
     on it after CONNECT_TIMEOUT with one line, instead of waiting on ssh for minutes."""
     env_file = cluster.env_file()
     env_file.write_text(env_file.read_text() + "CONNECT_TIMEOUT=3\n")
-    expected = ("node_1: cannot reach its Docker engine at ssh://node_1 (another address: DOCKER_HOST_NODE_1 in .env): "
-                "no answer from node_1 within 3 s (the host is down, or a firewall drops its ssh port)")
+    expected = (
+        "node_1: cannot reach its Docker engine at ssh://node_1 (another address: DOCKER_HOST_NODE_1 in .env): "
+        "no answer from node_1 within 3 s (the host is down, or a firewall drops its ssh port)"
+    )
     with cluster.silenced(cluster.nodes[0]):
         started = time.monotonic()
         doctor = launcher(cluster, "doctor", "--env-file", str(env_file), timeout=120)
@@ -242,8 +277,9 @@ def test_ssh_port_taken_on_a_node(cluster):
     finally:
         listener.terminate()
     assert result.returncode == 1
-    assert error_lines(result) == ["error: node_2: port 12345 is already in use there; free it or pass --ssh-port "
-                                   "with a free port"]
+    assert error_lines(result) == [
+        "error: node_2: port 12345 is already in use there; free it or pass --ssh-port with a free port"
+    ]
     assert_nothing_left(cluster)
 
 
@@ -270,8 +306,11 @@ def wait_until_stopped(cluster: Cluster, timeout: float = 300) -> list:
     """Both nodes' containers of the stack, once none is running (a detached job winds down by itself)."""
     deadline = time.monotonic() + timeout
     while True:
-        containers = [c for node in cluster.nodes
-                      for c in node.client().containers.list(all=True, filters={"label": "horovod-stack.cluster"})]
+        containers = [
+            c
+            for node in cluster.nodes
+            for c in node.client().containers.list(all=True, filters={"label": "horovod-stack.cluster"})
+        ]
         if containers and all(c.status == "exited" for c in containers):
             return containers
         assert time.monotonic() < deadline, [(c.name, c.status) for c in containers]
@@ -279,13 +318,20 @@ def wait_until_stopped(cluster: Cluster, timeout: float = 300) -> list:
 
 
 def seconds_between(earlier: str, later: str) -> float:
-    parse = lambda stamp: datetime.fromisoformat(stamp[:19]).replace(tzinfo=timezone.utc)  # noqa: E731
+    parse = lambda stamp: datetime.fromisoformat(stamp[:19]).replace(tzinfo=UTC)  # noqa: E731
     return (parse(later) - parse(earlier)).total_seconds()
 
 
 def test_detached_job_shows_its_latest_epoch_then_winds_down_by_itself_and_says_how_it_ended(cluster, measured):
-    detached = launcher(cluster, *start_args(cluster, "--detach", "--device", "/dev/null:/dev/hst-test-device"),
-                        "--", "--dataset", "synthetic", "--epochs", "40")
+    detached = launcher(
+        cluster,
+        *start_args(cluster, "--detach", "--device", "/dev/null:/dev/hst-test-device"),
+        "--",
+        "--dataset",
+        "synthetic",
+        "--epochs",
+        "40",
+    )
     assert detached.returncode == 0, detached.stderr[-3000:]
     assert "every container stops when the job ends" in detached.stderr
     deadline = time.monotonic() + 180
@@ -324,8 +370,15 @@ def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cl
     first = launcher(cluster, *start_args(cluster, "--detach"), "--", "--dataset", "synthetic", "--epochs", "1")
     assert first.returncode == 0, first.stderr[-3000:]
     wait_until_stopped(cluster)
-    detached = launcher(cluster, *start_args(cluster, "--detach", "--workdir", str(USER_SCRIPT)),
-                        "--", "python", "allreduce_train.py", "--fail-on-rank", "1")
+    detached = launcher(
+        cluster,
+        *start_args(cluster, "--detach", "--workdir", str(USER_SCRIPT)),
+        "--",
+        "python",
+        "allreduce_train.py",
+        "--fail-on-rank",
+        "1",
+    )
     assert detached.returncode == 0, detached.stderr[-3000:]
     assert "finished cluster" in detached.stderr  # the first job's, kept for status and logs, not refused
     wait_until_stopped(cluster)
@@ -333,8 +386,10 @@ def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cl
     print(status.stdout)
     assert "failed (exit status 1): RuntimeError: user script failed on purpose on rank 1" in status.stdout
     assert "succeeded (exit status 0)" in status.stdout
-    by_node = {node: launcher(cluster, "logs", "--env-file", str(cluster.env_file()), "--node", node).stdout
-               for node in ("node_1", "node_2")}  # rank 0 ran on node_1, rank 1 on node_2
+    by_node = {
+        node: launcher(cluster, "logs", "--env-file", str(cluster.env_file()), "--node", node).stdout
+        for node in ("node_1", "node_2")
+    }  # rank 0 ran on node_1, rank 1 on node_2
     assert "[1,1]<stderr>:RuntimeError: user script failed on purpose on rank 1" in by_node["node_2"], by_node
     assert "failed on purpose" not in by_node["node_1"] and "[1,0]<" not in by_node["node_2"], by_node
     stop = launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
@@ -343,9 +398,15 @@ def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cl
 
 
 def start_in_background(cluster: Cluster, train: list[str] = LONG_TRAIN) -> subprocess.Popen:
-    process = subprocess.Popen([LAUNCHER, *start_args(cluster), *train], env=cluster.launcher_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=default_signal_dispositions)
+    process = subprocess.Popen(
+        [LAUNCHER, *start_args(cluster), *train],
+        env=cluster.launcher_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signal_dispositions,
+    )
+    assert process.stdout is not None and process.stderr is not None
     deadline = time.monotonic() + 300
     epochs = train[train.index("--epochs") + 1]
     for line in process.stdout:  # rank 0's output: wait for training to be under way
@@ -361,7 +422,7 @@ def test_worker_killed_mid_run(cluster):
     victim.kill()
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 1
-    [line] = [l for l in stderr.splitlines() if l.startswith("error: ")]
+    [line] = [said for said in stderr.splitlines() if said.startswith("error: ")]
     assert line.startswith("error: node_2: its worker container ") and "during the run" in line
     assert_nothing_left(cluster)
 
@@ -371,18 +432,24 @@ def test_ctrl_c_during_training_removes_everything(cluster, measured):
     sent = time.monotonic()
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
-    measured(f"SIGINT to an attached launch: exit status {process.returncode} in {time.monotonic() - sent:.1f} s, "
-          f"containers left {cluster.project_containers()}")
+    measured(
+        f"SIGINT to an attached launch: exit status {process.returncode} in {time.monotonic() - sent:.1f} s, "
+        f"containers left {cluster.project_containers()}"
+    )
     assert process.returncode == 130
-    assert [l for l in stderr.splitlines() if l.startswith("error: ")] == [
-        "error: interrupted; the cluster's containers were removed"]
+    assert [said for said in stderr.splitlines() if said.startswith("error: ")] == [
+        "error: interrupted; the cluster's containers were removed"
+    ]
     assert_nothing_left(cluster)
 
 
-@pytest.mark.parametrize("signum, status, words", [
-    (signal.SIGTERM, 143, "stopped (SIGTERM)"),
-    (signal.SIGHUP, 129, "the terminal closed (SIGHUP)"),
-])
+@pytest.mark.parametrize(
+    "signum, status, words",
+    [
+        (signal.SIGTERM, 143, "stopped (SIGTERM)"),
+        (signal.SIGHUP, 129, "the terminal closed (SIGHUP)"),
+    ],
+)
 def test_sigterm_or_sighup_during_training_removes_everything(cluster, signum, status, words, measured):
     """A service manager's or CI's SIGTERM, a closed terminal's SIGHUP: as Ctrl-C, the cluster goes on every node."""
     process = start_in_background(cluster)
@@ -391,8 +458,10 @@ def test_sigterm_or_sighup_during_training_removes_everything(cluster, signum, s
     _, stderr = process.communicate(timeout=120)
     took = time.monotonic() - sent
     left = cluster.project_containers()
-    measured(f"{signal.Signals(signum).name} to an attached launch: exit status {process.returncode} in {took:.1f} s, "
-          f"containers left {left}")
+    measured(
+        f"{signal.Signals(signum).name} to an attached launch: exit status {process.returncode} in {took:.1f} s, "
+        f"containers left {left}"
+    )
     assert process.returncode == status and took <= 10, stderr[-3000:]
     assert error_lines(run_result(stderr)) == [f"error: {words}; the cluster's containers were removed"]
     assert_nothing_left(cluster)
@@ -408,8 +477,10 @@ def test_a_killed_launcher_leaves_the_job_to_the_cluster_which_ends_it(cluster, 
     _, log_stat = rank0.get_archive("/home/mpiuser/job.log")
     lags = [seconds_between(log_stat["mtime"], c.attrs["State"]["FinishedAt"]) for c in containers]
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
-    measured(f"launcher SIGKILLed: containers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's "
-          f"last line; {status.stdout.splitlines()[0]}")
+    measured(
+        f"launcher SIGKILLed: containers stopped {', '.join(f'{lag:.1f}' for lag in lags)} s after the job's "
+        f"last line; {status.stdout.splitlines()[0]}"
+    )
     assert max(lags) <= 15 and [c.attrs["State"]["ExitCode"] for c in containers] == [0, 0]
     assert "succeeded (exit status 0): epoch 15 of 15" in status.stdout.splitlines()[0], status.stdout
     launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
@@ -434,8 +505,10 @@ def test_a_killed_rank0_container_stops_the_other_workers(cluster, measured):
     # The entrypoint's last word, among sshd's own lines about the closed sessions (it logs at INFO)
     last_line = next(line for line in reversed(worker.logs(tail=10).decode().splitlines()) if " worker] " in line)
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
-    measured(f"rank 0's container killed: node_2's worker stopped {took:.1f} s later ({last_line}); "
-          f"{status.stdout.splitlines()[0]}")
+    measured(
+        f"rank 0's container killed: node_2's worker stopped {took:.1f} s later ({last_line}); "
+        f"{status.stdout.splitlines()[0]}"
+    )
     assert "rank 0's container on node_1 went away (its ssh lifeline closed); stopping" in last_line
     assert "failed: rank 0's container stopped (exit status 137) before the job ended" in status.stdout
     launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
@@ -456,27 +529,41 @@ def test_doctor_checks_every_node(cluster):
         assert f"{node.name}: network iface ok (hst0 {node.address}/24)" in by_subnet.stdout
     elsewhere = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--network-interface", "10.9.9.0/24")
     assert elsewhere.returncode == 1
-    assert (f"node_2: network iface FAIL no address in 10.9.9.0/24 there (it has hst0 {cluster.nodes[1].address}/24, "
-            "docker0 172.17.0.1/16)") in elsewhere.stdout
+    assert (
+        f"node_2: network iface FAIL no address in 10.9.9.0/24 there (it has hst0 {cluster.nodes[1].address}/24, "
+        "docker0 172.17.0.1/16)"
+    ) in elsewhere.stdout
 
 
 def node_file(cluster: Cluster, node_name: str, path: str) -> str:
     node = next(n for n in cluster.nodes if n.name == node_name)
-    return node.client().containers.run(IMAGE, ["cat", path], volumes={"horovod-stack-shared": {
-        "bind": "/shared", "mode": "ro"}}, remove=True).decode()
+    return (
+        node.client()
+        .containers.run(
+            IMAGE, ["cat", path], volumes={"horovod-stack-shared": {"bind": "/shared", "mode": "ro"}}, remove=True
+        )
+        .decode()
+    )
 
 
 class BackgroundLaunch:
     """`launcher start ...` in the background, rank 0's output read as it comes (with when each line came)."""
 
     def __init__(self, cluster: Cluster, *args: str) -> None:
-        self.process = subprocess.Popen([LAUNCHER, *args], env=cluster.launcher_env(), stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, preexec_fn=default_signal_dispositions)
+        self.process = subprocess.Popen(
+            [LAUNCHER, *args],
+            env=cluster.launcher_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=default_signal_dispositions,
+        )
         self.lines: list[tuple[float, str]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
+        assert self.process.stdout is not None
         for line in self.process.stdout:
             self.lines.append((time.monotonic(), line))
 
@@ -496,12 +583,21 @@ class BackgroundLaunch:
         return self.process.returncode, "".join(line for _, line in self.lines), stderr
 
     def stderr_tail(self) -> str:
+        assert self.process.stderr is not None
         return "" if self.process.poll() is None else self.process.stderr.read()[-3000:]
 
 
 def elastic_args(cluster: Cluster, metrics: str, *extra: str, epochs: int = 20) -> list[str]:
-    return [*start_args(cluster, "--push-image", "--elastic", "--min-nodes", "1", *extra), "--", "--dataset",
-            "synthetic", "--epochs", str(epochs), "--metrics-file", f"/shared/runs/{metrics}"]
+    return [
+        *start_args(cluster, "--push-image", "--elastic", "--min-nodes", "1", *extra),
+        "--",
+        "--dataset",
+        "synthetic",
+        "--epochs",
+        str(epochs),
+        "--metrics-file",
+        f"/shared/runs/{metrics}",
+    ]
 
 
 def kill_worker(cluster: Cluster, node_name: str) -> float:
@@ -511,8 +607,9 @@ def kill_worker(cluster: Cluster, node_name: str) -> float:
 
 
 def world_sizes(cluster: Cluster, metrics: str) -> list[int]:
-    return [json.loads(line)["world_size"]
-            for line in node_file(cluster, "node_1", f"/shared/runs/{metrics}").splitlines()]
+    return [
+        json.loads(line)["world_size"] for line in node_file(cluster, "node_1", f"/shared/runs/{metrics}").splitlines()
+    ]
 
 
 def test_elastic_job_takes_a_restarted_worker_back(cluster, measured):
@@ -536,16 +633,28 @@ def test_elastic_job_takes_a_restarted_worker_back(cluster, measured):
 def test_elastic_job_below_its_minimum_fails_naming_the_lost_node(cluster):
     env_file = cluster.root / "elastic.env"
     env_file.write_text(cluster.env_file().read_text() + "ELASTIC_TIMEOUT=10\n")
-    args = ["start", "--env-file", str(env_file), "--push-image", "--elastic", "--min-nodes", "2", "--",
-            "--dataset", "synthetic", "--epochs", "200"]
+    args = [
+        "start",
+        "--env-file",
+        str(env_file),
+        "--push-image",
+        "--elastic",
+        "--min-nodes",
+        "2",
+        "--",
+        "--dataset",
+        "synthetic",
+        "--epochs",
+        "200",
+    ]
     run = BackgroundLaunch(cluster, *args)
     run.wait_for("epoch 1/200:")
     kill_worker(cluster, "node_2")
     status, _, stderr = run.finish(timeout=300)
     assert status == 1
     assert error_lines(run_result(stderr)) == [
-        "error: the elastic job fell below --min-nodes 2 for 10 s: lost node_2 (its worker container stopped "
-        "(killed))"], stderr[-3000:]
+        "error: the elastic job fell below --min-nodes 2 for 10 s: lost node_2 (its worker container stopped (killed))"
+    ], stderr[-3000:]
     assert_nothing_left(cluster)
 
 
@@ -559,8 +668,10 @@ def test_a_node_that_goes_silent_ends_a_fixed_job_within_a_minute(cluster, measu
     with cluster.link_down(cluster.nodes[1]) as cut:
         status, _, stderr = run.finish(timeout=180)
         took = time.monotonic() - cut
-    measured(f"node_2's link down: the launcher exited {took:.1f} s later with status {status}: "
-          f"{error_lines(run_result(stderr))}")
+    measured(
+        f"node_2's link down: the launcher exited {took:.1f} s later with status {status}: "
+        f"{error_lines(run_result(stderr))}"
+    )
     assert status == 1 and error_lines(run_result(stderr)) == [f"error: {SILENT_NODE_2}"], stderr[-3000:]
     assert took <= 60
     assert f"error: {SILENT_NODE_2}; ending the job" in stderr
@@ -577,8 +688,9 @@ def test_elastic_job_goes_on_without_a_node_that_went_silent(cluster, measured):
         # 15 s): the link stays down past it, so node_2 is silent, not back, when the launcher looks.
         time.sleep(max(0.0, cut + SILENCE_SECONDS + 10 - time.monotonic()))
     status, output, stderr = run.finish()
-    measured(f"elastic, node_2's link down: first step at world size 1 {went_on:.1f} s after the cut, exit status "
-          f"{status}")
+    measured(
+        f"elastic, node_2's link down: first step at world size 1 {went_on:.1f} s after the cut, exit status {status}"
+    )
     assert status == 0, stderr[-3000:] + output[-3000:]
     assert f"{SILENT_NODE_2}; host discovery drops it and the elastic job goes on without it" in stderr
     sizes = world_sizes(cluster, "elastic-silent.jsonl")
@@ -597,8 +709,10 @@ def run_result(stderr: str) -> subprocess.CompletedProcess:
 def test_missing_nic_is_refused_before_any_container_starts(cluster):
     result = launcher(cluster, *start_args(cluster, "--network-interface", "nosuchnic0"), *TRAIN)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert error_lines(result) == ["error: node_1: no network interface nosuchnic0 there (it has docker0, hst0, lo); pass "
-                                   "--network-interface with one of them, or set NODE_NETWORK_INTERFACE in .env"]
+    assert error_lines(result) == [
+        "error: node_1: no network interface nosuchnic0 there (it has docker0, hst0, lo); pass "
+        "--network-interface with one of them, or set NODE_NETWORK_INTERFACE in .env"
+    ]
     assert "worker horovod-stack-" not in result.stderr  # refused before any worker started
     assert_nothing_left(cluster)
 
@@ -620,37 +734,57 @@ def test_doctor_links_prints_the_matrix_and_the_prediction_on_the_slowest_link(c
     print(f"\n$ launcher doctor --env-file launcher.env --links --link-seconds 1\n{result.stdout}")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert "links: host-network containers, over hst0, TCP port 12345, 1 s each way; from the row's node to the " \
-           "column's" in lines
-    unit = next(line for line in lines if line.split()[:3] in (["Mbit/s", "node_1", "node_2"],
-                                                                ["Gbit/s", "node_1", "node_2"]))
+    assert (
+        "links: host-network containers, over hst0, TCP port 12345, 1 s each way; from the row's node to the "
+        "column's" in lines
+    )
+    unit = next(
+        line for line in lines if line.split()[:3] in (["Mbit/s", "node_1", "node_2"], ["Gbit/s", "node_1", "node_2"])
+    )
     rates = [float(lines[lines.index(unit) + 1].split()[2]), float(lines[lines.index(unit) + 2].split()[1])]
     assert all(rate > 0 for rate in rates), rates
     assert any(line.split()[:3] == ["RTT", "ms", "node_1"] for line in lines)
     assert "links: gradient: 0.03396 MB (the bundled trainer's SimpleNet, 8490 floats); N = 2 ranks" in lines
     assert any(line.startswith("links: slowest link: node_") for line in lines)
     assert any(line.startswith("links: predicted ring allreduce: ") for line in lines)
-    assert f"links: {cluster.nodes[0].name} <-> {cluster.nodes[1].name} ({cluster.nodes[1].address}:12345, 1 s each " \
-           "way)" in result.stderr
+    assert (
+        f"links: {cluster.nodes[0].name} <-> {cluster.nodes[1].name} ({cluster.nodes[1].address}:12345, 1 s each "
+        "way)" in result.stderr
+    )
     advice = next(line for line in lines if line.startswith("links: advice: "))
     assert "per step (the bundled trainer's, measured on node_1) on the slowest link: compute-bound" in advice, advice
     assert "all nodes ready" in lines
     assert_nothing_left(cluster)
 
-    # A slow LAN: every node's link shaped to 10 Mbit/s each way; the trainer's 34 KB gradient now outweighs its compute.
+    # A slow LAN: every node's link shaped to 10 Mbit/s each way; the trainer's 34 KB gradient now outweighs its
+    # compute.
     with cluster.shaped(10):
         shaped = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--links", "--link-seconds", "1")
-    print(f"\n$ launcher doctor --env-file launcher.env --links --link-seconds 1   # links shaped to 10 Mbit/s\n"
-          f"{shaped.stdout}")
+    print(
+        f"\n$ launcher doctor --env-file launcher.env --links --link-seconds 1   # links shaped to 10 Mbit/s\n"
+        f"{shaped.stdout}"
+    )
     assert shaped.returncode == 0, shaped.stdout + shaped.stderr
     advice = next(line for line in shaped.stdout.splitlines() if line.startswith("links: advice: "))
-    assert ": communication-bound; fp16 compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16)" \
-        in advice, advice
+    assert (
+        ": communication-bound; fp16 compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16)"
+        in advice
+    ), advice
     assert_nothing_left(cluster)
 
-    by_subnet = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--links", "--link-seconds", "0.5",
-                         "--network-interface", cluster.nodes[0].address.rsplit(".", 1)[0] + ".0/24",
-                         "--gradient-mb", "100")
+    by_subnet = launcher(
+        cluster,
+        "doctor",
+        "--env-file",
+        str(cluster.env_file()),
+        "--links",
+        "--link-seconds",
+        "0.5",
+        "--network-interface",
+        cluster.nodes[0].address.rsplit(".", 1)[0] + ".0/24",
+        "--gradient-mb",
+        "100",
+    )
     assert by_subnet.returncode == 0, by_subnet.stdout + by_subnet.stderr
     assert "links: gradient: 100 MB (--gradient-mb); N = 2 ranks" in by_subnet.stdout
     assert "links: advice: pass --compute-ms (your model's compute per step" in by_subnet.stdout
@@ -665,9 +799,11 @@ def test_doctor_links_names_a_pair_that_cannot_reach_each_other_and_leaves_nothi
         result = launcher(cluster, "doctor", "--env-file", str(cluster.env_file()), "--links", "--link-seconds", "1")
     finally:
         subprocess.run(node_2.in_namespace("iptables", "-D", *firewall), check=True)
-    why = (f"node_1 cannot reach node_2 at {node_2.address}:12345 (timed out); allow TCP from node_1 to node_2 on the "
-           "job's NIC (the workers' sshd port and the ports Open MPI, NCCL and Gloo open), or pin a NIC both reach "
-           "with --network-interface")
+    why = (
+        f"node_1 cannot reach node_2 at {node_2.address}:12345 (timed out); allow TCP from node_1 to node_2 on the "
+        "job's NIC (the workers' sshd port and the ports Open MPI, NCCL and Gloo open), or pin a NIC both reach "
+        "with --network-interface"
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"links: FAIL {why}" in result.stdout.splitlines()
     assert error_lines(result) == [f"error: 1 problem(s): {why}"]
@@ -676,9 +812,14 @@ def test_doctor_links_names_a_pair_that_cannot_reach_each_other_and_leaves_nothi
 
 
 def test_ctrl_c_during_doctor_links_removes_its_containers(cluster):
-    process = subprocess.Popen([LAUNCHER, "doctor", "--env-file", str(cluster.env_file()), "--links",
-                                "--link-seconds", "60"], env=cluster.launcher_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, preexec_fn=default_signal_dispositions)
+    process = subprocess.Popen(
+        [LAUNCHER, "doctor", "--env-file", str(cluster.env_file()), "--links", "--link-seconds", "60"],
+        env=cluster.launcher_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signal_dispositions,
+    )
     deadline = time.monotonic() + 120
     while not all(cluster.project_containers()[node.name] for node in cluster.nodes):  # node_2's server, node_1's probe
         assert time.monotonic() < deadline and process.poll() is None, process.communicate()
@@ -687,7 +828,8 @@ def test_ctrl_c_during_doctor_links_removes_its_containers(cluster):
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     assert error_lines(subprocess.CompletedProcess([], 130, "", stderr)) == [
-        "error: interrupted; the link-test containers were removed"]
+        "error: interrupted; the link-test containers were removed"
+    ]
     assert_nothing_left(cluster)
 
 
@@ -699,10 +841,21 @@ def test_per_node_rank_counts_put_two_ranks_on_node_1_and_one_on_node_2(cluster)
     """--nodes node_1:2,node_2:1 (a --hostfile of the same counts makes the same plan: tests/test_launcher_plan.py)."""
     nodes = ["--nodes", "node_1:2,node_2:1"]
     env_file = cluster.root / "no-nodes.env"
-    env_file.write_text("\n".join(line for line in cluster.env_file().read_text().splitlines()
-                                  if not line.startswith("NODES=")) + "\n")
-    result = launcher(cluster, "start", "--env-file", str(env_file), *nodes, "--workdir", str(USER_SCRIPT),
-                      "--", "python", "allreduce_train.py")
+    env_file.write_text(
+        "\n".join(line for line in cluster.env_file().read_text().splitlines() if not line.startswith("NODES=")) + "\n"
+    )
+    result = launcher(
+        cluster,
+        "start",
+        "--env-file",
+        str(env_file),
+        *nodes,
+        "--workdir",
+        str(USER_SCRIPT),
+        "--",
+        "python",
+        "allreduce_train.py",
+    )
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     assert "3 ranks on 2 node(s) [node_1: 2 rank(s) (ssh://node_1), node_2: 1 rank(s)" in result.stderr
     assert f"hostfile: {cluster.nodes[0].address}:2 {cluster.nodes[1].address}:1" in result.stderr
@@ -719,17 +872,31 @@ def test_nics_named_differently_train_fixed_and_elastic_jobs_over_the_subnet(clu
         assert by_name.returncode == 1
         assert error_lines(by_name) == [
             "error: node_2: no network interface hst0 there (it has docker0, enp9s0, lo); pass --network-interface "
-            "with one of them, or set NODE_NETWORK_INTERFACE in .env"]
+            "with one of them, or set NODE_NETWORK_INTERFACE in .env"
+        ]
 
         fixed = launcher(cluster, *start_args(cluster, "--network-interface", subnet), *TRAIN)
         assert fixed.returncode == 0, fixed.stderr[-3000:] + fixed.stdout[-3000:]
-        for line in (f"node_1: port 12345 free, NIC hst0 in {subnet}", f"node_2: port 12345 free, NIC enp9s0 in {subnet}",
-                     f"--mca btl_tcp_if_include {subnet}", f"python -m launcher.agent.rank_nic {subnet} -- python -m app.train"):
+        for line in (
+            f"node_1: port 12345 free, NIC hst0 in {subnet}",
+            f"node_2: port 12345 free, NIC enp9s0 in {subnet}",
+            f"--mca btl_tcp_if_include {subnet}",
+            f"python -m launcher.agent.rank_nic {subnet} -- python -m app.train",
+        ):
             assert line in fixed.stderr
         assert "parameters identical on all 2 ranks" in fixed.stdout
 
-        elastic = launcher(cluster, *start_args(cluster, "--network-interface", subnet, "--elastic"), "--",
-                           "--dataset", "synthetic", "--epochs", "3", "--metrics-file", "/shared/runs/subnet.jsonl")
+        elastic = launcher(
+            cluster,
+            *start_args(cluster, "--network-interface", subnet, "--elastic"),
+            "--",
+            "--dataset",
+            "synthetic",
+            "--epochs",
+            "3",
+            "--metrics-file",
+            "/shared/runs/subnet.jsonl",
+        )
         assert elastic.returncode == 0, elastic.stderr[-3000:] + elastic.stdout[-3000:]
         assert "--network-interface hst0 " in elastic.stderr  # horovodrun serves on rank 0's own NIC
         assert world_sizes(cluster, "subnet.jsonl") == [2, 2, 2]
@@ -740,10 +907,16 @@ def test_dry_run_prints_the_plan_and_starts_nothing(cluster):
     result = launcher(cluster, *start_args(cluster, "--dry-run", "--nodes", "node_1:2,node_2"), *TRAIN)
     print(f"\n$ launcher start --dry-run --nodes node_1:2,node_2 ...\n{result.stdout}")
     assert result.returncode == 0, result.stderr[-3000:]
-    for expected in ("plan: 3 ranks on 2 node(s)", "node_1 (rank 0, runs the job agent; engine ssh://node_1)",
-                     "image horovod-stack:latest (", "network host, shared memory 1g", "environment SSH_PORT, WORKER_ADDRESS",
-                     f"hostfile /home/mpiuser/hostfile:\n  {cluster.nodes[0].address} slots=2\n  "
-                     f"{cluster.nodes[1].address} slots=1\n", "mpirun: mpirun -np 3 --hostfile"):
+    for expected in (
+        "plan: 3 ranks on 2 node(s)",
+        "node_1 (rank 0, runs the job agent; engine ssh://node_1)",
+        "image horovod-stack:latest (",
+        "network host, shared memory 1g",
+        "environment SSH_PORT, WORKER_ADDRESS",
+        f"hostfile /home/mpiuser/hostfile:\n  {cluster.nodes[0].address} slots=2\n  "
+        f"{cluster.nodes[1].address} slots=1\n",
+        "mpirun: mpirun -np 3 --hostfile",
+    ):
         assert expected in result.stdout, result.stdout
     assert "PRIVATE KEY" not in result.stdout + result.stderr
     assert "dry run: nothing was started" in result.stderr
@@ -763,13 +936,16 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
     # The job's time limit ends it by itself once the stall has been seen (then `status` says so; nothing runs on).
     # At 50 s it once came first: with this machine's other room pushing 6.7 GB, the script started late, and the
     # stall (20 s without output) was not yet seen.
-    started = launcher(cluster, *start_args(cluster, "--detach", "--time-limit", "90", *stall_args), "--", "python",
-                       "stall.py")
+    started = launcher(
+        cluster, *start_args(cluster, "--detach", "--time-limit", "90", *stall_args), "--", "python", "stall.py"
+    )
     assert started.returncode == 0, started.stderr[-3000:]
     try:
         deadline = time.monotonic() + 120
-        while "stall-script rank 0 of 2 started" not in launcher(cluster, "logs", "--env-file",
-                                                                 str(cluster.env_file())).stdout:
+        while (
+            "stall-script rank 0 of 2 started"
+            not in launcher(cluster, "logs", "--env-file", str(cluster.env_file())).stdout
+        ):
             assert time.monotonic() < deadline, "the stall script did not start"
             time.sleep(2)
         deadline = time.monotonic() + 60  # until rank 1 waits where the script stalls it
@@ -779,23 +955,27 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
             time.sleep(1)
         print(f"\n$ launcher stacks\n{stacks.stdout}")
         assert stacks.returncode == 0, stacks.stderr
-        assert re.search(r"^rank 0 \(node_1 pid \d+\) in \w+ at mpi_ops.py:\d+, from main at stall.py:\d+",
-                         stacks.stdout, re.M), stacks.stdout
+        assert re.search(
+            r"^rank 0 \(node_1 pid \d+\) in \w+ at mpi_ops.py:\d+, from main at stall.py:\d+", stacks.stdout, re.M
+        ), stacks.stdout
 
         deadline = time.monotonic() + 90
-        while "stalled for" not in (status := launcher(cluster, "status", "--env-file",
-                                                       str(cluster.env_file())).stdout):
+        while "stalled for" not in (
+            status := launcher(cluster, "status", "--env-file", str(cluster.env_file())).stdout
+        ):
             assert time.monotonic() < deadline, status
             time.sleep(3)
         print(f"\n$ launcher status\n{status}")
-        assert re.search(r"stalled for \d+ s: rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+ while rank 0 ",
-                         status), status
+        assert re.search(
+            r"stalled for \d+ s: rank 1 \(node_2 pid \d+\) in wait_for_data at stall.py:\d+ while rank 0 ", status
+        ), status
         assert "Horovod: rank 1 missing from" in status, status
         logs = launcher(cluster, "logs", "--env-file", str(cluster.env_file())).stdout
         assert "the job looks stalled: no output and no new metrics for" in logs and "wait_for_data (" in logs
         deadline = time.monotonic() + 120  # until the job has failed and every container has stopped by itself
         while "failed" not in (status := launcher(cluster, "status", "--env-file", str(cluster.env_file())).stdout) or (
-                " running" in status.split("\n", 1)[1]):
+            " running" in status.split("\n", 1)[1]
+        ):
             assert time.monotonic() < deadline, status
             time.sleep(3)
         print(f"\n$ launcher status  # after --time-limit 90\n{status}")
@@ -809,8 +989,9 @@ def test_a_mounted_folder_reaches_every_rank_and_a_missing_one_is_refused_first(
     dataset = cluster.root / "dataset"
     dataset.mkdir(exist_ok=True)
     (dataset / "greeting.txt").write_text("hello from the node's disk\n")
-    result = launcher(cluster, *start_args(cluster, "--mount", f"{dataset}:/data:ro"), "--", "cat",
-                      "/data/greeting.txt")
+    result = launcher(
+        cluster, *start_args(cluster, "--mount", f"{dataset}:/data:ro"), "--", "cat", "/data/greeting.txt"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("hello from the node's disk") == 2  # one rank on each node
     missing = launcher(cluster, *start_args(cluster, "--mount", f"{cluster.root}/no-such-folder:/data"), *TRAIN)
@@ -833,8 +1014,19 @@ def test_a_shared_folder_lets_a_job_resume_with_rank_0_on_the_other_node(cluster
     run.finish()
     reached = max(int(epoch) for _, line in run.lines for epoch in re.findall(r"epoch (\d+)/200:", line))
     epochs = str(reached + 5)  # a few more than the first job can have saved before it was stopped
-    resumed = launcher(cluster, "start", "--env-file", str(env_file), "--nodes", "node_2,node_1", "--", *checkpoints,
-                       "--epochs", epochs, "--resume")
+    resumed = launcher(
+        cluster,
+        "start",
+        "--env-file",
+        str(env_file),
+        "--nodes",
+        "node_2,node_1",
+        "--",
+        *checkpoints,
+        "--epochs",
+        epochs,
+        "--resume",
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
     started_at = int(re.search(r"resuming from \S+ after epoch (\d+)", resumed.stdout + resumed.stderr).group(1))
     assert started_at >= 2
@@ -842,18 +1034,33 @@ def test_a_shared_folder_lets_a_job_resume_with_rank_0_on_the_other_node(cluster
     assert_nothing_left(cluster)
 
 
-AUTOTUNE_QUICKLY = ["--env", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES=1", "--env", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=2",
-                    "--env", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=3"]
+AUTOTUNE_QUICKLY = [
+    "--env",
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES=1",
+    "--env",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=2",
+    "--env",
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=3",
+]
 """Horovod's tuning in a few samples of a few steps, so a 2-epoch run scores some."""
 
 
 def test_results_come_home_after_the_cluster_is_gone(cluster, tmp_path):
     """With --timeline and --autotune: rank 0's timeline and the autotuner's choice come home with the run."""
-    result = launcher(cluster, *start_args(cluster, "--timeline", "--autotune", *AUTOTUNE_QUICKLY), "--", "--dataset",
-                      "digits", "--epochs", "2")
+    result = launcher(
+        cluster,
+        *start_args(cluster, "--timeline", "--autotune", *AUTOTUNE_QUICKLY),
+        "--",
+        "--dataset",
+        "digits",
+        "--epochs",
+        "2",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     said = result.stdout + result.stderr
-    assert re.search(r"timeline: /shared/runs/\w+/timeline.json: \d+ tensors, allreduced over \d+ steps; per step", said)
+    assert re.search(
+        r"timeline: /shared/runs/\w+/timeline.json: \d+ tensors, allreduced over \d+ steps; per step", said
+    )
     assert re.search(r"autotune: (chose|not finished after \d+ samples)", said), said[-3000:]
     cluster_id = re.search(r"launcher results --cluster (\w+) --to results", result.stderr).group(1)
     assert_nothing_left(cluster)
@@ -880,8 +1087,9 @@ def test_results_come_home_after_the_cluster_is_gone(cluster, tmp_path):
     assert (run / "autotune.csv").read_text().startswith("hierarchical_allreduce,")
     unknown = launcher(cluster, "results", "--env-file", str(cluster.env_file()), "--cluster", "00000000")
     assert unknown.returncode == 1
-    assert error_lines(unknown)[0].startswith("error: no run 00000000 in the shared folder of these nodes; the runs "
-                                              f"there: {cluster_id} (node_1)")
+    assert error_lines(unknown)[0].startswith(
+        f"error: no run 00000000 in the shared folder of these nodes; the runs there: {cluster_id} (node_1)"
+    )
 
 
 @pytest.mark.parametrize("kind", ["fixed-size", "elastic"])
@@ -892,12 +1100,23 @@ def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, 
     value = f"sk-SECRET-{os.urandom(8).hex()}"
     env = {**cluster.launcher_env(), "API_KEY": value}
     elastic = ["--elastic", "--min-nodes", "2"] if kind == "elastic" else []
-    job = [*start_args(cluster, "--workdir", str(USER_SCRIPT), "--secret", "API_KEY", *elastic), "--", "python",
-           "secret_digest.py", "API_KEY"]
+    job = [
+        *start_args(cluster, "--workdir", str(USER_SCRIPT), "--secret", "API_KEY", *elastic),
+        "--",
+        "python",
+        "secret_digest.py",
+        "API_KEY",
+    ]
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([LAUNCHER, *args], env=env, capture_output=True, text=True, timeout=600,
-                              preexec_fn=default_signal_dispositions)
+        return subprocess.run(
+            [LAUNCHER, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            preexec_fn=default_signal_dispositions,
+        )
 
     seen = {"dry run": run(*job[:1], "--dry-run", *job[1:])}
     assert "secrets API_KEY=***" in seen["dry run"].stdout, seen["dry run"].stderr[-3000:]
@@ -908,20 +1127,32 @@ def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, 
     while (logs := run("logs", "--env-file", str(cluster.env_file()))).stdout.count("sha256") < 2:
         assert time.monotonic() < deadline, logs.stdout[-3000:] + logs.stderr[-3000:]
         time.sleep(1)
-    processes = {node.name: [c.exec_run(["ps", "-eww", "-o", "args"]).output.decode()
-                             for c in node.client().containers.list(filters={"label": "horovod-stack.cluster"})]
-                 for node in cluster.nodes}
-    listening = {node.name: [c.exec_run(["ss", "-Hltn", "sport = :12345"]).output.decode().split()[3::5]
-                             for c in node.client().containers.list(filters={"label": "horovod-stack.cluster"})]
-                 for node in cluster.nodes}
+    processes = {
+        node.name: [
+            c.exec_run(["ps", "-eww", "-o", "args"]).output.decode()
+            for c in node.client().containers.list(filters={"label": "horovod-stack.cluster"})
+        ]
+        for node in cluster.nodes
+    }
+    listening = {
+        node.name: [
+            c.exec_run(["ss", "-Hltn", "sport = :12345"]).output.decode().split()[3::5]
+            for c in node.client().containers.list(filters={"label": "horovod-stack.cluster"})
+        ]
+        for node in cluster.nodes
+    }
     wait_until_stopped(cluster)
     seen["logs"] = run("logs", "--env-file", str(cluster.env_file()))
     seen["status"] = run("status", "--env-file", str(cluster.env_file()))
     expected = hashlib.sha256(value.encode()).hexdigest()
     assert [line.split()[-1] for line in seen["logs"].stdout.splitlines() if "sha256" in line] == [expected] * 2
     assert "succeeded (exit status 0)" in seen["status"].stdout, seen["status"].stdout
-    leaks = [f"{what}: {part}" for what, result in seen.items() for part in ("stdout", "stderr")
-             if value in getattr(result, part)]
+    leaks = [
+        f"{what}: {part}"
+        for what, result in seen.items()
+        for part in ("stdout", "stderr")
+        if value in getattr(result, part)
+    ]
     leaks += [f"ps on {node}" for node, listings in processes.items() for listing in listings if value in listing]
     assert all(listings for listings in processes.values()) and "secret_digest.py" in processes["node_2"][0]
     for node in cluster.nodes:
@@ -934,16 +1165,29 @@ def test_a_secret_setting_reaches_every_rank_and_is_found_nowhere_else(cluster, 
                 stream, info = container.get_archive(change["Path"])
                 if not info["mode"] & (1 << 31) and value.encode() in b"".join(stream):  # Go's ModeDir: a folder
                     leaks.append(f"{change['Path']} in {container.name}")
-    mpijob = run("export", "mpijob", "--name", "digits", "--workers", "2", "--secret", "API_KEY=tracker/api-key",
-                 "--image", "registry.example.com/horovod-stack:1")
+    mpijob = run(
+        "export",
+        "mpijob",
+        "--name",
+        "digits",
+        "--workers",
+        "2",
+        "--secret",
+        "API_KEY=tracker/api-key",
+        "--image",
+        "registry.example.com/horovod-stack:1",
+    )
     assert mpijob.returncode == 0 and "secretKeyRef" in mpijob.stdout and value not in mpijob.stdout
-    print(f"\n--secret: every rank's digest {expected[:12]}... is the value's; places searched: {sorted(seen)}, ps in "
-          f"{sum(map(len, processes.values()))} containers, every changed file and `docker inspect` of each; leaks: "
-          f"{leaks}")
+    print(
+        f"\n--secret: every rank's digest {expected[:12]}... is the value's; places searched: {sorted(seen)}, ps in "
+        f"{sum(map(len, processes.values()))} containers, every changed file and `docker inspect` of each; leaks: "
+        f"{leaks}"
+    )
     assert leaks == []
     print(f"sshd listens on: {listening}")
-    assert all(addresses == [[f"{node.address}:12345"]] for node in cluster.nodes
-               for addresses in [listening[node.name]]), listening
+    assert all(
+        addresses == [[f"{node.address}:12345"]] for node in cluster.nodes for addresses in [listening[node.name]]
+    ), listening
     run("stop", "--env-file", str(cluster.env_file()))
     assert_nothing_left(cluster)
 
@@ -952,9 +1196,19 @@ def test_a_fixed_job_that_loses_a_node_is_restarted_on_the_other_from_its_checkp
     """--max-restarts 1 --min-nodes 1: node_2's worker killed mid-run; the job's agent starts the job again on node_1
     alone, the trainer resuming after its last checkpointed epoch, and the job ends with exit status 0."""
     folder = f"/shared/runs/restart-{int(time.time())}"
-    run = BackgroundLaunch(cluster, *start_args(cluster, "--push-image", "--max-restarts", "1", "--min-nodes", "1"),
-                           "--", "--dataset", "synthetic", "--epochs", "12", "--checkpoint-dir", f"{folder}/ck",
-                           "--metrics-file", f"{folder}/metrics.jsonl")
+    run = BackgroundLaunch(
+        cluster,
+        *start_args(cluster, "--push-image", "--max-restarts", "1", "--min-nodes", "1"),
+        "--",
+        "--dataset",
+        "synthetic",
+        "--epochs",
+        "12",
+        "--checkpoint-dir",
+        f"{folder}/ck",
+        "--metrics-file",
+        f"{folder}/metrics.jsonl",
+    )
     run.wait_for("epoch 2/12:")
     killed = kill_worker(cluster, "node_2")
     resumed = run.wait_for("resuming from", timeout=180)
@@ -990,13 +1244,29 @@ def test_a_fixed_job_that_loses_a_node_goes_on_on_a_warm_spare_from_its_checkpoi
     env_file = cluster.root / "spare.env"
     env_file.write_text(cluster.env_file().read_text() + f"SPARES={spare.name}\nMAX_RESTARTS=1\n")
     folder = f"/shared/runs/spare-{loss.split()[0]}-{int(time.time())}"
-    run = BackgroundLaunch(cluster, "start", "--env-file", str(env_file), "--", "--dataset", "synthetic", "--epochs",
-                           "20", "--checkpoint-dir", f"{folder}/ck", "--metrics-file", f"{folder}/metrics.jsonl")
+    run = BackgroundLaunch(
+        cluster,
+        "start",
+        "--env-file",
+        str(env_file),
+        "--",
+        "--dataset",
+        "synthetic",
+        "--epochs",
+        "20",
+        "--checkpoint-dir",
+        f"{folder}/ck",
+        "--metrics-file",
+        f"{folder}/metrics.jsonl",
+    )
     try:
         run.wait_for("epoch 2/20:")
         with contextlib.ExitStack() as lost:
-            gone = (kill_worker(cluster, "node_2") if loss == "worker killed"
-                    else lost.enter_context(cluster.link_down(cluster.nodes[1])))
+            gone = (
+                kill_worker(cluster, "node_2")
+                if loss == "worker killed"
+                else lost.enter_context(cluster.link_down(cluster.nodes[1]))
+            )
             resumed = run.wait_for("resuming from", timeout=180)
             stepped = first_step_after(run, resumed)
             status = launcher(cluster, "status", "--env-file", str(env_file)).stdout
@@ -1005,8 +1275,10 @@ def test_a_fixed_job_that_loses_a_node_goes_on_on_a_warm_spare_from_its_checkpoi
         if run.process.poll() is None:  # a failed assertion: the next test starts on clean nodes
             launcher(cluster, "stop", "--env-file", str(env_file))
             run.finish()
-    measured(f"{loss} on node_2: training again on node_1,node_3 {stepped - gone:.1f} s later (resumed after "
-          f"{resumed - gone:.1f} s); exit status {exit_status}")
+    measured(
+        f"{loss} on node_2: training again on node_1,node_3 {stepped - gone:.1f} s later (resumed after "
+        f"{resumed - gone:.1f} s); exit status {exit_status}"
+    )
     assert re.search(r"node_3: \S+ role=spare ", status), status
     assert exit_status == 0, stderr[-3000:] + output[-3000:]
     [line] = [line for line in stderr.splitlines() if "restart 1/1: " in line]

@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -37,23 +38,29 @@ from tests.conftest import container, launch_settings
 from tests.conftest import plan_of as make_plan
 
 
-@pytest.mark.parametrize("settings, expected", [
-    ({}, "gpu-a slots=1\ngpu-b slots=1\n"),
-    ({"slots": 3}, "gpu-a slots=3\ngpu-b slots=3\n"),
-    ({"gpus_per_node": 4}, "gpu-a slots=4\ngpu-b slots=4\n"),  # one rank per GPU
-    ({"gpus_per_node": 4, "slots": 4}, "gpu-a slots=4\ngpu-b slots=4\n"),  # slots given beside GPUs: the same count
-    ({"nodes": ("a.lan",)}, "a.lan slots=1\n"),
-])
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({}, "gpu-a slots=1\ngpu-b slots=1\n"),
+        ({"slots": 3}, "gpu-a slots=3\ngpu-b slots=3\n"),
+        ({"gpus_per_node": 4}, "gpu-a slots=4\ngpu-b slots=4\n"),  # one rank per GPU
+        ({"gpus_per_node": 4, "slots": 4}, "gpu-a slots=4\ngpu-b slots=4\n"),  # slots given beside GPUs: the same count
+        ({"nodes": ("a.lan",)}, "a.lan slots=1\n"),
+    ],
+)
 def test_hostfile(settings, expected):
     spec = make_plan(**settings).job_spec()
     assert hostfile(spec.workers, spec.slots) == expected
 
 
-@pytest.mark.parametrize("name, address, expected", [
-    ("gpu-a", None, "gpu-a"),
-    ("gpu-a.lan", "10.0.0.1", "gpu-a.lan"),
-    ("node_1", "10.0.0.1", "10.0.0.1"),   # Open MPI refuses underscores in host names
-])
+@pytest.mark.parametrize(
+    "name, address, expected",
+    [
+        ("gpu-a", None, "gpu-a"),
+        ("gpu-a.lan", "10.0.0.1", "gpu-a.lan"),
+        ("node_1", "10.0.0.1", "10.0.0.1"),  # Open MPI refuses underscores in host names
+    ],
+)
 def test_mpi_host(name, address, expected):
     assert mpi_host(name, address) == expected
 
@@ -62,20 +69,25 @@ def test_underscored_nodes_go_to_mpirun_by_address():
     plan = make_plan(nodes=("node_1", "node_2"))
     with pytest.raises(ValueError, match="node_1 needs an address"):
         plan.mpi_host(plan.rank0)
-    plan = make_plan(nodes=("node_1", "node_2"), found=Found(addresses=(("node_1", "10.0.0.1"), ("node_2", "10.0.0.2"))))
+    plan = make_plan(
+        nodes=("node_1", "node_2"), found=Found(addresses=(("node_1", "10.0.0.1"), ("node_2", "10.0.0.2")))
+    )
     spec = plan.job_spec()
     assert spec.workers == (Worker("node_1", "10.0.0.1", 1), Worker("node_2", "10.0.0.2", 1))
     assert hostfile(spec.workers, spec.slots) == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
 
 
-@pytest.mark.parametrize("after_dashes, command", [
-    ([], ["python", "-m", "app.train"]),
-    (["--dataset", "digits"], ["python", "-m", "app.train", "--dataset", "digits"]),
-    (["--", "--epochs", "2"], ["python", "-m", "app.train", "--epochs", "2"]),
-    (["python", "train.py", "--epochs", "5"], ["python", "train.py", "--epochs", "5"]),
-    (["--", "python", "train.py", "--", "x"], ["python", "train.py", "--", "x"]),  # only the first -- is ours
-    (["./run.sh"], ["./run.sh"]),
-])
+@pytest.mark.parametrize(
+    "after_dashes, command",
+    [
+        ([], ["python", "-m", "app.train"]),
+        (["--dataset", "digits"], ["python", "-m", "app.train", "--dataset", "digits"]),
+        (["--", "--epochs", "2"], ["python", "-m", "app.train", "--epochs", "2"]),
+        (["python", "train.py", "--epochs", "5"], ["python", "train.py", "--epochs", "5"]),
+        (["--", "python", "train.py", "--", "x"], ["python", "train.py", "--", "x"]),  # only the first -- is ours
+        (["./run.sh"], ["./run.sh"]),
+    ],
+)
 def test_job_command_is_the_users_command_or_the_trainer(after_dashes, command):
     assert job_command(after_dashes) == tuple(command)
 
@@ -85,14 +97,17 @@ def test_mpirun_argv_carries_the_seed_flags_and_trainer_args():
     assert argv[:5] == ["mpirun", "-np", "4", "--hostfile", "/home/mpiuser/hostfile"]
     assert argv[5:9] == ["-bind-to", "none", "-map-by", "slot"]
     assert argv[9] == "--tag-output"  # [1,RANK]<stdout>: before every line a rank writes
-    assert ["-x", "NCCL_DEBUG=WARN"] == argv[argv.index("NCCL_DEBUG=WARN") - 1:argv.index("NCCL_DEBUG=WARN") + 1]
+    assert ["-x", "NCCL_DEBUG=WARN"] == argv[argv.index("NCCL_DEBUG=WARN") - 1 : argv.index("NCCL_DEBUG=WARN") + 1]
     assert argv[-7:] == ["python", "-m", "app.train", "--dataset", "digits", "--run-dir", "/shared/runs/c0ffee00"]
     assert "btl_tcp_if_include" not in argv
 
 
 def test_users_command_env_and_workdir_reach_mpirun():
-    argv = make_plan(command=("python", "train.py", "--epochs", "5"), env=("NCCL_DEBUG=INFO", "SEED=3"),
-                     workdir=Path(__file__).parent).job_argv()
+    argv = make_plan(
+        command=("python", "train.py", "--epochs", "5"),
+        env=("NCCL_DEBUG=INFO", "SEED=3"),
+        workdir=Path(__file__).parent,
+    ).job_argv()
     assert argv[-4:] == ["python", "train.py", "--epochs", "5"]
     assert argv[-6:-4] == ["-wdir", "/workdir"]
     joined = " ".join(argv)
@@ -100,15 +115,29 @@ def test_users_command_env_and_workdir_reach_mpirun():
     assert "app.train" not in joined
 
 
-@pytest.mark.parametrize("env, expected", [
-    ((), [f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items()]),
-    (("SEED=3",), ["SEED=3", *(f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items())]),
-    (("OMPI_MCA_mpi_yield_when_idle=0",), ["OMPI_MCA_mpi_yield_when_idle=0", *(
-        f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items() if name != "OMPI_MCA_mpi_yield_when_idle")]),
-    (("OMPI_MCA_mpi_yield_when_idle_x=1",), ["OMPI_MCA_mpi_yield_when_idle_x=1", "OMPI_MCA_mpi_yield_when_idle=1",
-                                             "NCCL_DEBUG=WARN"]),
-    (tuple(f"{name}=9" for name in HOROVOD_DEFAULTS), [f"{name}=9" for name in HOROVOD_DEFAULTS]),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ((), [f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items()]),
+        (("SEED=3",), ["SEED=3", *(f"{name}={value}" for name, value in HOROVOD_DEFAULTS.items())]),
+        (
+            ("OMPI_MCA_mpi_yield_when_idle=0",),
+            [
+                "OMPI_MCA_mpi_yield_when_idle=0",
+                *(
+                    f"{name}={value}"
+                    for name, value in HOROVOD_DEFAULTS.items()
+                    if name != "OMPI_MCA_mpi_yield_when_idle"
+                ),
+            ],
+        ),
+        (
+            ("OMPI_MCA_mpi_yield_when_idle_x=1",),
+            ["OMPI_MCA_mpi_yield_when_idle_x=1", "OMPI_MCA_mpi_yield_when_idle=1", "NCCL_DEBUG=WARN"],
+        ),
+        (tuple(f"{name}=9" for name in HOROVOD_DEFAULTS), [f"{name}=9" for name in HOROVOD_DEFAULTS]),
+    ],
+)
 def test_horovod_defaults_reach_every_rank_unless_the_user_sets_them(env, expected):
     argv = mpirun_argv(ranks=2, hostfile="/h", command=["python", "t.py"], env=env)
     passed = [argv[i + 1] for i, word in enumerate(argv) if word == "-x" and "=" in argv[i + 1]]
@@ -131,50 +160,69 @@ def test_compose_builds_the_same_command_line_as_the_launcher():
     assert quoted.run_dir is None  # the user's command decides where it writes
 
 
-@pytest.mark.parametrize("environ, expected", [
-    ({}, {"expected_workers": 2, "slots": 1, "ssh_port": 12345, "ready_timeout": 180, "elastic_timeout": 60}),
-    ({"WORKERS": "3", "SLOTS_PER_WORKER": "2", "SSH_PORT": "2222", "READY_TIMEOUT": "30"},
-     {"expected_workers": 3, "slots": 2, "ssh_port": 2222, "ready_timeout": 30}),
-    ({"READY_TIMEOUT": "", "ELASTIC_TIMEOUT": ""}, {"ready_timeout": 180, "elastic_timeout": 60}),  # .env.example
-    ({"WORKERS": "3", "ELASTIC_MIN_WORKERS": "2", "ELASTIC_TIMEOUT": "15"},
-     {"elastic_min_workers": 2, "elastic_timeout": 15}),
-])
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, {"expected_workers": 2, "slots": 1, "ssh_port": 12345, "ready_timeout": 180, "elastic_timeout": 60}),
+        (
+            {"WORKERS": "3", "SLOTS_PER_WORKER": "2", "SSH_PORT": "2222", "READY_TIMEOUT": "30"},
+            {"expected_workers": 3, "slots": 2, "ssh_port": 2222, "ready_timeout": 30},
+        ),
+        ({"READY_TIMEOUT": "", "ELASTIC_TIMEOUT": ""}, {"ready_timeout": 180, "elastic_timeout": 60}),  # .env.example
+        (
+            {"WORKERS": "3", "ELASTIC_MIN_WORKERS": "2", "ELASTIC_TIMEOUT": "15"},
+            {"elastic_min_workers": 2, "elastic_timeout": 15},
+        ),
+    ],
+)
 def test_compose_settings_and_their_defaults(environ, expected):
     spec = compose_spec(**environ)
     assert {key: getattr(spec, key, None) or getattr(spec.options, key) for key in expected} == expected
 
 
-@pytest.mark.parametrize("environ, message", [
-    ({"ELASTIC_MIN_WORKERS": "3"}, "ELASTIC_MIN_WORKERS=3 is not from 1 to the 2 workers in WORKERS; fix it in .env"),
-    ({"ELASTIC_MIN_WORKERS": "two"}, "ELASTIC_MIN_WORKERS=two is not a whole number; fix it in .env"),
-    ({"WORKERS": "0"}, "WORKERS=0 is not a whole number of at least 1; fix it in .env"),
-    ({"SSH_PORT": "70000"}, "SSH_PORT=70000 is not a TCP port (1-65535); fix it in .env"),
-    ({"READY_TIMEOUT": "soon"}, "READY_TIMEOUT=soon is not a whole number; fix it in .env"),
-    ({"STALL_ACTION": "panic"}, "STALL_ACTION='panic' is not one of warn, fail; fix it in .env"),
-])
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        (
+            {"ELASTIC_MIN_WORKERS": "3"},
+            "ELASTIC_MIN_WORKERS=3 is not from 1 to the 2 workers in WORKERS; fix it in .env",
+        ),
+        ({"ELASTIC_MIN_WORKERS": "two"}, "ELASTIC_MIN_WORKERS=two is not a whole number; fix it in .env"),
+        ({"WORKERS": "0"}, "WORKERS=0 is not a whole number of at least 1; fix it in .env"),
+        ({"SSH_PORT": "70000"}, "SSH_PORT=70000 is not a TCP port (1-65535); fix it in .env"),
+        ({"READY_TIMEOUT": "soon"}, "READY_TIMEOUT=soon is not a whole number; fix it in .env"),
+        ({"STALL_ACTION": "panic"}, "STALL_ACTION='panic' is not one of warn, fail; fix it in .env"),
+    ],
+)
 def test_bad_compose_settings_are_refused_in_one_line(environ, message):
     with pytest.raises(SettingsError) as error:
         compose_spec(**environ)
     assert str(error.value).startswith(message)
 
 
-@pytest.mark.parametrize("command, expected", [
-    (["python", "-m", "app.train", "--run-dir", "/r"], "/r"),
-    (["python", "-m", "app.train", "--run-dir=/r", "--epochs", "2"], "/r"),
-    (["python", "-m", "app.train", "--epochs", "2"], None),
-    (["python", "train.py", "--run-dir", "/r"], None),  # not the bundled trainer
-])
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        (["python", "-m", "app.train", "--run-dir", "/r"], "/r"),
+        (["python", "-m", "app.train", "--run-dir=/r", "--epochs", "2"], "/r"),
+        (["python", "-m", "app.train", "--epochs", "2"], None),
+        (["python", "train.py", "--run-dir", "/r"], None),  # not the bundled trainer
+    ],
+)
 def test_trainer_option(command, expected):
     assert trainer_option(command, "--run-dir") == expected
 
 
-@pytest.mark.parametrize("command, files, expected", [
-    (["python", "train.py"], ["train.py"], ""),
-    (["python", "train.py"], [], "script train.py is not there"),
-    (["python", "-m", "app.train"], [], ""),
-    (["no-such-program-here", "x"], [], "no-such-program-here is not on PATH"),
-    (["bash", "missing.sh"], [], ""),  # only python's script is checked; bash reports its own
-])
+@pytest.mark.parametrize(
+    "command, files, expected",
+    [
+        (["python", "train.py"], ["train.py"], ""),
+        (["python", "train.py"], [], "script train.py is not there"),
+        (["python", "-m", "app.train"], [], ""),
+        (["no-such-program-here", "x"], [], "no-such-program-here is not on PATH"),
+        (["bash", "missing.sh"], [], ""),  # only python's script is checked; bash reports its own
+    ],
+)
 def test_command_probe(tmp_path, command, files, expected):
     for name in files:
         (tmp_path / name).write_text("")
@@ -186,6 +234,7 @@ def test_command_probe(tmp_path, command, files, expected):
 def test_workdir_archive_is_owned_by_mpiuser_and_skips_caches(tmp_path):
     import io
     import tarfile
+
     (tmp_path / "pkg" / "__pycache__").mkdir(parents=True)
     (tmp_path / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"0")
     (tmp_path / "pkg" / "model.py").write_text("x = 1\n")
@@ -199,8 +248,13 @@ def test_workdir_archive_is_owned_by_mpiuser_and_skips_caches(tmp_path):
 def test_one_nic_setting_reaches_open_mpi_nccl_and_gloo():
     argv = make_plan(network_interface="ens5").job_argv()
     joined = " ".join(argv)
-    for expected in ("--mca btl_tcp_if_include ens5", "--mca oob_tcp_if_include ens5", "-x NCCL_SOCKET_IFNAME==ens5",
-                     "-x GLOO_SOCKET_IFNAME=ens5", "-x HOROVOD_GLOO_IFACE=ens5"):
+    for expected in (
+        "--mca btl_tcp_if_include ens5",
+        "--mca oob_tcp_if_include ens5",
+        "-x NCCL_SOCKET_IFNAME==ens5",
+        "-x GLOO_SOCKET_IFNAME=ens5",
+        "-x HOROVOD_GLOO_IFACE=ens5",
+    ):
         assert expected in joined
 
 
@@ -208,8 +262,12 @@ def test_containers_are_named_and_labelled_per_cluster_and_node():
     plan = make_plan()
     first, second = plan.nodes
     assert plan.container_name(second) == "horovod-stack-c0ffee00-gpu-b"
-    assert plan.labels(first) == {"horovod-stack.cluster": "c0ffee00", "horovod-stack.node": "gpu-a",
-                                  "horovod-stack.role": "rank0", "horovod-stack.ranks": "1"}
+    assert plan.labels(first) == {
+        "horovod-stack.cluster": "c0ffee00",
+        "horovod-stack.node": "gpu-a",
+        "horovod-stack.role": "rank0",
+        "horovod-stack.ranks": "1",
+    }
     assert plan.labels(second)["horovod-stack.role"] == "worker"
 
 
@@ -228,8 +286,10 @@ def test_ranks_given_gpus_are_told_so():
     assert "HOROVOD_STACK_GPUS=1" in make_plan(gpus_per_node=2).job_spec().rank_env
     assert "HOROVOD_STACK_GPUS=1" not in " ".join(make_plan().job_argv())
     assert "-x HOROVOD_STACK_GPUS=1" in " ".join(make_plan(gpus_per_node=2).job_argv())
-    assert compose_spec(HOROVOD_STACK_GPUS="1", NCCL_DEBUG="INFO").options.env == ("HOROVOD_STACK_GPUS=1",
-                                                                                 "NCCL_DEBUG=INFO")
+    assert compose_spec(HOROVOD_STACK_GPUS="1", NCCL_DEBUG="INFO").options.env == (
+        "HOROVOD_STACK_GPUS=1",
+        "NCCL_DEBUG=INFO",
+    )
 
 
 def test_the_launchers_job_spec_names_every_node_rank0_first_and_survives_json():
@@ -243,12 +303,18 @@ def test_the_launchers_job_spec_names_every_node_rank0_first_and_survives_json()
     assert spec.job_argv() == plan.job_argv()
 
 
-@pytest.mark.parametrize("known, expected", [
-    ("", "[w1]:2222 ssh-ed25519 NEW\n"),
-    ("[w2]:2222 ssh-ed25519 K2\n", "[w2]:2222 ssh-ed25519 K2\n[w1]:2222 ssh-ed25519 NEW\n"),
-    ("[w1]:2222 ssh-ed25519 OLD\n[w2]:2222 ssh-ed25519 K2\n", "[w2]:2222 ssh-ed25519 K2\n[w1]:2222 ssh-ed25519 NEW\n"),
-    ("[w1]:22 ssh-ed25519 OTHERPORT\n", "[w1]:22 ssh-ed25519 OTHERPORT\n[w1]:2222 ssh-ed25519 NEW\n"),
-])
+@pytest.mark.parametrize(
+    "known, expected",
+    [
+        ("", "[w1]:2222 ssh-ed25519 NEW\n"),
+        ("[w2]:2222 ssh-ed25519 K2\n", "[w2]:2222 ssh-ed25519 K2\n[w1]:2222 ssh-ed25519 NEW\n"),
+        (
+            "[w1]:2222 ssh-ed25519 OLD\n[w2]:2222 ssh-ed25519 K2\n",
+            "[w2]:2222 ssh-ed25519 K2\n[w1]:2222 ssh-ed25519 NEW\n",
+        ),
+        ("[w1]:22 ssh-ed25519 OTHERPORT\n", "[w1]:22 ssh-ed25519 OTHERPORT\n[w1]:2222 ssh-ed25519 NEW\n"),
+    ],
+)
 def test_pinning_a_host_key_replaces_only_that_workers_old_key(known, expected):
     assert pin_known_host(known, "w1", 2222, "ssh-ed25519 NEW mpiuser@host\n") == expected
 
@@ -264,31 +330,41 @@ def test_every_ssh_into_the_cluster_and_every_workers_sshd_give_up_on_a_silent_p
     client = ssh_config(2222).splitlines()
     assert "  ServerAliveInterval 5" in client and "  ServerAliveCountMax 3" in client
     sshd = (Path(__file__).parent.parent / "docker" / "sshd_config").read_text().splitlines()
-    assert f"ClientAliveInterval {KEEPALIVE_INTERVAL_SECONDS}" in sshd and f"ClientAliveCountMax {KEEPALIVE_COUNT}" in sshd
+    assert (
+        f"ClientAliveInterval {KEEPALIVE_INTERVAL_SECONDS}" in sshd and f"ClientAliveCountMax {KEEPALIVE_COUNT}" in sshd
+    )
     assert KEEPALIVE_INTERVAL_SECONDS * KEEPALIVE_COUNT == SILENCE_SECONDS == 15
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"nodes": ()}, "pass --nodes"),
-    ({"nodes": ("node_1", "node_1")}, "listed twice"),
-    ({"nodes": ("bad name",)}, "not a host name"),
-    ({"slots": 0}, "--slots"),
-    ({"ssh_port": 70000}, "--ssh-port"),
-    ({"engines": {"node_9": "tcp://x:2375"}}, "not in --nodes"),
-    ({"env": ("NO_EQUALS",)}, "is not KEY=VALUE"),
-    ({"env": ("1BAD=x",)}, "is not KEY=VALUE"),
-    ({"workdir": Path("/no/such/folder")}, "--workdir /no/such/folder is not a folder here"),
-    ({"devices": ("infiniband",)}, r"--device 'infiniband' is not HOST_PATH\[:CONTAINER_PATH\] under /dev"),
-    ({"devices": ("/dev/infiniband:/etc",)}, r"is not HOST_PATH\[:CONTAINER_PATH\] under /dev"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"nodes": ()}, "pass --nodes"),
+        ({"nodes": ("node_1", "node_1")}, "listed twice"),
+        ({"nodes": ("bad name",)}, "not a host name"),
+        ({"slots": 0}, "--slots"),
+        ({"ssh_port": 70000}, "--ssh-port"),
+        ({"engines": {"node_9": "tcp://x:2375"}}, "not in --nodes"),
+        ({"env": ("NO_EQUALS",)}, "is not KEY=VALUE"),
+        ({"env": ("1BAD=x",)}, "is not KEY=VALUE"),
+        ({"workdir": Path("/no/such/folder")}, "--workdir /no/such/folder is not a folder here"),
+        ({"devices": ("infiniband",)}, r"--device 'infiniband' is not HOST_PATH\[:CONTAINER_PATH\] under /dev"),
+        ({"devices": ("/dev/infiniband:/etc",)}, r"is not HOST_PATH\[:CONTAINER_PATH\] under /dev"),
+    ],
+)
 def test_bad_settings_are_refused(overrides, message):
     with pytest.raises(SettingsError, match=message):
         launch_settings(**{"nodes": ("node_1",), **overrides})
 
 
 def test_env_file_values_and_flag_overrides():
-    env = {"NODES": "node_1,node_2", "SSH_PORT": "2222", "SLOTS_PER_WORKER": "2", "IMAGE": "img:1",
-           "DOCKER_HOST_NODE_2": "unix:///run/node2.sock"}
+    env = {
+        "NODES": "node_1,node_2",
+        "SSH_PORT": "2222",
+        "SLOTS_PER_WORKER": "2",
+        "IMAGE": "img:1",
+        "DOCKER_HOST_NODE_2": "unix:///run/node2.sock",
+    }
     settings = resolve_settings(env, nodes=None, slots=4)
     assert settings.nodes == ("node_1", "node_2")
     assert (settings.job.ssh_port, settings.slots, settings.image) == (2222, 4, "img:1")
@@ -305,16 +381,31 @@ def test_launcher_reads_its_own_nic_key_not_composes():
     assert resolve_settings(both, nodes=None, job={"network_interface": "ib0"}).job.network_interface == "ib0"
 
 
-@pytest.mark.parametrize("wanted, nics, expected", [
-    (None, ("lo", "ens5"), None),
-    ("ens5", ("lo", "ens5"), None),
-    ("eth0", ("lo", "ens5", "docker0"), "no network interface eth0 there (it has docker0, ens5, lo); pass "
-                                        "--network-interface with one of them, or set NODE_NETWORK_INTERFACE in .env"),
-    ("ens", ("lo", "ens5"), "no network interface ens there (it has ens5, lo); pass --network-interface with one of "
-                            "them, or set NODE_NETWORK_INTERFACE in .env"),  # no prefix match: Gloo needs the name
-    ("eth0", (), "no network interface eth0 there (it has none); pass --network-interface with one of them, or set "
-                 "NODE_NETWORK_INTERFACE in .env"),
-])
+@pytest.mark.parametrize(
+    "wanted, nics, expected",
+    [
+        (None, ("lo", "ens5"), None),
+        ("ens5", ("lo", "ens5"), None),
+        (
+            "eth0",
+            ("lo", "ens5", "docker0"),
+            "no network interface eth0 there (it has docker0, ens5, lo); pass "
+            "--network-interface with one of them, or set NODE_NETWORK_INTERFACE in .env",
+        ),
+        (
+            "ens",
+            ("lo", "ens5"),
+            "no network interface ens there (it has ens5, lo); pass --network-interface with one of "
+            "them, or set NODE_NETWORK_INTERFACE in .env",
+        ),  # no prefix match: Gloo needs the name
+        (
+            "eth0",
+            (),
+            "no network interface eth0 there (it has none); pass --network-interface with one of them, or set "
+            "NODE_NETWORK_INTERFACE in .env",
+        ),
+    ],
+)
 def test_nic_problem(wanted, nics, expected):
     assert nic_problem(wanted, nics) == expected
 
@@ -341,12 +432,15 @@ def test_workdir_too_big_to_copy_is_refused(tmp_path, monkeypatch):
         launch_settings(nodes=("node_1",), workdir=tmp_path)
 
 
-@pytest.mark.parametrize("command, expected", [
-    (["python", "-m", "app.train"], ["python", "-m", "app.train", "--run-dir", "/r"]),
-    (["python", "-m", "app.train", "--run-dir", "/mine"], ["python", "-m", "app.train", "--run-dir", "/mine"]),
-    (["python", "-m", "app.train", "--run-dir=/mine"], ["python", "-m", "app.train", "--run-dir=/mine"]),
-    (["python", "train.py"], ["python", "train.py"]),  # the user's script decides where it writes
-])
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        (["python", "-m", "app.train"], ["python", "-m", "app.train", "--run-dir", "/r"]),
+        (["python", "-m", "app.train", "--run-dir", "/mine"], ["python", "-m", "app.train", "--run-dir", "/mine"]),
+        (["python", "-m", "app.train", "--run-dir=/mine"], ["python", "-m", "app.train", "--run-dir=/mine"]),
+        (["python", "train.py"], ["python", "train.py"]),  # the user's script decides where it writes
+    ],
+)
 def test_the_bundled_trainer_gets_a_run_folder_of_its_own(command, expected):
     assert with_run_dir(command, "/r") == expected
 
@@ -363,32 +457,57 @@ def test_elastic_job_runs_horovodrun_with_discovery_over_the_nodes_rank0_first()
     # A worker that joins or comes back gets longer to reach the rendezvous than a collective gets (Python and torch
     # starting on a busy node); without it the running ranks aborted at its arrival.
     assert "HOROVOD_STACK_RENDEZVOUS_TIMEOUT_SECONDS=120" in argv
-    run = argv[argv.index("horovodrun"):]
-    flags = " ".join(run[:run.index("python")])
-    for expected in ("--gloo", "-np 6", "--min-np 4", "--max-np 6", "--slots-per-host 2",
-                     "--host-discovery-script /opt/horovod-stack/docker/discover-hosts.sh",
-                     "--network-interface ens5", "--ssh-port 12345", "--elastic-timeout 60",
-                     "--blacklist-cooldown-range 2 30"):
+    run = argv[argv.index("horovodrun") :]
+    flags = " ".join(run[: run.index("python")])
+    for expected in (
+        "--gloo",
+        "-np 6",
+        "--min-np 4",
+        "--max-np 6",
+        "--slots-per-host 2",
+        "--host-discovery-script /opt/horovod-stack/docker/discover-hosts.sh",
+        "--network-interface ens5",
+        "--ssh-port 12345",
+        "--elastic-timeout 60",
+        "--blacklist-cooldown-range 2 30",
+    ):
         assert expected in flags
-    assert run[run.index("python"):] == ["python", "-m", "app.train", "--run-dir", "/shared/runs/c0ffee00",
-                                         "--elastic"]
+    assert run[run.index("python") :] == [
+        "python",
+        "-m",
+        "app.train",
+        "--run-dir",
+        "/shared/runs/c0ffee00",
+        "--elastic",
+    ]
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    ({"elastic_max_workers": 2}, ["-np", "2", "--min-np", "2", "--max-np", "2"]),
-    ({"elastic_min_workers": 1, "elastic_timeout": 15}, ["-np", "3", "--min-np", "1", "--max-np", "3"]),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"elastic_max_workers": 2}, ["-np", "2", "--min-np", "2", "--max-np", "2"]),
+        ({"elastic_min_workers": 1, "elastic_timeout": 15}, ["-np", "3", "--min-np", "1", "--max-np", "3"]),
+    ],
+)
 def test_elastic_sizes(overrides, expected):
     argv = elastic_plan(**overrides).job_argv()
     start = argv.index("-np")
-    assert argv[start:start + 6] == expected
+    assert argv[start : start + 6] == expected
     assert argv[argv.index("--elastic-timeout") + 1] == str(overrides.get("elastic_timeout", 60))
 
 
 def test_elastic_users_script_keeps_its_own_words_and_timeout_override():
-    argv = horovodrun_argv(min_ranks=1, max_ranks=2, slots_per_host=1, network_interface="eth0", ssh_port=22,
-                           elastic_timeout=30, command=["python", "train.py"], workdir="/workdir",
-                           env=("HOROVOD_GLOO_TIMEOUT_SECONDS=45",))
+    argv = horovodrun_argv(
+        min_ranks=1,
+        max_ranks=2,
+        slots_per_host=1,
+        network_interface="eth0",
+        ssh_port=22,
+        elastic_timeout=30,
+        command=["python", "train.py"],
+        workdir="/workdir",
+        env=("HOROVOD_GLOO_TIMEOUT_SECONDS=45",),
+    )
     assert argv[:3] == ["env", "-C", "/workdir"] and argv[-2:] == ["python", "train.py"]
     assert [item for item in argv if item.startswith("HOROVOD_GLOO_TIMEOUT")] == ["HOROVOD_GLOO_TIMEOUT_SECONDS=45"]
     with pytest.raises(SettingsError, match="pass --network-interface"):  # the one rule: no NIC, no elastic line
@@ -398,21 +517,31 @@ def test_elastic_users_script_keeps_its_own_words_and_timeout_override():
 def test_compose_builds_the_elastic_command_line_from_the_same_plan():
     argv = compose_spec(["--epochs=2"], WORKERS="3", ELASTIC_MIN_WORKERS="2", RUN_ID="x").job_argv()
     assert argv[argv.index("--min-np") + 1] == "2" and argv[argv.index("--max-np") + 1] == "3"
-    assert argv[argv.index("python"):] == ["python", "-m", "app.train", "--epochs=2", "--run-dir", "/shared/runs/x",
-                                           "--elastic"]
+    assert argv[argv.index("python") :] == [
+        "python",
+        "-m",
+        "app.train",
+        "--epochs=2",
+        "--run-dir",
+        "/shared/runs/x",
+        "--elastic",
+    ]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"elastic_min_workers": 0}, "--min-nodes 0 is not 1 or more"),
-    ({"elastic_min_workers": 4}, "--min-nodes 4 is not from 1 to the 3 node(s) in --nodes"),
-    ({"elastic_max_workers": 1}, "--max-nodes 1 is not from --min-nodes (2) up"),
-    ({"elastic_max_workers": 4}, "--max-nodes 4 is not from --min-nodes (2) to the 3 node(s) in --nodes"),
-    ({"elastic_timeout": 0}, "ELASTIC_TIMEOUT=0 is not positive seconds"),
-    ({"network_interface": None}, "elastic training needs the NIC the workers reach each other on"),
-    ({"elastic_min_workers": None, "elastic": False, "restart_workers": True}, "add --elastic"),
-    ({"elastic_min_workers": None, "elastic": False, "elastic_max_workers": 2}, "--max-nodes is for elastic jobs"),
-    ({"restart_workers": True, "detach": True}, "--restart-workers needs the launcher to stay attached"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"elastic_min_workers": 0}, "--min-nodes 0 is not 1 or more"),
+        ({"elastic_min_workers": 4}, "--min-nodes 4 is not from 1 to the 3 node(s) in --nodes"),
+        ({"elastic_max_workers": 1}, "--max-nodes 1 is not from --min-nodes (2) up"),
+        ({"elastic_max_workers": 4}, "--max-nodes 4 is not from --min-nodes (2) to the 3 node(s) in --nodes"),
+        ({"elastic_timeout": 0}, "ELASTIC_TIMEOUT=0 is not positive seconds"),
+        ({"network_interface": None}, "elastic training needs the NIC the workers reach each other on"),
+        ({"elastic_min_workers": None, "elastic": False, "restart_workers": True}, "add --elastic"),
+        ({"elastic_min_workers": None, "elastic": False, "elastic_max_workers": 2}, "--max-nodes is for elastic jobs"),
+        ({"restart_workers": True, "detach": True}, "--restart-workers needs the launcher to stay attached"),
+    ],
+)
 def test_bad_elastic_settings_are_refused(overrides, message):
     settings = {"nodes": ("a", "b", "c"), "network_interface": "ens5", "elastic_min_workers": 2, **overrides}
     with pytest.raises(SettingsError) as error:
@@ -455,13 +584,20 @@ def test_devices_come_from_the_flag_or_the_env_file():
     assert flag.devices == ("/dev/null",)
 
 
-@pytest.mark.parametrize("overrides, gpu, ulimits, devices", [
-    ({}, None, WORKER_ULIMITS, ()),
-    ({"gpus_per_node": 2}, GpuRequest(count=2), GPU_WORKER_ULIMITS, ()),
-    ({"gpus_per_node": 2, "gpu_ids": ("2", "3")}, GpuRequest(device_ids=("2", "3")), GPU_WORKER_ULIMITS, ()),
-    ({"devices": ("/dev/infiniband", "/dev/null:/dev/x")}, None, WORKER_ULIMITS,
-     ("/dev/infiniband:/dev/infiniband", "/dev/null:/dev/x")),
-])
+@pytest.mark.parametrize(
+    "overrides, gpu, ulimits, devices",
+    [
+        ({}, None, WORKER_ULIMITS, ()),
+        ({"gpus_per_node": 2}, GpuRequest(count=2), GPU_WORKER_ULIMITS, ()),
+        ({"gpus_per_node": 2, "gpu_ids": ("2", "3")}, GpuRequest(device_ids=("2", "3")), GPU_WORKER_ULIMITS, ()),
+        (
+            {"devices": ("/dev/infiniband", "/dev/null:/dev/x")},
+            None,
+            WORKER_ULIMITS,
+            ("/dev/infiniband:/dev/infiniband", "/dev/null:/dev/x"),
+        ),
+    ],
+)
 def test_worker_container_requests(overrides, gpu, ulimits, devices):
     plan = make_plan(**overrides)
     container = plan.worker_container(plan.nodes[1])
@@ -473,18 +609,21 @@ def test_worker_container_requests(overrides, gpu, ulimits, devices):
     assert container.environment == plan.worker_environment(plan.nodes[1])
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("2", (2, ())),
-    ("0", (0, ())),
-    ("0,1", (2, ("0", "1"))),
-    (" 3, 1 ", (2, ("3", "1"))),
-    ("device=1", (1, ("1",))),
-    ("GPU-8f6b3c1e-aaaa-bbbb", (1, ("GPU-8f6b3c1e-aaaa-bbbb",))),
-    ("0,0", SettingsError),
-    ("two", SettingsError),
-    ("", SettingsError),
-    ("1,", SettingsError),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2", (2, ())),
+        ("0", (0, ())),
+        ("0,1", (2, ("0", "1"))),
+        (" 3, 1 ", (2, ("3", "1"))),
+        ("device=1", (1, ("1",))),
+        ("GPU-8f6b3c1e-aaaa-bbbb", (1, ("GPU-8f6b3c1e-aaaa-bbbb",))),
+        ("0,0", SettingsError),
+        ("two", SettingsError),
+        ("", SettingsError),
+        ("1,", SettingsError),
+    ],
+)
 def test_gpus_are_a_count_or_ids(text, expected):
     if expected is SettingsError:
         with pytest.raises(SettingsError, match="is neither a GPU count nor distinct GPU IDs: pass a count"):
@@ -502,24 +641,47 @@ def test_gpus_come_from_the_flag_or_the_env_file():
         resolve_settings({"NODES": "a", "GPUS_PER_NODE": "x"}, nodes=None)
 
 
-@pytest.mark.parametrize("nic, subnets, across_hosts, expected", [
-    ("ens5", ("172.17.0.0/16",), True, "--mca btl_tcp_if_include ens5 --mca oob_tcp_if_include ens5 "
-                                       "-x NCCL_SOCKET_IFNAME==ens5 -x GLOO_SOCKET_IFNAME=ens5 -x HOROVOD_GLOO_IFACE=ens5"),
-    (None, (), False, ""),
-    (None, (), True, "-x NCCL_SOCKET_IFNAME=^lo,docker,br-,veth,virbr"),
-    (None, ("172.17.0.0/16", "172.26.0.0/16"), True,
-     "--mca btl_tcp_if_exclude 127.0.0.1/8,172.17.0.0/16,172.26.0.0/16 --mca oob_tcp_if_exclude "
-     "127.0.0.1/8,172.17.0.0/16,172.26.0.0/16 -x NCCL_SOCKET_IFNAME=^lo,docker,br-,veth,virbr"),
-])
+@pytest.mark.parametrize(
+    "nic, subnets, across_hosts, expected",
+    [
+        (
+            "ens5",
+            ("172.17.0.0/16",),
+            True,
+            "--mca btl_tcp_if_include ens5 --mca oob_tcp_if_include ens5 "
+            "-x NCCL_SOCKET_IFNAME==ens5 -x GLOO_SOCKET_IFNAME=ens5 -x HOROVOD_GLOO_IFACE=ens5",
+        ),
+        (None, (), False, ""),
+        (None, (), True, "-x NCCL_SOCKET_IFNAME=^lo,docker,br-,veth,virbr"),
+        (
+            None,
+            ("172.17.0.0/16", "172.26.0.0/16"),
+            True,
+            "--mca btl_tcp_if_exclude 127.0.0.1/8,172.17.0.0/16,172.26.0.0/16 --mca oob_tcp_if_exclude "
+            "127.0.0.1/8,172.17.0.0/16,172.26.0.0/16 -x NCCL_SOCKET_IFNAME=^lo,docker,br-,veth,virbr",
+        ),
+    ],
+)
 def test_nic_selection(nic, subnets, across_hosts, expected):
     assert " ".join(nic_selection(nic, subnets, across_hosts)) == expected
 
 
-@pytest.mark.parametrize("addresses, expected", [
-    ((("lo", "127.0.0.1/8"), ("eth0", "10.0.0.1/24")), []),
-    ((("docker0", "172.17.0.1/16"), ("br-5e", "172.26.0.1/16"), ("virbr0", "192.168.122.1/24"),
-      ("docker0", "172.17.0.1/16"), ("ens5", "10.1.2.3/16")), ["172.17.0.0/16", "172.26.0.0/16", "192.168.122.0/24"]),
-])
+@pytest.mark.parametrize(
+    "addresses, expected",
+    [
+        ((("lo", "127.0.0.1/8"), ("eth0", "10.0.0.1/24")), []),
+        (
+            (
+                ("docker0", "172.17.0.1/16"),
+                ("br-5e", "172.26.0.1/16"),
+                ("virbr0", "192.168.122.1/24"),
+                ("docker0", "172.17.0.1/16"),
+                ("ens5", "10.1.2.3/16"),
+            ),
+            ["172.17.0.0/16", "172.26.0.0/16", "192.168.122.0/24"],
+        ),
+    ],
+)
 def test_virtual_subnets(addresses, expected):
     assert virtual_subnets(addresses) == expected
 
@@ -536,14 +698,17 @@ def test_unpinned_nics_are_left_out_of_a_multi_host_job_and_survive_json():
     assert "NCCL_SOCKET_IFNAME=^" not in users_own and "-x NCCL_SOCKET_IFNAME=ib0" in users_own
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("node_1,node_2", [("node_1", None), ("node_2", None)]),
-    ("node_1:4, node_2:2", [("node_1", 4), ("node_2", 2)]),
-    ("gpu-a:1,gpu-b", [("gpu-a", 1), ("gpu-b", None)]),
-    ("node_1:0", "'node_1:0' has no whole rank count of at least 1 after the colon"),
-    ("node_1:x", "'node_1:x' has no whole rank count"),
-    ("node_1:", "'node_1:' has no whole rank count"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("node_1,node_2", [("node_1", None), ("node_2", None)]),
+        ("node_1:4, node_2:2", [("node_1", 4), ("node_2", 2)]),
+        ("gpu-a:1,gpu-b", [("gpu-a", 1), ("gpu-b", None)]),
+        ("node_1:0", "'node_1:0' has no whole rank count of at least 1 after the colon"),
+        ("node_1:x", "'node_1:x' has no whole rank count"),
+        ("node_1:", "'node_1:' has no whole rank count"),
+    ],
+)
 def test_nodes_are_hosts_with_optional_rank_counts(text, expected):
     from launcher.host.settings import parse_node_list
 
@@ -554,14 +719,17 @@ def test_nodes_are_hosts_with_optional_rank_counts(text, expected):
     assert parse_node_list(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("node_1 slots=4\nnode_2 slots=2\n", [("node_1", 4), ("node_2", 2)]),
-    ("# rank 0 first\n\nnode_1 slots=2 max_slots=2  # the big box\nnode_2\n", [("node_1", 2), ("node_2", None)]),
-    ("node_1 slots=4\nnode_2 slots = 2\n", "line 2: 'node_2 slots = 2' is not `HOST` or `HOST slots=N`"),
-    ("node_1 slots=0\n", "line 1: 'node_1 slots=0' is not"),
-    ("node_1 cpus=4\n", "line 1"),
-    ("# nothing\n", "lists no host"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("node_1 slots=4\nnode_2 slots=2\n", [("node_1", 4), ("node_2", 2)]),
+        ("# rank 0 first\n\nnode_1 slots=2 max_slots=2  # the big box\nnode_2\n", [("node_1", 2), ("node_2", None)]),
+        ("node_1 slots=4\nnode_2 slots = 2\n", "line 2: 'node_2 slots = 2' is not `HOST` or `HOST slots=N`"),
+        ("node_1 slots=0\n", "line 1: 'node_1 slots=0' is not"),
+        ("node_1 cpus=4\n", "line 1"),
+        ("# nothing\n", "lists no host"),
+    ],
+)
 def test_hostfiles_in_open_mpis_format(text, expected):
     from launcher.host.settings import parse_hostfile
 
@@ -580,25 +748,33 @@ def test_per_node_counts_reach_the_hostfile_the_gpus_and_the_plan_line(tmp_path)
     assert [plan.gpu_request(node) for node in plan.nodes] == [GpuRequest(count=4), GpuRequest(count=2)]
     assert plan.total_ranks == 6 and "mpirun -np 6 " in " ".join(spec.job_argv())
     assert "6 ranks on 2 node(s) [gpu-a: 4 rank(s) on 4 GPU(s) (ssh://gpu-a), gpu-b: 2 rank(s) on 2 GPU(s)" in (
-        plan.describe())
+        plan.describe()
+    )
     hosts = tmp_path / "hosts"
     hosts.write_text("# rank 0 first\ngpu-a slots=4\n\ngpu-b slots=2  # the small box\n")
-    from_file = ClusterPlan.of(resolve_settings({"NODES": "x"}, nodes=None, hostfile=hosts, gpus="2"),
-                               cluster_id="c0ffee00")
+    from_file = ClusterPlan.of(
+        resolve_settings({"NODES": "x"}, nodes=None, hostfile=hosts, gpus="2"), cluster_id="c0ffee00"
+    )
     assert [plan.slots(node) for node in from_file.nodes] == [4, 2]
     # The same plan, run for real with --nodes on the test hosts (test_per_node_rank_counts_put_two_ranks_on_node_1...)
     assert from_file.describe() == plan.describe() and from_file.job_spec() == spec
 
 
-@pytest.mark.parametrize("env, flags, message", [
-    ({}, {"nodes": "a:2,a"}, "node a is listed twice: list each host once, with its rank count"),
-    ({}, {"nodes": "a,b", "hostfile": Path("/nonexistent/hosts")}, "--hostfile and --nodes both list the nodes"),
-    ({}, {"nodes": None, "hostfile": Path("/nonexistent/hosts")}, "--hostfile /nonexistent/hosts does not exist"),
-    ({"NODES": "a:0"}, {"nodes": None}, "NODES in .env: 'a:0' has no whole rank count"),
-    ({}, {"nodes": "a:4,b", "gpus": "0,1"}, "--gpus names 2 GPU\\(s\\) for every node, but a node's count differs"),
-    ({}, {"nodes": "a,b", "job": {"network_interface": "10.0.0/24"}}, "--network-interface '10.0.0/24' is neither a NIC name "
-                                                             "nor an IPv4 subnet in CIDR form"),
-])
+@pytest.mark.parametrize(
+    "env, flags, message",
+    [
+        ({}, {"nodes": "a:2,a"}, "node a is listed twice: list each host once, with its rank count"),
+        ({}, {"nodes": "a,b", "hostfile": Path("/nonexistent/hosts")}, "--hostfile and --nodes both list the nodes"),
+        ({}, {"nodes": None, "hostfile": Path("/nonexistent/hosts")}, "--hostfile /nonexistent/hosts does not exist"),
+        ({"NODES": "a:0"}, {"nodes": None}, "NODES in .env: 'a:0' has no whole rank count"),
+        ({}, {"nodes": "a:4,b", "gpus": "0,1"}, "--gpus names 2 GPU\\(s\\) for every node, but a node's count differs"),
+        (
+            {},
+            {"nodes": "a,b", "job": {"network_interface": "10.0.0/24"}},
+            "--network-interface '10.0.0/24' is neither a NIC name nor an IPv4 subnet in CIDR form",
+        ),
+    ],
+)
 def test_bad_node_lists_and_subnets_are_refused(env, flags, message):
     with pytest.raises(SettingsError, match=message):
         resolve_settings(env, **flags)
@@ -611,14 +787,22 @@ def test_a_subnet_is_normalised_and_gives_open_mpi_the_subnet_and_each_rank_its_
     argv = " ".join(plan.job_argv())
     assert "--mca btl_tcp_if_include 10.0.0.0/24 --mca oob_tcp_if_include 10.0.0.0/24" in argv
     assert "NCCL_SOCKET_IFNAME" not in argv  # each rank's own, from launcher.agent.rank_nic
-    assert argv.endswith("python -m launcher.agent.rank_nic 10.0.0.0/24 -- python -m app.train --run-dir "
-                         "/shared/runs/c0ffee00")
+    assert argv.endswith(
+        "python -m launcher.agent.rank_nic 10.0.0.0/24 -- python -m app.train --run-dir /shared/runs/c0ffee00"
+    )
 
 
 def test_an_elastic_job_over_a_subnet_serves_on_rank0s_nic_and_ranks_find_their_own():
-    settings = resolve_settings({}, nodes="a:2,b:1,c:3", job={"network_interface": "10.0.0.0/24", "elastic": True,
-                                                              "elastic_min_workers": 2,
-                                                              "env": ("NCCL_SOCKET_IFNAME=ib0",)})
+    settings = resolve_settings(
+        {},
+        nodes="a:2,b:1,c:3",
+        job={
+            "network_interface": "10.0.0.0/24",
+            "elastic": True,
+            "elastic_min_workers": 2,
+            "env": ("NCCL_SOCKET_IFNAME=ib0",),
+        },
+    )
     plan = ClusterPlan.of(settings, "c0ffee00", Found(node_nics=(("a", "ens5"), ("b", "eno1"))))
     argv = " ".join(plan.job_argv())
     # The two smallest hosts (1 + 2 ranks) still hold the minimum; all three (6) are the most.
@@ -627,13 +811,21 @@ def test_an_elastic_job_over_a_subnet_serves_on_rank0s_nic_and_ranks_find_their_
     assert "python -m launcher.agent.rank_nic 10.0.0.0/24 --keep NCCL_SOCKET_IFNAME -- python -m app.train" in argv
 
 
-@pytest.mark.parametrize("addresses, subnet, nic, problem", [
-    ((("lo", "127.0.0.1/8"), ("ens5", "10.0.0.2/24")), "10.0.0.0/24", "ens5", None),
-    ((("eno1", "10.0.0.9/16"),), "10.0.0.0/24", "eno1", None),
-    ((("lo", "127.0.0.1/8"), ("eth0", "192.0.2.2/24"), ("docker0", "172.17.0.1/16")), "10.0.0.0/24", None,
-     "no address in 10.0.0.0/24 there (it has eth0 192.0.2.2/24, docker0 172.17.0.1/16); pass --network-interface "
-     "with a subnet every node has an address in"),
-])
+@pytest.mark.parametrize(
+    "addresses, subnet, nic, problem",
+    [
+        ((("lo", "127.0.0.1/8"), ("ens5", "10.0.0.2/24")), "10.0.0.0/24", "ens5", None),
+        ((("eno1", "10.0.0.9/16"),), "10.0.0.0/24", "eno1", None),
+        (
+            (("lo", "127.0.0.1/8"), ("eth0", "192.0.2.2/24"), ("docker0", "172.17.0.1/16")),
+            "10.0.0.0/24",
+            None,
+            "no address in 10.0.0.0/24 there (it has eth0 192.0.2.2/24, docker0 172.17.0.1/16); pass "
+            "--network-interface "
+            "with a subnet every node has an address in",
+        ),
+    ],
+)
 def test_the_nic_in_a_subnet(addresses, subnet, nic, problem):
     from launcher.core.nics import own_nic, subnet_problem
 
@@ -642,22 +834,30 @@ def test_the_nic_in_a_subnet(addresses, subnet, nic, problem):
     assert (found is None) if problem is None else found.startswith(problem)
 
 
-HOST_ADDRESSES = (("lo", "127.0.0.1/8"), ("docker0", "172.17.0.1/16"), ("ens5", "10.0.0.2/24"),
-                  ("ens6", "10.1.0.2/16"), ("ens6", "192.0.2.7/24"))
+HOST_ADDRESSES = (
+    ("lo", "127.0.0.1/8"),
+    ("docker0", "172.17.0.1/16"),
+    ("ens5", "10.0.0.2/24"),
+    ("ens6", "10.1.0.2/16"),
+    ("ens6", "192.0.2.7/24"),
+)
 
 
-@pytest.mark.parametrize("network_interface, addresses, nic", [
-    (None, HOST_ADDRESSES, None),                 # none pinned: Open MPI and NCCL leave the virtual NICs out
-    ("", HOST_ADDRESSES, None),
-    ("ens5", HOST_ADDRESSES, "ens5"),             # a name: that NIC, as named
-    ("eth9", HOST_ADDRESSES, "eth9"),             # even one the host lacks: nic_problem refuses it, not this
-    ("10.0.0.0/24", HOST_ADDRESSES, "ens5"),      # a subnet: the NIC holding an address in it
-    ("192.0.2.0/24", HOST_ADDRESSES, "ens6"),     # a NIC's second address counts
-    ("10.1.0.0/24", HOST_ADDRESSES, "ens6"),      # a /16 address whose IP is in the /24: its IP decides
-    ("10.9.0.0/16", HOST_ADDRESSES, None),        # no address in it
-    ("10.0.0.0/8", HOST_ADDRESSES, "ens5"),       # two NICs in it: the first, in the host's order
-    ("10.0.0.0/24", (), None),
-])
+@pytest.mark.parametrize(
+    "network_interface, addresses, nic",
+    [
+        (None, HOST_ADDRESSES, None),  # none pinned: Open MPI and NCCL leave the virtual NICs out
+        ("", HOST_ADDRESSES, None),
+        ("ens5", HOST_ADDRESSES, "ens5"),  # a name: that NIC, as named
+        ("eth9", HOST_ADDRESSES, "eth9"),  # even one the host lacks: nic_problem refuses it, not this
+        ("10.0.0.0/24", HOST_ADDRESSES, "ens5"),  # a subnet: the NIC holding an address in it
+        ("192.0.2.0/24", HOST_ADDRESSES, "ens6"),  # a NIC's second address counts
+        ("10.1.0.0/24", HOST_ADDRESSES, "ens6"),  # a /16 address whose IP is in the /24: its IP decides
+        ("10.9.0.0/16", HOST_ADDRESSES, None),  # no address in it
+        ("10.0.0.0/8", HOST_ADDRESSES, "ens5"),  # two NICs in it: the first, in the host's order
+        ("10.0.0.0/24", (), None),
+    ],
+)
 def test_which_nic_is_mine_here(network_interface, addresses, nic):
     from launcher.core.nics import own_nic
 
@@ -667,23 +867,37 @@ def test_which_nic_is_mine_here(network_interface, addresses, nic):
 def test_the_dry_run_report_shows_each_container_the_hostfile_and_the_command_but_no_key():
     plan = ClusterPlan.of(resolve_settings({}, nodes="gpu-a:2,gpu-b", gpus="1"), cluster_id="c0ffee00")
     report = plan.dry_run_report("sha256:7405069ce4ce0000")
-    for expected in ("plan: 3 ranks on 2 node(s)", "gpu-a (rank 0, runs the job agent; engine ssh://gpu-a)",
-                     "container horovod-stack-c0ffee00-gpu-a (host name gpu-a): image horovod-stack:latest (7405069ce4ce), "
-                         "network host",
-                     "ranks 2; GPUs 2 GPU(s); ulimits stack=67108864, memlock=-1; user 1000; capabilities "
-                         "IPC_LOCK,SYS_PTRACE (all others dropped); devices none",
-                     "mounts horovod-stack-shared -> /shared", "environment SSH_PORT, WORKER_ADDRESS, EXIT_WITH_JOB",
-                     "hostfile /home/mpiuser/hostfile:\n  gpu-a slots=2\n  gpu-b slots=1\n", "mpirun: mpirun -np 3 "):
+    for expected in (
+        "plan: 3 ranks on 2 node(s)",
+        "gpu-a (rank 0, runs the job agent; engine ssh://gpu-a)",
+        "container horovod-stack-c0ffee00-gpu-a (host name gpu-a): image horovod-stack:latest (7405069ce4ce), "
+        "network host",
+        "ranks 2; GPUs 2 GPU(s); ulimits stack=67108864, memlock=-1; user 1000; capabilities "
+        "IPC_LOCK,SYS_PTRACE (all others dropped); devices none",
+        "mounts horovod-stack-shared -> /shared",
+        "environment SSH_PORT, WORKER_ADDRESS, EXIT_WITH_JOB",
+        "hostfile /home/mpiuser/hostfile:\n  gpu-a slots=2\n  gpu-b slots=1\n",
+        "mpirun: mpirun -np 3 ",
+    ):
         assert expected in report, report
     assert "PRIVATE KEY" not in report and "id_ed25519" not in report
 
 
-@pytest.mark.parametrize("argv, addresses, environ", [
-    (["10.0.0.0/24", "--", "python", "t.py"], [("lo", "127.0.0.1/8"), ("eno1", "10.0.0.2/24")],
-     {"NCCL_SOCKET_IFNAME": "=eno1", "GLOO_SOCKET_IFNAME": "eno1", "HOROVOD_GLOO_IFACE": "eno1"}),
-    (["10.0.0.0/24", "--keep", "NCCL_SOCKET_IFNAME", "--", "python", "t.py"], [("ens5", "10.0.0.1/24")],
-     {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ens5", "HOROVOD_GLOO_IFACE": "ens5"}),
-])
+@pytest.mark.parametrize(
+    "argv, addresses, environ",
+    [
+        (
+            ["10.0.0.0/24", "--", "python", "t.py"],
+            [("lo", "127.0.0.1/8"), ("eno1", "10.0.0.2/24")],
+            {"NCCL_SOCKET_IFNAME": "=eno1", "GLOO_SOCKET_IFNAME": "eno1", "HOROVOD_GLOO_IFACE": "eno1"},
+        ),
+        (
+            ["10.0.0.0/24", "--keep", "NCCL_SOCKET_IFNAME", "--", "python", "t.py"],
+            [("ens5", "10.0.0.1/24")],
+            {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ens5", "HOROVOD_GLOO_IFACE": "ens5"},
+        ),
+    ],
+)
 def test_each_rank_takes_its_own_hosts_nic_in_the_subnet(argv, addresses, environ, monkeypatch):
     from launcher.agent import rank_nic
 
@@ -706,41 +920,50 @@ def test_a_rank_whose_host_has_no_address_in_the_subnet_says_so(monkeypatch, cap
     assert "no address in 10.0.0.0/24 (it has eth0 192.0.2.2/24)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("/data/mnist:/data:ro", "Bind(source='/data/mnist', target='/data', read_only=True)"),
-    ("/srv/sets/:/sets", "Bind(source='/srv/sets', target='/sets', read_only=False)"),
-    ("/data:/shared/data", "Bind(source='/data', target='/shared/data', read_only=False)"),  # inside: fine
-    ("data:/data", "is not HOST_PATH:CONTAINER_PATH[:ro], both absolute"),
-    ("/data", "is not HOST_PATH:CONTAINER_PATH"),
-    ("/data:/data:rx", "is not HOST_PATH:CONTAINER_PATH"),
-    ("/data:/shared", "would hide the stack's own /shared"),
-    ("/data:/home", "would hide the stack's own /home/mpiuser"),
-    ("/data/./sets/:/data//sets/../sets:ro", "Bind(source='/data/sets', target='/data/sets', read_only=True)"),
-    ("/data:/workdir/data", "Bind(source='/data', target='/workdir/data', read_only=False)"),
-    ("/data:/opt/data", "Bind(source='/data', target='/opt/data', read_only=False)"),
-    ("/data:/usrdata", "Bind(source='/data', target='/usrdata', read_only=False)"),  # not under /usr
-    ("/data:/cluster/ssh", "'/data:/cluster/ssh' is inside the stack's own /cluster: mount it elsewhere, e.g. /data"),
-    ("/data:/data/../cluster/ssh", "'/data:/data/../cluster/ssh' (target /cluster/ssh) is inside the stack's own "
-                                   "/cluster: mount it elsewhere, e.g. /data"),
-    ("/data:/home/mpiuser/.ssh", "is inside the stack's own /home/mpiuser"),
-    ("/data://home/mpiuser/", "(target /home/mpiuser) would hide the stack's own /home/mpiuser"),
-    ("/data:/opt/horovod-stack/app", "is inside the stack's own /opt/horovod-stack"),
-    ("/data:/opt/venv/bin", "is inside the stack's own /opt/venv"),
-    ("/data:/opt", "would hide the stack's own /opt/horovod-stack"),
-    ("/data:/workdir", "would hide the stack's own /workdir"),
-    ("/data:/etc", "is in the system's /etc"),
-    ("/data:/etc/ssh/", "is in the system's /etc"),
-    ("/data:/usr/local/lib/python3", "is in the system's /usr"),
-    ("/data:/bin", "is in the system's /bin"),
-    ("/data:/proc", "is in the system's /proc"),
-    ("/data:/sys/fs", "is in the system's /sys"),
-    ("/data:/dev/shm", "is in the system's /dev"),
-    ("/data:/", "'/data:/' would hide the whole container: mount it elsewhere"),
-    ("/data:/data/../..", "(target /) would hide the whole container"),
-    ("/data:data", "both absolute"),
-    ("/data:./data", "both absolute"),
-    ("/data:../cluster", "both absolute"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("/data/mnist:/data:ro", "Bind(source='/data/mnist', target='/data', read_only=True)"),
+        ("/srv/sets/:/sets", "Bind(source='/srv/sets', target='/sets', read_only=False)"),
+        ("/data:/shared/data", "Bind(source='/data', target='/shared/data', read_only=False)"),  # inside: fine
+        ("data:/data", "is not HOST_PATH:CONTAINER_PATH[:ro], both absolute"),
+        ("/data", "is not HOST_PATH:CONTAINER_PATH"),
+        ("/data:/data:rx", "is not HOST_PATH:CONTAINER_PATH"),
+        ("/data:/shared", "would hide the stack's own /shared"),
+        ("/data:/home", "would hide the stack's own /home/mpiuser"),
+        ("/data/./sets/:/data//sets/../sets:ro", "Bind(source='/data/sets', target='/data/sets', read_only=True)"),
+        ("/data:/workdir/data", "Bind(source='/data', target='/workdir/data', read_only=False)"),
+        ("/data:/opt/data", "Bind(source='/data', target='/opt/data', read_only=False)"),
+        ("/data:/usrdata", "Bind(source='/data', target='/usrdata', read_only=False)"),  # not under /usr
+        (
+            "/data:/cluster/ssh",
+            "'/data:/cluster/ssh' is inside the stack's own /cluster: mount it elsewhere, e.g. /data",
+        ),
+        (
+            "/data:/data/../cluster/ssh",
+            "'/data:/data/../cluster/ssh' (target /cluster/ssh) is inside the stack's own "
+            "/cluster: mount it elsewhere, e.g. /data",
+        ),
+        ("/data:/home/mpiuser/.ssh", "is inside the stack's own /home/mpiuser"),
+        ("/data://home/mpiuser/", "(target /home/mpiuser) would hide the stack's own /home/mpiuser"),
+        ("/data:/opt/horovod-stack/app", "is inside the stack's own /opt/horovod-stack"),
+        ("/data:/opt/venv/bin", "is inside the stack's own /opt/venv"),
+        ("/data:/opt", "would hide the stack's own /opt/horovod-stack"),
+        ("/data:/workdir", "would hide the stack's own /workdir"),
+        ("/data:/etc", "is in the system's /etc"),
+        ("/data:/etc/ssh/", "is in the system's /etc"),
+        ("/data:/usr/local/lib/python3", "is in the system's /usr"),
+        ("/data:/bin", "is in the system's /bin"),
+        ("/data:/proc", "is in the system's /proc"),
+        ("/data:/sys/fs", "is in the system's /sys"),
+        ("/data:/dev/shm", "is in the system's /dev"),
+        ("/data:/", "'/data:/' would hide the whole container: mount it elsewhere"),
+        ("/data:/data/../..", "(target /) would hide the whole container"),
+        ("/data:data", "both absolute"),
+        ("/data:./data", "both absolute"),
+        ("/data:../cluster", "both absolute"),
+    ],
+)
 def test_mounts(text, expected):
     from launcher.core.options import parse_bind
 
@@ -756,22 +979,30 @@ def test_mounts_come_from_the_flag_or_the_env_file_and_reach_every_worker():
     settings = resolve_settings({"NODES": "a,b", "MOUNTS": "/data/mnist:/data:ro, /ckpt:/ckpt"}, nodes=None)
     plan = ClusterPlan.of(settings, cluster_id="c0ffee00")
     assert [str(bind) for bind in plan.worker_container(plan.nodes[1]).binds] == [
-        "/data/mnist -> /data (read-only)", "/ckpt -> /ckpt"]
+        "/data/mnist -> /data (read-only)",
+        "/ckpt -> /ckpt",
+    ]
     flag = resolve_settings({"NODES": "a", "MOUNTS": "/x:/x"}, nodes=None, job={"mounts": ("/y:/y",)})
     assert flag.job.binds[0].source == "/y"
     with pytest.raises(SettingsError, match="--mount 'x:/x' is not"):
         resolve_settings({"NODES": "a", "MOUNTS": "x:/x"}, nodes=None)
 
 
-@pytest.mark.parametrize("env, flags, expected", [
-    ({}, {}, 0),
-    ({"TIME_LIMIT": "600"}, {}, 600),
-    ({"TIME_LIMIT": "600"}, {"time_limit": 30}, 30),  # the flag wins
-    ({"TIME_LIMIT": "600"}, {"time_limit": 0}, 0),  # 0 given is 0, not "not given"
-    ({}, {"time_limit": -1}, "--time-limit -1 is neither 0 (no limit) nor positive seconds; pass --time-limit"),
-    ({"TIME_LIMIT": "soon"}, {}, "TIME_LIMIT='soon' in the .env file is not a whole number: fix it or pass "
-                                 "--time-limit"),
-])
+@pytest.mark.parametrize(
+    "env, flags, expected",
+    [
+        ({}, {}, 0),
+        ({"TIME_LIMIT": "600"}, {}, 600),
+        ({"TIME_LIMIT": "600"}, {"time_limit": 30}, 30),  # the flag wins
+        ({"TIME_LIMIT": "600"}, {"time_limit": 0}, 0),  # 0 given is 0, not "not given"
+        ({}, {"time_limit": -1}, "--time-limit -1 is neither 0 (no limit) nor positive seconds; pass --time-limit"),
+        (
+            {"TIME_LIMIT": "soon"},
+            {},
+            "TIME_LIMIT='soon' in the .env file is not a whole number: fix it or pass --time-limit",
+        ),
+    ],
+)
 def test_the_time_limit_comes_from_the_flag_or_the_env_file(env, flags, expected):
     if isinstance(expected, str):
         with pytest.raises(SettingsError, match=re.escape(expected)):
@@ -784,8 +1015,7 @@ def test_the_time_limit_comes_from_the_flag_or_the_env_file(env, flags, expected
 def test_a_flag_wins_over_its_env_key_without_reading_it():
     settings = resolve_settings({"NODES": "a", "STALL_TIMEOUT": "abc"}, job={"stall_timeout": 30})
     assert settings.job.stall_timeout == 30  # the .env value is not the job's, so it is not refused
-    with pytest.raises(SettingsError, match=re.escape("READY_TIMEOUT='soon' in the .env file is not a number: "
-                                                      "fix it")):
+    with pytest.raises(SettingsError, match=re.escape("READY_TIMEOUT='soon' in the .env file is not a number: fix it")):
         resolve_settings({"NODES": "a", "READY_TIMEOUT": "soon"})  # no flag sets it: nothing else to pass
 
 
@@ -803,13 +1033,16 @@ def test_an_elastic_subnet_job_before_rank_0s_nic_is_known_says_where_it_goes():
     assert "--network-interface <rank 0's NIC in 10.0.0.0/24> " in argv
 
 
-@pytest.mark.parametrize("nodes, host_names", [
-    (["node_1", "node_2"], ["node-1", "node-2"]),
-    (["gpu1.lab-a", "gpu1.lab-b"], ["gpu1-lab-a", "gpu1-lab-b"]),   # Open MPI would cut both to gpu1
-    (["GPU_A", "gpu-a", "gpu.a"], ["gpu-a", "gpu-a-2", "gpu-a-3"]),  # one spelling each, made unique
-    (["10.0.0.5", "_x_"], ["10-0-0-5", "x"]),
-    (["a" * 70, "a" * 64], ["a" * 63, "a" * 61 + "-2"]),             # at most 63 characters
-])
+@pytest.mark.parametrize(
+    "nodes, host_names",
+    [
+        (["node_1", "node_2"], ["node-1", "node-2"]),
+        (["gpu1.lab-a", "gpu1.lab-b"], ["gpu1-lab-a", "gpu1-lab-b"]),  # Open MPI would cut both to gpu1
+        (["GPU_A", "gpu-a", "gpu.a"], ["gpu-a", "gpu-a-2", "gpu-a-3"]),  # one spelling each, made unique
+        (["10.0.0.5", "_x_"], ["10-0-0-5", "x"]),
+        (["a" * 70, "a" * 64], ["a" * 63, "a" * 61 + "-2"]),  # at most 63 characters
+    ],
+)
 def test_each_worker_gets_a_host_name_of_its_own(nodes, host_names):
     assert list(worker_host_names(nodes).values()) == host_names
 
@@ -838,13 +1071,23 @@ def test_a_secrets_value_comes_from_this_machines_environment_before_the_env_fil
     assert argv[argv.index("API_KEY") - 1] == "-x" and argv[argv.index("HF_TOKEN") - 1] == "-x"
 
 
-@pytest.mark.parametrize("flags, environ, message", [
-    ({"secrets": ("API_KEY",)}, {}, "--secret API_KEY: API_KEY is set neither in this machine's environment nor in "
-                                    ".env: export API_KEY=... or add it to .env"),
-    ({"secrets": ("2BAD",)}, {"2BAD": "x"}, "--secret '2BAD' is not a variable name"),
-    ({"secrets": ("API_KEY",), "env": ("API_KEY=plain",)}, {"API_KEY": "x"},
-     "API_KEY is both a secret (--secret) and in --env: drop it from --env"),
-])
+@pytest.mark.parametrize(
+    "flags, environ, message",
+    [
+        (
+            {"secrets": ("API_KEY",)},
+            {},
+            "--secret API_KEY: API_KEY is set neither in this machine's environment nor in "
+            ".env: export API_KEY=... or add it to .env",
+        ),
+        ({"secrets": ("2BAD",)}, {"2BAD": "x"}, "--secret '2BAD' is not a variable name"),
+        (
+            {"secrets": ("API_KEY",), "env": ("API_KEY=plain",)},
+            {"API_KEY": "x"},
+            "API_KEY is both a secret (--secret) and in --env: drop it from --env",
+        ),
+    ],
+)
 def test_bad_secret_settings_are_refused_in_one_line(flags, environ, message):
     with pytest.raises(SettingsError) as refused:
         resolve_settings({}, nodes="node_1,node_2", job=flags, environ=environ)
@@ -861,7 +1104,7 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
 
     class Recorder:
         def __init__(self, name: str) -> None:
-            self.node, self.put = Node(name, f"ssh://{name}"), []
+            self.node, self.put = Node(name, f"ssh://{name}"), cast(list, [])
 
         def put_files(self, container_id, folder, archive):
             with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -870,8 +1113,9 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
         def read_file(self, container_id, path):
             return "ssh-ed25519 HOSTKEY"
 
-    settings = resolve_settings({"NODES": "node-1,node-2"}, job={"secrets": ("API_KEY",)},
-                                environ={"API_KEY": "sk-SECRET123"})
+    settings = resolve_settings(
+        {"NODES": "node-1,node-2"}, job={"secrets": ("API_KEY",)}, environ={"API_KEY": "sk-SECRET123"}
+    )
     plan = ClusterPlan.of(settings, cluster_id="c0ffee00")
     engines = [Recorder("node-1"), Recorder("node-2")]
     containers = [container("w1", "c0ffee00"), container("w2", "c0ffee00", role="worker")]
@@ -883,13 +1127,16 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     assert b"sk-SECRET123" not in job and b'"API_KEY"' in job
 
 
-@pytest.mark.parametrize("env, flags, ptrace", [
-    ({}, {}, True),
-    ({"PTRACE": "0"}, {}, False),
-    ({"PTRACE": "off"}, {}, False),
-    ({"PTRACE": "yes"}, {}, True),
-    ({"PTRACE": "1"}, {"ptrace": False}, False),
-])
+@pytest.mark.parametrize(
+    "env, flags, ptrace",
+    [
+        ({}, {}, True),
+        ({"PTRACE": "0"}, {}, False),
+        ({"PTRACE": "off"}, {}, False),
+        ({"PTRACE": "yes"}, {}, True),
+        ({"PTRACE": "1"}, {"ptrace": False}, False),
+    ],
+)
 def test_ptrace_comes_from_the_flag_or_the_env_file(env, flags, ptrace):
     assert resolve_settings(env, nodes="a,b", job=flags).job.ptrace is ptrace
 
@@ -897,7 +1144,10 @@ def test_ptrace_comes_from_the_flag_or_the_env_file(env, flags, ptrace):
 def test_a_bad_ptrace_value_is_refused_naming_the_key_and_the_flag():
     with pytest.raises(SettingsError) as refused:
         resolve_settings({"PTRACE": "maybe"}, nodes="a,b")
-    assert str(refused.value) == "PTRACE='maybe' in the .env file is not 1 or 0 (true or false): fix it or pass --no-ptrace"
+    assert (
+        str(refused.value)
+        == "PTRACE='maybe' in the .env file is not 1 or 0 (true or false): fix it or pass --no-ptrace"
+    )
 
 
 def test_no_ptrace_workers_drop_it_and_gain_no_privileges():
@@ -907,17 +1157,24 @@ def test_no_ptrace_workers_drop_it_and_gain_no_privileges():
     assert "capabilities IPC_LOCK (all others dropped; no new privileges)" in plan.dry_run_report(None)
 
 
-@pytest.mark.parametrize("addresses, nic, reached_at, listen", [
-    # a NIC by name: its addresses, and the one rank 0 reaches the node at
-    ([("lo", "127.0.0.1/8"), ("eno1", "10.0.0.2/24"), ("eno2", "192.168.1.2/24")], "eno1", "192.168.1.2",
-     ("10.0.0.2", "192.168.1.2")),
-    # a subnet: the address in it, once even where the node is reached at it
-    ([("eno1", "10.0.0.2/24"), ("docker0", "172.17.0.1/16")], "10.0.0.0/24", "10.0.0.2", ("10.0.0.2",)),
-    # an address the node does not hold (NAT, another view of the name) is no place to listen
-    ([("eno1", "10.0.0.2/24")], "eno1", "203.0.113.9", ("10.0.0.2",)),
-    # the NIC is not there: nothing (the NIC check refuses such a node before any start)
-    ([("eno1", "10.0.0.2/24")], "ib0", None, ()),
-])
+@pytest.mark.parametrize(
+    "addresses, nic, reached_at, listen",
+    [
+        # a NIC by name: its addresses, and the one rank 0 reaches the node at
+        (
+            [("lo", "127.0.0.1/8"), ("eno1", "10.0.0.2/24"), ("eno2", "192.168.1.2/24")],
+            "eno1",
+            "192.168.1.2",
+            ("10.0.0.2", "192.168.1.2"),
+        ),
+        # a subnet: the address in it, once even where the node is reached at it
+        ([("eno1", "10.0.0.2/24"), ("docker0", "172.17.0.1/16")], "10.0.0.0/24", "10.0.0.2", ("10.0.0.2",)),
+        # an address the node does not hold (NAT, another view of the name) is no place to listen
+        ([("eno1", "10.0.0.2/24")], "eno1", "203.0.113.9", ("10.0.0.2",)),
+        # the NIC is not there: nothing (the NIC check refuses such a node before any start)
+        ([("eno1", "10.0.0.2/24")], "ib0", None, ()),
+    ],
+)
 def test_where_a_workers_sshd_listens_with_a_nic_pinned(addresses, nic, reached_at, listen):
     from launcher.core.nics import listen_addresses
 
@@ -928,8 +1185,11 @@ def test_a_pinned_nic_tells_each_worker_where_to_listen():
     from launcher.host.plan import Found
 
     settings = resolve_settings({}, nodes="a,b", job={"network_interface": "eno1"})
-    plan = ClusterPlan.of(settings, cluster_id="c0ffee00",
-                          found=Found(listen_addresses=(("a", ("10.0.0.1",)), ("b", ("10.0.0.2", "192.168.1.2")))))
+    plan = ClusterPlan.of(
+        settings,
+        cluster_id="c0ffee00",
+        found=Found(listen_addresses=(("a", ("10.0.0.1",)), ("b", ("10.0.0.2", "192.168.1.2")))),
+    )
     assert plan.worker_environment(plan.nodes[0])["SSH_LISTEN"] == "10.0.0.1"
     assert plan.worker_environment(plan.nodes[1])["SSH_LISTEN"] == "10.0.0.2,192.168.1.2"
     unpinned = ClusterPlan.of(resolve_settings({}, nodes="a,b"), cluster_id="c0ffee00")

@@ -19,11 +19,10 @@ from app.cost_model import model_seconds
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
 from launcher.agent import linkprobe
 from launcher.cli import app
-from tests.conftest import StandInEngine, launch_settings
 from launcher.host.links import (
     Link,
-    advice,
     Unreachable,
+    advice,
     format_matrix,
     job_address,
     pairs,
@@ -34,72 +33,98 @@ from launcher.host.links import (
     slowest,
     unreachable_line,
 )
+from tests.conftest import StandInEngine, launch_settings
 
 REPO = Path(__file__).resolve().parents[1]
 ADDRESSES = (("lo", "127.0.0.1/8"), ("ens5", "10.0.0.2/24"), ("docker0", "172.17.0.1/16"), ("eno1", "192.168.1.5/24"))
 
 
-@pytest.mark.parametrize("nodes, expected", [
-    (["a"], []),
-    (["a", "b"], [("a", "b")]),
-    (["a", "b", "c"], [("a", "b"), ("a", "c"), ("b", "c")]),
-])
+@pytest.mark.parametrize(
+    "nodes, expected",
+    [
+        (["a"], []),
+        (["a", "b"], [("a", "b")]),
+        (["a", "b", "c"], [("a", "b"), ("a", "c"), ("b", "c")]),
+    ],
+)
 def test_pairs_are_unordered_in_node_order(nodes, expected):
     assert pairs(nodes) == expected
 
 
-@pytest.mark.parametrize("network_interface, expected", [
-    (None, None),  # no NIC pinned: the node is reached by its name
-    ("ens5", "10.0.0.2"),
-    ("10.0.0.0/24", "10.0.0.2"),
-    ("192.168.0.0/16", "192.168.1.5"),
-    ("eth0", None),
-    ("10.9.9.0/24", None),
-])
+@pytest.mark.parametrize(
+    "network_interface, expected",
+    [
+        (None, None),  # no NIC pinned: the node is reached by its name
+        ("ens5", "10.0.0.2"),
+        ("10.0.0.0/24", "10.0.0.2"),
+        ("192.168.0.0/16", "192.168.1.5"),
+        ("eth0", None),
+        ("10.9.9.0/24", None),
+    ],
+)
 def test_job_address_is_the_nodes_address_on_the_jobs_nic(network_interface, expected):
     assert job_address(ADDRESSES, network_interface) == expected
 
 
 def probe_output(rtt=0.25, forward=941.5, backward=938.0) -> str:
-    result = {"address": "10.0.0.2", "source": "10.0.0.1", "rtt_ms": rtt, "forward_sent": 1,
-              "forward": {"bytes": 1, "seconds": 1, "mbit": forward}, "backward": {"bytes": 1, "seconds": 1,
-                                                                                   "mbit": backward}}
+    result = {
+        "address": "10.0.0.2",
+        "source": "10.0.0.1",
+        "rtt_ms": rtt,
+        "forward_sent": 1,
+        "forward": {"bytes": 1, "seconds": 1, "mbit": forward},
+        "backward": {"bytes": 1, "seconds": 1, "mbit": backward},
+    }
     return "some log line\n" + json.dumps(result) + "\n"
 
 
-@pytest.mark.parametrize("output, expected", [
-    (probe_output(), Link("a", "b", "10.0.0.2", 0.25, 941.5, 938.0)),
-    ('{"error": "timed out"}\n', Unreachable("a", "b", "10.0.0.2", 12345, "timed out")),
-    ("python: No module named launcher.agent.linkprobe\n",
-     Unreachable("a", "b", "10.0.0.2", 12345, "python: No module named launcher.agent.linkprobe")),
-    ("", Unreachable("a", "b", "10.0.0.2", 12345, "no output")),
-])
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        (probe_output(), Link("a", "b", "10.0.0.2", 0.25, 941.5, 938.0)),
+        ('{"error": "timed out"}\n', Unreachable("a", "b", "10.0.0.2", 12345, "timed out")),
+        (
+            "python: No module named launcher.agent.linkprobe\n",
+            Unreachable("a", "b", "10.0.0.2", 12345, "python: No module named launcher.agent.linkprobe"),
+        ),
+        ("", Unreachable("a", "b", "10.0.0.2", 12345, "no output")),
+    ],
+)
 def test_read_probe(output, expected):
     assert read_probe("a", "b", "10.0.0.2", 12345, output) == expected
 
 
 def test_unreachable_is_one_line_naming_both_nodes_and_the_fix():
     line = unreachable_line(Unreachable("node_1", "node_2", "10.0.0.2", 12345, "timed out"))
-    assert line == ("node_1 cannot reach node_2 at 10.0.0.2:12345 (timed out); allow TCP from node_1 to node_2 on the "
-                    "job's NIC (the workers' sshd port and the ports Open MPI, NCCL and Gloo open), or pin a NIC both "
-                    "reach with --network-interface")
+    assert line == (
+        "node_1 cannot reach node_2 at 10.0.0.2:12345 (timed out); allow TCP from node_1 to node_2 on the "
+        "job's NIC (the workers' sshd port and the ports Open MPI, NCCL and Gloo open), or pin a NIC both "
+        "reach with --network-interface"
+    )
 
 
-LINKS = [Link("a", "b", "x", 0.2, 900.0, 950.0), Link("a", "c", "x", 0.3, 990.0, 120.5),
-         Link("b", "c", "x", 0.4, 800.0, 850.0)]
+LINKS = [
+    Link("a", "b", "x", 0.2, 900.0, 950.0),
+    Link("a", "c", "x", 0.3, 990.0, 120.5),
+    Link("b", "c", "x", 0.4, 800.0, 850.0),
+]
 
 
-@pytest.mark.parametrize("links, expected", [
-    (LINKS, ("c", "a", 120.5, 0.3)),  # the slow direction of a pair that is fast the other way
-    (LINKS[:1], ("a", "b", 900.0, 0.2)),
-    ([Link("a", "b", "x", 0.2, 100.0, 100.0)], ("a", "b", 100.0, 0.2)),  # a tie: the first in node order
-])
+@pytest.mark.parametrize(
+    "links, expected",
+    [
+        (LINKS, ("c", "a", 120.5, 0.3)),  # the slow direction of a pair that is fast the other way
+        (LINKS[:1], ("a", "b", 900.0, 0.2)),
+        ([Link("a", "b", "x", 0.2, 100.0, 100.0)], ("a", "b", 100.0, 0.2)),  # a tie: the first in node order
+    ],
+)
 def test_slowest_is_the_slowest_direction_of_any_pair(links, expected):
     assert slowest(links) == expected
 
 
-@pytest.mark.parametrize("rates, unit", [([], ("Mbit/s", 1.0)), ([999.9, 5000], ("Mbit/s", 1.0)),
-                                         ([1000, 9400], ("Gbit/s", 1000.0))])
+@pytest.mark.parametrize(
+    "rates, unit", [([], ("Mbit/s", 1.0)), ([999.9, 5000], ("Mbit/s", 1.0)), ([1000, 9400], ("Gbit/s", 1000.0))]
+)
 def test_rate_unit(rates, unit):
     assert rate_unit(rates) == unit
 
@@ -130,8 +155,10 @@ def test_matrix_in_gbit_with_long_names_and_a_missing_pair():
     ]
 
 
-@pytest.mark.parametrize("gradient_mb, ranks, mbit, ring_ms, ps_ms", [
-    (8, 2, 200, 320.0, 640.0), (8, 4, 200, 480.0, 1920.0), (100, 8, 10_000, 140.0, 1120.0)])
+@pytest.mark.parametrize(
+    "gradient_mb, ranks, mbit, ring_ms, ps_ms",
+    [(8, 2, 200, 320.0, 640.0), (8, 4, 200, 480.0, 1920.0), (100, 8, 10_000, 140.0, 1120.0)],
+)
 def test_prediction_is_ps_vs_rings_cost_model_on_the_slowest_link(gradient_mb, ranks, mbit, ring_ms, ps_ms):
     links = [Link("a", "b", "x", 0.2, 5 * mbit, mbit), Link("a", "c", "x", 0.2, 2 * mbit, 3 * mbit)]
     prediction = predict(links, gradient_mb, ranks)
@@ -182,25 +209,50 @@ def test_link_options_need_links(args):
 def test_link_options_take_positive_numbers():
     from launcher.host.doctor import link_options_problem
 
-    assert link_options_problem(True, 8, None, 0) == "--gradient-mb, --compute-ms and --link-seconds take a positive " \
-                                                     "number"
+    assert (
+        link_options_problem(True, 8, None, 0) == "--gradient-mb, --compute-ms and --link-seconds take a positive "
+        "number"
+    )
     assert link_options_problem(True, 8, 1, 200) is None
 
 
-@pytest.mark.parametrize("exchange_s, compute_s, words", [
-    (0.37, 0.20, "exchange 0.37 s vs compute 0.20 s per step (X) on the slowest link: communication-bound; fp16 "
-                 "compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16)"),
-    (1.87, 0.23, "exchange 1.87 s vs compute 0.23 s per step (X) on the slowest link: communication-bound; fp16 "
-                 "compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16); halved it still exceeds "
-                 "the compute: a faster link, or more compute per exchange (a larger batch per rank)"),
-    (0.10, 0.20, "exchange 0.10 s vs compute 0.20 s per step (X) on the slowest link: the exchange is 50% of the "
-                 "compute, partly hidden behind the backward pass; fp16 compression halves the exchange "
-                 "(--fp16-allreduce / hvd.Compression.fp16), if the step time matters"),
-    (0.011e-3, 7.2e-3, "exchange 0.011 ms vs compute 7.200 ms per step (X) on the slowest link: compute-bound: "
-                       "nothing to gain from compression or tuning"),
-    (0.049, 0.2, "exchange 49.0 ms vs compute 0.20 s per step (X) on the slowest link: compute-bound: nothing to "
-                 "gain from compression or tuning"),
-])
+@pytest.mark.parametrize(
+    "exchange_s, compute_s, words",
+    [
+        (
+            0.37,
+            0.20,
+            "exchange 0.37 s vs compute 0.20 s per step (X) on the slowest link: communication-bound; fp16 "
+            "compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16)",
+        ),
+        (
+            1.87,
+            0.23,
+            "exchange 1.87 s vs compute 0.23 s per step (X) on the slowest link: communication-bound; fp16 "
+            "compression halves the exchange (--fp16-allreduce / hvd.Compression.fp16); halved it still exceeds "
+            "the compute: a faster link, or more compute per exchange (a larger batch per rank)",
+        ),
+        (
+            0.10,
+            0.20,
+            "exchange 0.10 s vs compute 0.20 s per step (X) on the slowest link: the exchange is 50% of the "
+            "compute, partly hidden behind the backward pass; fp16 compression halves the exchange "
+            "(--fp16-allreduce / hvd.Compression.fp16), if the step time matters",
+        ),
+        (
+            0.011e-3,
+            7.2e-3,
+            "exchange 0.011 ms vs compute 7.200 ms per step (X) on the slowest link: compute-bound: "
+            "nothing to gain from compression or tuning",
+        ),
+        (
+            0.049,
+            0.2,
+            "exchange 49.0 ms vs compute 0.20 s per step (X) on the slowest link: compute-bound: nothing to "
+            "gain from compression or tuning",
+        ),
+    ],
+)
 def test_advice_holds_the_exchange_against_the_compute(exchange_s, compute_s, words):
     assert advice(exchange_s, compute_s, "X") == words
 
@@ -210,30 +262,55 @@ def advise_with(probe_output: str, gradient_mb=None, compute_ms=None) -> tuple[s
 
     node_1 = StandInEngine("node_1", probe_output=probe_output)
     prediction = predict([Link("node_1", "node_2", "x", 0.2, 200.0, 200.0)], 46.8, 2)
-    line = advise(stand_in_settings("hst0"), [node_1, StandInEngine("node_2")], prediction, gradient_mb, compute_ms,
-                  lambda _: None)
+    line = advise(
+        stand_in_settings("hst0"),
+        [node_1, StandInEngine("node_2")],
+        prediction,
+        gradient_mb,
+        compute_ms,
+        lambda _: None,
+    )
     return line, node_1
 
 
 def test_doctor_measures_the_trainers_compute_on_rank_0s_node_in_a_container_it_removes():
     line, node_1 = advise_with('{"step_s": 0.2, "batch": 32}\n')
-    assert line == ("exchange 1.87 s vs compute 0.20 s per step (the bundled trainer's, measured on node_1) on the "
-                    "slowest link: communication-bound; fp16 compression halves the exchange (--fp16-allreduce / "
-                    "hvd.Compression.fp16); halved it still exceeds the compute: a faster link, or more compute per "
-                    "exchange (a larger batch per rank)")
+    assert line == (
+        "exchange 1.87 s vs compute 0.20 s per step (the bundled trainer's, measured on node_1) on the "
+        "slowest link: communication-bound; fp16 compression halves the exchange (--fp16-allreduce / "
+        "hvd.Compression.fp16); halved it still exceeds the compute: a faster link, or more compute per "
+        "exchange (a larger batch per rank)"
+    )
     [(argv, labels)] = node_1.probes
     assert argv == ["python", "-m", "app.step_time"] and node_1.removed == [labels["horovod-stack.cluster"]]
 
 
-@pytest.mark.parametrize("output, gradient_mb, compute_ms, words", [
-    ("", None, 2000.0, "exchange 1.87 s vs compute 2.00 s per step (--compute-ms) on the slowest link: the exchange "
-                       "is 94% of the compute"),
-    ("", 46.8, None, "pass --compute-ms (your model's compute per step, e.g. one rank alone) to hold the exchange "
-                     "against it"),
-    ("Traceback\nModuleNotFoundError: No module named 'app.step_time'\n", None, None,
-     "the compute per step was not measured on node_1 (ModuleNotFoundError: No module named 'app.step_time'); pass "
-     "--compute-ms"),
-])
+@pytest.mark.parametrize(
+    "output, gradient_mb, compute_ms, words",
+    [
+        (
+            "",
+            None,
+            2000.0,
+            "exchange 1.87 s vs compute 2.00 s per step (--compute-ms) on the slowest link: the exchange "
+            "is 94% of the compute",
+        ),
+        (
+            "",
+            46.8,
+            None,
+            "pass --compute-ms (your model's compute per step, e.g. one rank alone) to hold the exchange against it",
+        ),
+        (
+            "Traceback\nModuleNotFoundError: No module named 'app.step_time'\n",
+            None,
+            None,
+            "the compute per step was not measured on node_1 (ModuleNotFoundError: No module named "
+            "'app.step_time'); pass "
+            "--compute-ms",
+        ),
+    ],
+)
 def test_doctor_advice_with_the_compute_given_missing_or_unmeasured(output, gradient_mb, compute_ms, words):
     line, node_1 = advise_with(output, gradient_mb, compute_ms)
     assert line.startswith(words)
@@ -295,13 +372,21 @@ def probe_between(network: netns.Network, source: int, target: int, seconds: flo
     client, server = network.hosts[source], network.hosts[target]
     module = [sys.executable, "-m", "launcher.agent.linkprobe"]
     bounds = ["--port", str(port), "--seconds", str(seconds)]
-    serving = subprocess.Popen([*server.prefix(), *module, "serve", "--bind", server.address, *bounds],
-                               stdout=subprocess.PIPE, text=True, cwd=REPO)
+    serving = subprocess.Popen(
+        [*server.prefix(), *module, "serve", "--bind", server.address, *bounds],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         assert serving.stdout is not None and '"listening"' in serving.stdout.readline()
-        output = subprocess.run([*client.prefix(), *module, "probe", "--target", server.address, "--source",
-                                 client.address, *bounds], capture_output=True, text=True, cwd=REPO,
-                                timeout=60).stdout
+        output = subprocess.run(
+            [*client.prefix(), *module, "probe", "--target", server.address, "--source", client.address, *bounds],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        ).stdout
         serving.wait(timeout=30)
     finally:
         serving.kill()
@@ -322,18 +407,28 @@ def test_on_shaped_namespaces_the_links_match_the_shaping_and_the_prediction_a_m
             exchanges = ps_vs_ring.measure(RANKS, SimpleNamespace(megabytes=MEGABYTES, steps=5), network)
         ring, ps = exchanges["ring"], exchanges["ps"]
         rates = [rate for link in measured for rate in (link.forward_mbit, link.backward_mbit)]
-        print(f"\nattempt {attempt}: shaped {LINK_MBIT:g} Mbit/s each way; measured " + ", ".join(
-            f"{link.source}->{link.target} {link.forward_mbit:.1f}, {link.target}->{link.source} "
-            f"{link.backward_mbit:.1f}" for link in measured) + " Mbit/s")
+        print(
+            f"\nattempt {attempt}: shaped {LINK_MBIT:g} Mbit/s each way; measured "
+            + ", ".join(
+                f"{link.source}->{link.target} {link.forward_mbit:.1f}, {link.target}->{link.source} "
+                f"{link.backward_mbit:.1f}"
+                for link in measured
+            )
+            + " Mbit/s"
+        )
         for line in format_matrix([f"rank{r}" for r in range(RANKS)], measured):
             print(f"  {line}")
         prediction = predict(measured, MEGABYTES, RANKS)
         measured_ring = sorted(ring)[len(ring) // 2]
-        print(f"ring allreduce of {MEGABYTES:g} MB over {RANKS} ranks: predicted {prediction.ring_s * 1e3:.1f} ms "
-              f"(slowest link {prediction.link_mbit:.1f} Mbit/s), measured {measured_ring * 1e3:.1f} ms (median of "
-              f"{len(ring)} steps: {', '.join(f'{s * 1e3:.1f}' for s in ring)})")
-        print(f"parameter-server exchange: predicted {prediction.ps_s * 1e3:.1f} ms, measured "
-              f"{sorted(ps)[len(ps) // 2] * 1e3:.1f} ms (median)")
+        print(
+            f"ring allreduce of {MEGABYTES:g} MB over {RANKS} ranks: predicted {prediction.ring_s * 1e3:.1f} ms "
+            f"(slowest link {prediction.link_mbit:.1f} Mbit/s), measured {measured_ring * 1e3:.1f} ms (median of "
+            f"{len(ring)} steps: {', '.join(f'{s * 1e3:.1f}' for s in ring)})"
+        )
+        print(
+            f"parameter-server exchange: predicted {prediction.ps_s * 1e3:.1f} ms, measured "
+            f"{sorted(ps)[len(ps) // 2] * 1e3:.1f} ms (median)"
+        )
         rates_right = all(abs(rate / LINK_MBIT - 1) <= RATE_TOLERANCE for rate in rates)
         if rates_right and abs(prediction.ring_s / measured_ring - 1) <= PREDICTION_TOLERANCE:
             break
@@ -346,17 +441,23 @@ def stand_in_settings(network_interface):
     return launch_settings(nodes=("node_1", "node_2"), image="img", network_interface=network_interface)
 
 
-VIEWS = {"node_1": SimpleNamespace(addresses=(("hst0", "10.0.0.1/24"),)),
-         "node_2": SimpleNamespace(addresses=(("hst0", "10.0.0.2/24"),))}
+VIEWS = {
+    "node_1": SimpleNamespace(addresses=(("hst0", "10.0.0.1/24"),)),
+    "node_2": SimpleNamespace(addresses=(("hst0", "10.0.0.2/24"),)),
+}
 
 
-@pytest.mark.parametrize("network_interface, bind, target, source", [
-    ("hst0", "10.0.0.2", "10.0.0.2", ["--source", "10.0.0.1"]),
-    ("10.0.0.0/24", "10.0.0.2", "10.0.0.2", ["--source", "10.0.0.1"]),
-    (None, "0.0.0.0", "node_2", []),  # no NIC pinned: by name, as the hostfile
-])
-def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_addresses(network_interface, bind,
-                                                                                         target, source):
+@pytest.mark.parametrize(
+    "network_interface, bind, target, source",
+    [
+        ("hst0", "10.0.0.2", "10.0.0.2", ["--source", "10.0.0.1"]),
+        ("10.0.0.0/24", "10.0.0.2", "10.0.0.2", ["--source", "10.0.0.1"]),
+        (None, "0.0.0.0", "node_2", []),  # no NIC pinned: by name, as the hostfile
+    ],
+)
+def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_addresses(
+    network_interface, bind, target, source
+):
     from launcher.host import linkcheck
 
     node_1, node_2 = StandInEngine("node_1", probe_output=probe_output()), StandInEngine("node_2")
@@ -364,7 +465,9 @@ def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_
     assert results == [Link("node_1", "node_2", "10.0.0.2", 0.25, 941.5, 938.0)]
     [(serve, labels)] = node_2.probes
     [(probe, _)] = node_1.probes
-    assert serve[:4] == ["python", "-m", "launcher.agent.linkprobe", "serve"] and serve[serve.index("--bind") + 1] == bind
+    assert (
+        serve[:4] == ["python", "-m", "launcher.agent.linkprobe", "serve"] and serve[serve.index("--bind") + 1] == bind
+    )
     assert probe[probe.index("--target") + 1] == target and probe[probe.index("--port") + 1] == "12345"
     assert probe[probe.index("--timeout") + 2 :] == ["--port", "12345", "--seconds", "1.0", *source]
     cluster = labels["horovod-stack.cluster"]

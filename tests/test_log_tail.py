@@ -16,28 +16,34 @@ from tests.conftest import container
 
 
 def chunked(data: bytes, size: int = 7) -> list[bytes]:
-    return [data[start:start + size] for start in range(0, len(data), size)]
+    return [data[start : start + size] for start in range(0, len(data), size)]
 
 
-@pytest.mark.parametrize("data, limit, expected", [
-    (b"", 10, (b"", False)),
-    (b"a\nb\n", 10, (b"a\nb\n", False)),
-    (b"first line\nsecond\nthird\n", 12, (b"third\n", True)),  # from the first whole line in the tail
-    (b"first line\nsecond\nthird\n", 13, (b"second\nthird\n", True)),  # a tail that starts a line is whole
-    (b"first line\nsecond\nthird\n", 15, (b"second\nthird\n", True)),
-    (b"one very long line without an end", 5, (b"", True)),
-])
+@pytest.mark.parametrize(
+    "data, limit, expected",
+    [
+        (b"", 10, (b"", False)),
+        (b"a\nb\n", 10, (b"a\nb\n", False)),
+        (b"first line\nsecond\nthird\n", 12, (b"third\n", True)),  # from the first whole line in the tail
+        (b"first line\nsecond\nthird\n", 13, (b"second\nthird\n", True)),  # a tail that starts a line is whole
+        (b"first line\nsecond\nthird\n", 15, (b"second\nthird\n", True)),
+        (b"one very long line without an end", 5, (b"", True)),
+    ],
+)
 def test_the_tail_of_a_stream_in_bytes(data, limit, expected):
     assert streams.tail_bytes(chunked(data), limit) == expected
 
 
-@pytest.mark.parametrize("data, count, expected", [
-    (b"", 3, b""),
-    (b"a\nb\nc\nd\n", 2, b"c\nd\n"),
-    (b"a\nb\nc\nd", 2, b"c\nd"),  # a last line without its newline counts
-    (b"a\nb\n", 5, b"a\nb\n"),
-    (b"a\nb\n", 0, b""),
-])
+@pytest.mark.parametrize(
+    "data, count, expected",
+    [
+        (b"", 3, b""),
+        (b"a\nb\nc\nd\n", 2, b"c\nd\n"),
+        (b"a\nb\nc\nd", 2, b"c\nd"),  # a last line without its newline counts
+        (b"a\nb\n", 5, b"a\nb\n"),
+        (b"a\nb\n", 0, b""),
+    ],
+)
 def test_the_tail_of_a_stream_in_lines(data, count, expected):
     assert streams.tail_lines(chunked(data, 3), count) == expected
 
@@ -99,7 +105,8 @@ def test_status_reads_the_end_of_a_long_log_for_the_last_epoch_and_the_error():
     assert lines[0] == "cluster c1: failed (exit status 1): ValueError: bad batch"
     running = Rank0Node(log, None, running=True)
     assert list(clusters.status([running]))[0] == (
-        "cluster c1: running: epoch 5 of 5, val accuracy 0.9500, 1234 samples/s")
+        "cluster c1: running: epoch 5 of 5, val accuracy 0.9500, 1234 samples/s"
+    )
 
 
 def shown_logs(engines, follow: bool = False, tail: int | None = None) -> bytes:
@@ -154,8 +161,10 @@ def test_after_the_containers_are_gone_the_newest_runs_kept_output_is_shown_with
     node_2 = EndedNode("node_2", {"c1": (200, {"job.log": log, "summary.json": b"{}"})})
     own, job, kept = clusters.logs([node_1, node_2], None, False, None, "horovod-stack:latest", "horovod-stack-shared")
     assert list(own) == [] and b"".join(job) == log
-    assert kept == ("the job's containers are gone: its output as run c1 kept it (node_2: runs/c1/job.log in "
-                    "horovod-stack-shared); the workers' own output went with them")
+    assert kept == (
+        "the job's containers are gone: its output as run c1 kept it (node_2: runs/c1/job.log in "
+        "horovod-stack-shared); the workers' own output went with them"
+    )
     _, last, _ = clusters.logs([node_1, node_2], None, False, 1, "horovod-stack:latest", "horovod-stack-shared")
     assert b"".join(last) == b"[1,1]<stdout>:epoch 399\n"
 
@@ -166,4 +175,5 @@ def test_with_no_container_and_no_kept_output_logs_say_where_an_ended_jobs_outpu
     assert str(missing.value) == (
         "node_1: no container of the stack there, and no run folder with a job's output in the shared folder "
         "(horovod-stack-shared): an ended job's output is kept there as runs/CLUSTER/job.log until that volume is "
-        "removed (`launcher results` copies a run folder to this machine)")
+        "removed (`launcher results` copies a run folder to this machine)"
+    )

@@ -86,8 +86,11 @@ def unknown_fields(value, schema: dict, path: str = "") -> list[str]:
                 found += unknown_fields(item, schema["properties"][key], f"{path}.{key}")
         return found
     if isinstance(value, list) and "items" in schema:
-        return [problem for index, item in enumerate(value) for problem in unknown_fields(item, schema["items"],
-                                                                                           f"{path}[{index}]")]
+        return [
+            problem
+            for index, item in enumerate(value)
+            for problem in unknown_fields(item, schema["items"], f"{path}[{index}]")
+        ]
     return []
 
 
@@ -156,7 +159,9 @@ def test_every_export_validates_against_the_crd_schema_and_the_operators_rules(s
     assert (document["apiVersion"], document["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
     assert spec["slotsPerWorker"] == slots
     assert {key: spec["runPolicy"][key] for key in ("cleanPodPolicy", "backoffLimit")} == {
-        "cleanPodPolicy": "Running", "backoffLimit": 0}
+        "cleanPodPolicy": "Running",
+        "backoffLimit": 0,
+    }
     assert spec["launcherCreationPolicy"] == "AtStartup"
     assert spec["sshAuthMountPath"] == MPIJOB_SSH_AUTH_DIR
     assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == fields.get("workers", 2)
@@ -168,18 +173,23 @@ def test_every_export_validates_against_the_crd_schema_and_the_operators_rules(s
         assert container["image"] == fields.get("image", IMAGE)
         assert container["imagePullPolicy"] == "IfNotPresent"
         assert container["command"] == [mpijob.ENTRYPOINT]
-        assert {m["mountPath"]: m["name"] for m in container["volumeMounts"]} == {"/shared": "shared",
-                                                                                  "/dev/shm": "dshm"}
+        assert {m["mountPath"]: m["name"] for m in container["volumeMounts"]} == {
+            "/shared": "shared",
+            "/dev/shm": "dshm",
+        }
         assert pod["volumes"] == [
             {"name": "shared", "persistentVolumeClaim": {"claimName": "horovod-stack-shared"}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        ]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"].get("runAsUser") == (None if "run_as_user" in fields else 1000)
         assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
         assert set(container["resources"]["requests"]) == {"cpu", "memory"}  # Burstable at least, never BestEffort
         assert pod.get("priorityClassName") == fields.get("priority_class")
-    assert launcher["containers"][0]["resources"] == {"requests": {"cpu": "250m", "memory": "512Mi"},
-                                                      "limits": {"cpu": "1", "memory": "1Gi"}}
+    assert launcher["containers"][0]["resources"] == {
+        "requests": {"cpu": "250m", "memory": "512Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
     probe = worker["containers"][0]["readinessProbe"]
     assert probe["exec"] == {"command": [mpijob.ENTRYPOINT, "healthcheck"]}  # opens no connection: sshd logs nothing
     assert worker["containers"][0]["args"] == [mpijob.WORKER_ROLE, MPIJOB_SSH_AUTH_DIR]
@@ -192,11 +202,15 @@ def test_workers_request_a_core_and_2gi_per_rank_unless_told_and_limits_only_whe
         return pods(export(**fields))[1]["containers"][0]["resources"]
 
     assert worker_resources() == {"requests": {"cpu": "1", "memory": "2Gi"}}
-    assert worker_resources(gpus_per_node=8) == {"requests": {"cpu": "8", "memory": "16Gi"},
-                                                 "limits": {"nvidia.com/gpu": 8}}
+    assert worker_resources(gpus_per_node=8) == {
+        "requests": {"cpu": "8", "memory": "16Gi"},
+        "limits": {"nvidia.com/gpu": 8},
+    }
     assert worker_resources(slots=3, cpu="500m") == {"requests": {"cpu": "500m", "memory": "6Gi"}}
     assert worker_resources(cpu="4:8", memory="16Gi:32Gi", gpus_per_node=2) == {
-        "requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": 2}}
+        "requests": {"cpu": "4", "memory": "16Gi"},
+        "limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": 2},
+    }
 
 
 QUANTITIES = {
@@ -230,8 +244,11 @@ IMAGES = {
     "latest": ("ghcr.io/team/horovod-stack:latest", None, "Always"),
     "Docker Hub spelt out": ("docker.io/team/horovod-stack:1", None, "IfNotPresent"),
     "no image": ("", "no image: pass --image REGISTRY/NAME:TAG (or set IMAGE in .env)", None),
-    "the local build": ("horovod-stack:latest", "names no registry host, so the nodes would pull it from Docker Hub",
-                        None),
+    "the local build": (
+        "horovod-stack:latest",
+        "names no registry host, so the nodes would pull it from Docker Hub",
+        None,
+    ),
     "a Docker Hub short name": ("team/horovod-stack:1", "names no registry host", None),
     "no tag": ("ghcr.io/team/horovod-stack", "has no tag: pass ghcr.io/team/horovod-stack:TAG", None),
     "uppercase": ("Registry/UPPER:tag", "is not an image reference Kubernetes takes: 'UPPER' is not a lowercase", None),
@@ -252,8 +269,11 @@ def test_the_image_comes_from_a_registry_with_a_tag_and_latest_is_always_pulled(
 
 def test_scheduling_writes_the_operators_scheduling_policy_a_kueue_label_and_suspend():
     volcano = export(scheduler="volcano", queue="gpu", priority_class="high", workers=4)
-    assert volcano["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 5, "queue": "gpu",
-                                                                "priorityClass": "high"}
+    assert volcano["spec"]["runPolicy"]["schedulingPolicy"] == {
+        "minAvailable": 5,
+        "queue": "gpu",
+        "priorityClass": "high",
+    }
     plugins = export(scheduler="scheduler-plugins", ready_timeout=600)["spec"]["runPolicy"]
     assert plugins["schedulingPolicy"] == {"minAvailable": 3, "scheduleTimeoutSeconds": 600}
     kueue = export(scheduler="kueue", queue="team-a")
@@ -262,7 +282,11 @@ def test_scheduling_writes_the_operators_scheduling_policy_a_kueue_label_and_sus
     plain = export()["spec"]["runPolicy"]
     assert plain == {"cleanPodPolicy": "Running", "backoffLimit": 0}
     assert export(suspend=True, deadline=3600)["spec"]["runPolicy"] == {
-        "cleanPodPolicy": "Running", "backoffLimit": 0, "activeDeadlineSeconds": 3600, "suspend": True}
+        "cleanPodPolicy": "Running",
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": 3600,
+        "suspend": True,
+    }
 
 
 def test_the_launcher_waits_for_its_workers_as_long_as_they_may_be_scheduled_unless_told():
@@ -296,7 +320,8 @@ def test_a_secret_comes_from_a_kubernetes_secret_and_only_its_name_is_in_the_doc
     launcher = pods(document)[0]["containers"][0]
     assert launcher["env"] == [
         {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}},
-        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf.tokens", "key": "read"}}}]
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf.tokens", "key": "read"}}},
+    ]
     assert launcher_options(document).secrets == ("WANDB_API_KEY", "HF_TOKEN")
     assert "env" not in pods(document)[1]["containers"][0]  # the workers get them from mpirun (-x NAME)
 
@@ -304,17 +329,23 @@ def test_a_secret_comes_from_a_kubernetes_secret_and_only_its_name_is_in_the_doc
 BAD = {
     "not a DNS-1035 label": ({"name": "Digits_1"}, "--name 'Digits_1' is not a DNS-1035 label"),
     "starts with a digit": ({"name": "1digits"}, "is not a DNS-1035 label"),
-    "too long for its last worker": ({"name": "a" * 55, "workers": 100},
-                                     f"the last worker pod's name {'a' * 55}-worker-99 has 65 characters and "
-                                     "Kubernetes allows 63; pass a --name of at most 53 characters"),
+    "too long for its last worker": (
+        {"name": "a" * 55, "workers": 100},
+        f"the last worker pod's name {'a' * 55}-worker-99 has 65 characters and "
+        "Kubernetes allows 63; pass a --name of at most 53 characters",
+    ),
     "no workers": ({"workers": 0}, "--workers 0: an MPIJob needs at least 1 worker"),
     "bad env": ({"env": ("1A=2",)}, "--env '1A=2' is not KEY=VALUE"),
     "slots beside gpus": ({"slots": 2, "gpus_per_node": 4}, "a GPU worker runs one rank per GPU; drop --slots"),
     "elastic": ({"elastic_min_workers": 3}, "--elastic: elastic MPIJobs are not supported"),
-    "ptrace in baseline": ({"ptrace": True}, "--ptrace adds SYS_PTRACE, which Pod Security's baseline profile "
-                                             "refuses: add --pod-security privileged"),
-    "rdma in restricted": ({"rdma": True, "pod_security": "restricted"},
-                           "--rdma adds IPC_LOCK, which Pod Security's restricted profile refuses"),
+    "ptrace in baseline": (
+        {"ptrace": True},
+        "--ptrace adds SYS_PTRACE, which Pod Security's baseline profile refuses: add --pod-security privileged",
+    ),
+    "rdma in restricted": (
+        {"rdma": True, "pod_security": "restricted"},
+        "--rdma adds IPC_LOCK, which Pod Security's restricted profile refuses",
+    ),
     "no such profile": ({"pod_security": "strict"}, "--pod-security 'strict' is not a Pod Security profile"),
     "root": ({"run_as_user": "0"}, "--run-as-user '0' is neither a user id above 0"),
     "no image": ({"image": None}, "no image: pass --image"),
@@ -327,8 +358,10 @@ BAD = {
     "zero schedule timeout": ({"ready_timeout": 0}, "--schedule-timeout 0"),
     "bad memory": ({"memory": "lots"}, "--memory 'lots': 'lots' is not a positive Kubernetes quantity"),
     "bad namespace": ({"namespace": "Team_A"}, "--namespace 'Team_A' is not a Kubernetes namespace name"),
-    "secret without its source": ({"secret_refs": ("WANDB_API_KEY",)},
-                                  "--secret 'WANDB_API_KEY' is not NAME=SECRET/KEY"),
+    "secret without its source": (
+        {"secret_refs": ("WANDB_API_KEY",)},
+        "--secret 'WANDB_API_KEY' is not NAME=SECRET/KEY",
+    ),
     "secret from a bad Secret name": ({"secret_refs": ("K=Bad_Name/key",)}, "is not NAME=SECRET/KEY"),
     "secret beside --env": ({"secret_refs": ("K=s/k",), "env": ("K=1",)}, "K is both a secret (--secret) and in --env"),
 }
@@ -348,34 +381,90 @@ def test_a_name_just_long_enough_passes_and_one_more_character_does_not():
 
 def test_the_cli_writes_the_document_and_refuses_bad_input_in_one_line_with_exit_2(tmp_path):
     out = tmp_path / "job.yaml"
-    done = subprocess.run([LAUNCHER, "export", "mpijob", "--name", "digits", "--workers", "2", "--gpus-per-node", "2",
-                           "--env", "A=1", "--image", IMAGE, "--cpu", "2:4", "--memory", "8Gi", "--scheduler",
-                           "volcano", "--queue", "gpu", "--priority-class", "high", "--schedule-timeout", "600",
-                           "--deadline", "7200", "--suspend", "-o", str(out), "--", *TRAIN],
-                          capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            LAUNCHER,
+            "export",
+            "mpijob",
+            "--name",
+            "digits",
+            "--workers",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--env",
+            "A=1",
+            "--image",
+            IMAGE,
+            "--cpu",
+            "2:4",
+            "--memory",
+            "8Gi",
+            "--scheduler",
+            "volcano",
+            "--queue",
+            "gpu",
+            "--priority-class",
+            "high",
+            "--schedule-timeout",
+            "600",
+            "--deadline",
+            "7200",
+            "--suspend",
+            "-o",
+            str(out),
+            "--",
+            *TRAIN,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     document = yaml.safe_load(out.read_text())
     assert document["spec"]["slotsPerWorker"] == 2
     assert launcher_options(document).command == tuple(job_command(TRAIN))
     assert launcher_options(document).ready_timeout == 600
-    assert document["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 0,
-                                             "activeDeadlineSeconds": 7200, "suspend": True, "schedulingPolicy": {
-                                                 "minAvailable": 3, "queue": "gpu", "priorityClass": "high"}}
+    assert document["spec"]["runPolicy"] == {
+        "cleanPodPolicy": "Running",
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": 7200,
+        "suspend": True,
+        "schedulingPolicy": {"minAvailable": 3, "queue": "gpu", "priorityClass": "high"},
+    }
     assert pods(document)[1]["containers"][0]["resources"]["limits"] == {"cpu": "4", "nvidia.com/gpu": 2}
     (tmp_path / ".env").write_text("IMAGE=ghcr.io/team/horovod-stack:latest\n")
-    done = subprocess.run([LAUNCHER, "export", "mpijob", "--name", "digits", "--workers", "2", "--ptrace", "--rdma",
-                           "--pod-security", "privileged", "--run-as-user", "platform"],
-                          capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            LAUNCHER,
+            "export",
+            "mpijob",
+            "--name",
+            "digits",
+            "--workers",
+            "2",
+            "--ptrace",
+            "--rdma",
+            "--pod-security",
+            "privileged",
+            "--run-as-user",
+            "platform",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     worker = pods(yaml.safe_load(done.stdout))[1]["containers"][0]
     assert (worker["image"], worker["imagePullPolicy"]) == ("ghcr.io/team/horovod-stack:latest", "Always")
     assert worker["securityContext"] == {"capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK", "SYS_PTRACE"]}}
-    for args, message in ((["--name", "x_y", "--workers", "2"], "is not a DNS-1035 label"),
-                          (["--name", "x", "--workers", "0"], "needs at least 1 worker"),
-                          (["--name", "x", "--workers", "2", "--env", "NOPE"], "is not KEY=VALUE"),
-                          (["--name", "x", "--workers", "2", "--ptrace"], "--ptrace adds SYS_PTRACE"),
-                          (["--name", "x", "--workers", "2", "--min-workers", "1"],
-                           "elastic MPIJobs are not supported")):
+    for args, message in (
+        (["--name", "x_y", "--workers", "2"], "is not a DNS-1035 label"),
+        (["--name", "x", "--workers", "0"], "needs at least 1 worker"),
+        (["--name", "x", "--workers", "2", "--env", "NOPE"], "is not KEY=VALUE"),
+        (["--name", "x", "--workers", "2", "--ptrace"], "--ptrace adds SYS_PTRACE"),
+        (["--name", "x", "--workers", "2", "--min-workers", "1"], "elastic MPIJobs are not supported"),
+    ):
         done = subprocess.run([LAUNCHER, "export", "mpijob", "--image", IMAGE, *args], capture_output=True, text=True)
         assert done.returncode == 2
         assert done.stdout == ""
@@ -385,7 +474,12 @@ def test_the_cli_writes_the_document_and_refuses_bad_input_in_one_line_with_exit
 
 def test_docker_sizes_become_kubernetes_quantities():
     assert [mpijob_request.k8s_quantity(size) for size in ("1g", "512m", "64k", "1024", "2G")] == [
-        "1Gi", "512Mi", "64Ki", "1024", "2Gi"]
+        "1Gi",
+        "512Mi",
+        "64Ki",
+        "1024",
+        "2Gi",
+    ]
     with pytest.raises(ValueError, match="is not a number"):
         mpijob_request.k8s_quantity("1.5g")
 
@@ -395,9 +489,16 @@ HOSTFILE = "digits-worker-0.digits.default.svc slots=2\ndigits-worker-1.digits.d
 
 
 def test_agent_args_and_parse_agree():
-    pod = PodArgs(name="j", options=JobOptions(network_interface="eth0", elastic=True, elastic_min_workers=2,
-                                              env=("A=1", "B=x y"), command=("python", "-m", "app.train", "--epochs",
-                                                                             "1")))
+    pod = PodArgs(
+        name="j",
+        options=JobOptions(
+            network_interface="eth0",
+            elastic=True,
+            elastic_min_workers=2,
+            env=("A=1", "B=x y"),
+            command=("python", "-m", "app.train", "--epochs", "1"),
+        ),
+    )
     assert pod_contract.parse(pod_contract.agent_args(pod)) == pod
     unlimited = PodArgs(name="j", options=JobOptions(command=("true",), ready_timeout=math.inf, ptrace=False))
     assert pod_contract.agent_args(unlimited) == ["--job", "j", "--", "true"]
@@ -412,7 +513,8 @@ def test_agent_args_and_parse_agree():
 def test_the_operators_hostfile_gives_the_workers_in_order_with_their_slots():
     assert mpijob_pod.hostfile_workers("# by the operator\n" + HOSTFILE) == [
         Worker("digits-worker-0", "digits-worker-0.digits.default.svc", 2),
-        Worker("digits-worker-1", "digits-worker-1.digits.default.svc", 2)]
+        Worker("digits-worker-1", "digits-worker-1.digits.default.svc", 2),
+    ]
     with pytest.raises(SettingsError, match="lists no workers"):
         mpijob_pod.hostfile_workers("\n")
     with pytest.raises(SettingsError, match="line 1: 'slots=two' is not slots=N"):
@@ -435,7 +537,9 @@ def test_the_job_runs_mpirun_over_the_operators_workers_with_a_run_folder_of_its
 
 
 def test_bad_launcher_arguments_are_refused_before_any_worker_is_claimed():
-    with pytest.raises(SettingsError, match=re.escape("--min-workers 3 is not from 1 to the 2 worker pods (--workers)")):
+    with pytest.raises(
+        SettingsError, match=re.escape("--min-workers 3 is not from 1 to the 2 worker pods (--workers)")
+    ):
         pod = pod_contract.parse(["--min-workers", "3", "--network-interface", "eth0"])
         mpijob_pod.job_spec(pod, HOSTFILE, [])
     with pytest.raises(SettingsError, match="elastic training needs the NIC"):
@@ -445,8 +549,10 @@ def test_bad_launcher_arguments_are_refused_before_any_worker_is_claimed():
 
 
 def test_ip_addresses_are_read_from_ip_o_addr():
-    text = ("1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n"
-            "2: eth0    inet 10.0.3.7/24 brd 10.0.3.255 scope global eth0\\       valid_lft forever\n")
+    text = (
+        "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n"
+        "2: eth0    inet 10.0.3.7/24 brd 10.0.3.255 scope global eth0\\       valid_lft forever\n"
+    )
     assert parse_ip_addresses(text) == [("lo", "127.0.0.1/8"), ("eth0", "10.0.3.7/24")]
 
 
@@ -461,10 +567,19 @@ def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_fir
     keys = {"w0.j.ns.svc": "ssh-ed25519 AAA0", "w1.j.ns.svc": "ssh-ed25519 AAA1"}
     transport = operator_transport(dict(keys))
     scanned: list[str] = []
-    spec = job_spec(job_id="j", command=("true",), expected_workers=2,
-                    workers=(Worker("w0", "w0.j.ns.svc"), Worker("w1", "w1.j.ns.svc")))
-    agent = OperatorAgent(spec, transport, MPIJOB_SSH_AUTH_DIR,  # type: ignore[arg-type]
-                          scan=lambda address, port: scanned.append(address) or keys[address], say=lambda _: None)
+    spec = job_spec(
+        job_id="j",
+        command=("true",),
+        expected_workers=2,
+        workers=(Worker("w0", "w0.j.ns.svc"), Worker("w1", "w1.j.ns.svc")),
+    )
+    agent = OperatorAgent(
+        spec,
+        transport,
+        MPIJOB_SSH_AUTH_DIR,  # type: ignore[arg-type]
+        scan=lambda address, port: scanned.append(address) or keys[address],
+        say=lambda _: None,
+    )
     agent.prepare()
     assert transport.files[CLUSTER_KEY].startswith("the operator's key (a stand-in")
     assert transport.modes[CLUSTER_KEY] == 0o600
@@ -487,8 +602,9 @@ def test_without_the_operators_key_the_job_is_refused_naming_the_mount():
 
 
 def test_an_elastic_job_discovers_its_workers_with_the_operators_script():
-    options = pod_contract.parse(["--job", "digits", "--min-workers", "1", "--network-interface", "eth0", "--",
-                                  "python", "-m", "app.train"])
+    options = pod_contract.parse(
+        ["--job", "digits", "--min-workers", "1", "--network-interface", "eth0", "--", "python", "-m", "app.train"]
+    )
     argv = " ".join(mpijob_pod.job_spec(options, HOSTFILE, [], now=0).job_argv())
     assert "horovodrun --gloo" in argv and "--host-discovery-script /etc/mpi/discover_hosts.sh " in argv
     assert "--slots-per-host 2 " in argv  # the operator's script names hosts without slots: the hostfile's

@@ -64,8 +64,14 @@ def pod_network(cluster):
     try:
         for node in cluster.nodes:
             pool = docker.types.IPAMPool(subnet=f"{SUBNET}.0/24", gateway=f"{SUBNET}.1", iprange=f"{SUBNET}.128/25")
-            made.append(node.client().networks.create(POD_NETWORK, driver="macvlan", options={"parent": NIC},
-                                                      ipam=docker.types.IPAMConfig(pool_configs=[pool])))
+            made.append(
+                node.client().networks.create(
+                    POD_NETWORK,
+                    driver="macvlan",
+                    options={"parent": NIC},
+                    ipam=docker.types.IPAMConfig(pool_configs=[pool]),
+                )
+            )
         yield POD_NETWORK
     finally:
         for network in made:
@@ -73,8 +79,12 @@ def pod_network(cluster):
 
 
 def export(name: str, *args: str) -> dict:
-    done = subprocess.run([LAUNCHER, "export", "mpijob", "--name", name, "--image", REGISTRY_IMAGE, *args],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [LAUNCHER, "export", "mpijob", "--name", name, "--image", REGISTRY_IMAGE, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return yaml.safe_load(done.stdout)
 
 
@@ -115,8 +125,25 @@ class Operator:
         """`<job>-ssh`: an ECDSA P-521 key, as the operator makes it; root-owned files of mode 0644 in a folder of
         mode 1777 (how the kubelet mounts a Secret anywhere but /root/.ssh)."""
         self.secret.mkdir()
-        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-m", "PEM", "-N", "", "-C", "",
-                        "-f", str(self.secret / "id_rsa")], check=True)
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ecdsa",
+                "-b",
+                "521",
+                "-m",
+                "PEM",
+                "-N",
+                "",
+                "-C",
+                "",
+                "-f",
+                str(self.secret / "id_rsa"),
+            ],
+            check=True,
+        )
         shutil.copy(self.secret / "id_rsa.pub", self.secret / "authorized_keys")
         for path in self.secret.iterdir():
             os.chown(path, 0, 0)
@@ -128,9 +155,11 @@ class Operator:
         self.config.mkdir()
         slots = self.spec.get("slotsPerWorker", 1)
         (self.config / "hostfile").write_text(
-            "".join(f"{self.worker_host(i)} slots={slots}\n" for i in range(self.workers)))
+            "".join(f"{self.worker_host(i)} slots={slots}\n" for i in range(self.workers))
+        )
         (self.config / "discover_hosts.sh").write_text(
-            "#!/bin/sh\n" + "".join(f"echo {self.worker_host(i)}\n" for i in range(self.workers)))
+            "#!/bin/sh\n" + "".join(f"echo {self.worker_host(i)}\n" for i in range(self.workers))
+        )
         (self.config / "discover_hosts.sh").chmod(0o755)
 
     def dns(self) -> dict[str, str]:
@@ -147,10 +176,14 @@ class Operator:
     def operator_env(self, role: str) -> dict[str, str]:
         env = {"K_MPI_JOB_ROLE": role}
         if role == "launcher":
-            env |= {"OMPI_MCA_orte_keep_fqdn_hostnames": "true", "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
-                    "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
-                    "OMPI_MCA_orte_set_default_slots": str(self.spec.get("slotsPerWorker", 1)),
-                    "NVIDIA_VISIBLE_DEVICES": "", "NVIDIA_DRIVER_CAPABILITIES": ""}
+            env |= {
+                "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+                "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+                "OMPI_MCA_orte_set_default_slots": str(self.spec.get("slotsPerWorker", 1)),
+                "NVIDIA_VISIBLE_DEVICES": "",
+                "NVIDIA_DRIVER_CAPABILITIES": "",
+            }
         return env
 
     def run_pod(self, node: TestNode, replica: str, pod_name: str, address: str):
@@ -177,17 +210,27 @@ class Operator:
         limits = container.get("resources", {}).get("limits", {})
         assert "nvidia.com/gpu" not in limits or replica == "Worker", "GPUs on the workers only"
         started = node.client().containers.run(
-            container["image"], entrypoint=container.get("command"), command=container.get("args"),
-            environment=env, volumes=binds, shm_size=shm_size, cap_add=capabilities.get("add"),
-            cap_drop=capabilities.get("drop"), hostname=pod_name,
+            container["image"],
+            entrypoint=container.get("command"),
+            command=container.get("args"),
+            environment=env,
+            volumes=binds,
+            shm_size=shm_size,
+            cap_add=capabilities.get("add"),
+            cap_drop=capabilities.get("drop"),
+            hostname=pod_name,
             security_opt=["no-new-privileges"] if context.get("allowPrivilegeEscalation") is False else None,
             mem_limit=docker_size(limits["memory"]) if "memory" in limits else None,
             nano_cpus=nano_cpus(str(limits["cpu"])) if "cpu" in limits else None,
-            network=POD_NETWORK, networking_config={POD_NETWORK: node.client().api.create_endpoint_config(
-                ipv4_address=address)}, extra_hosts=self.dns(),
+            network=POD_NETWORK,
+            networking_config={POD_NETWORK: node.client().api.create_endpoint_config(ipv4_address=address)},
+            extra_hosts=self.dns(),
             user=f"{security.get('runAsUser', 1000)}:{security.get('runAsGroup', 1000)}",
-            group_add=[str(security["fsGroup"])] if "fsGroup" in security else None, name=pod_name,
-            labels={LABEL: self.name}, detach=True)
+            group_add=[str(security["fsGroup"])] if "fsGroup" in security else None,
+            name=pod_name,
+            labels={LABEL: self.name},
+            detach=True,
+        )
         self.pods.append((node, pod_name))
         return started
 
@@ -205,13 +248,16 @@ class Operator:
         while not self.probe(container, probe):
             container.reload()
             if container.status != "running" or time.monotonic() - started > timeout:
-                raise AssertionError(f"{container.name}: the worker's readiness probe never passed "
-                                     f"({container.status}): {container.logs().decode()[-3000:]}")
+                raise AssertionError(
+                    f"{container.name}: the worker's readiness probe never passed "
+                    f"({container.status}): {container.logs().decode()[-3000:]}"
+                )
             time.sleep(probe.get("periodSeconds", 10) / 2)
         return time.monotonic() - started
 
-    def run(self, timeout: float = 600, late: dict[int, float] | None = None,
-            while_late=None) -> tuple[int, str, list[tuple[str, int, str]]]:
+    def run(
+        self, timeout: float = 600, late: dict[int, float] | None = None, while_late=None
+    ) -> tuple[int, str, list[tuple[str, int, str]]]:
         """The MPIJob: the workers and the launcher at once (AtStartup), worker i `late[i]` seconds later (never, for
         math.inf); `while_late(workers, launcher)` runs meanwhile. The launcher's exit status and log, and how each
         worker that started ended (cleanPodPolicy Running: one still running once the launcher ended is removed)."""
@@ -219,8 +265,10 @@ class Operator:
         probe = self.spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["readinessProbe"]
         assert self.spec["launcherCreationPolicy"] == "AtStartup"
         on_time = [i for i in range(self.workers) if i not in late]
-        workers = {i: self.run_pod(self.cluster.nodes[i], "Worker", f"{self.name}-worker-{i}", self.worker_address(i))
-                   for i in on_time}
+        workers = {
+            i: self.run_pod(self.cluster.nodes[i], "Worker", f"{self.name}-worker-{i}", self.worker_address(i))
+            for i in on_time
+        }
         launcher = self.run_pod(self.cluster.nodes[0], "Launcher", f"{self.name}-launcher", LAUNCHER_POD_ADDRESS)
         for index in on_time:
             self.ready(workers[index], probe)
@@ -229,8 +277,9 @@ class Operator:
         for index, seconds in sorted(late.items(), key=lambda item: item[1]):
             if seconds != math.inf:
                 time.sleep(max(0.0, seconds - (time.monotonic() - started)))
-                workers[index] = self.run_pod(self.cluster.nodes[index], "Worker", f"{self.name}-worker-{index}",
-                                              self.worker_address(index))
+                workers[index] = self.run_pod(
+                    self.cluster.nodes[index], "Worker", f"{self.name}-worker-{index}", self.worker_address(index)
+                )
                 self.ready(workers[index], probe)
         status = launcher.wait(timeout=timeout)["StatusCode"]
         log = launcher.logs().decode(errors="replace")
@@ -264,8 +313,10 @@ def operator(cluster, pod_network):
     yield make
     for each in made:
         each.remove()
-    leftover = {node.name: [c.name for c in node.client().containers.list(all=True, filters={"label": LABEL})]
-                for node in cluster.nodes}
+    leftover = {
+        node.name: [c.name for c in node.client().containers.list(all=True, filters={"label": LABEL})]
+        for node in cluster.nodes
+    }
     assert leftover == {node.name: [] for node in cluster.nodes}
 
 
@@ -276,8 +327,18 @@ def sshd_lines(container) -> list[str]:
 def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with_the_jobs_status(operator, measured):
     """Worker 1's pod starts LATE_SECONDS after the others (its node busy, a queue): worker 0 waits for its claim
     unclaimed all that while, and its exec readiness probe leaves no line in its log."""
-    document = export("conformance", "--workers", "2", "--", "--dataset", "digits", "--epochs", "5",
-                      "--summary-file", "/shared/summary.json")
+    document = export(
+        "conformance",
+        "--workers",
+        "2",
+        "--",
+        "--dataset",
+        "digits",
+        "--epochs",
+        "5",
+        "--summary-file",
+        "/shared/summary.json",
+    )
     job = operator(document)
     quiet: list[tuple[list[str], list[str]]] = []
 
@@ -298,17 +359,24 @@ def test_an_exported_mpijob_trains_across_both_hosts_and_the_launcher_exits_with
 
     started = time.monotonic()
     status, log, workers = job.run(late={1: LATE_SECONDS}, while_late=probe_worker_0)
-    measured(f"MPIJob conformance: worker 1 started {LATE_SECONDS} s late; launcher exit status {status} after "
-             f"{time.monotonic() - started:.0f} s")
+    measured(
+        f"MPIJob conformance: worker 1 started {LATE_SECONDS} s late; launcher exit status {status} after "
+        f"{time.monotonic() - started:.0f} s"
+    )
     print("\n".join(line for line in log.splitlines() if line.startswith("[agent ")))
     assert status == 0, log[-6000:]
     [(before, after)] = quiet
-    assert after == before, f"the readiness probe left sshd lines: {after[len(before):]}"
+    assert after == before, f"the readiness probe left sshd lines: {after[len(before) :]}"
     hosts = "conformance-worker-0.conformance.default.svc:1 conformance-worker-1.conformance.default.svc:1"
-    for line in ("conformance-worker-0: sshd answers on port 12345 (1/2 workers",
-                 "conformance-worker-1: sshd answers on port 12345 (2/2 workers", f"hostfile: {hosts}",
-                 "running: mpirun -np 2 --hostfile /home/mpiuser/hostfile", "parameters identical on all 2 ranks",
-                 "job succeeded (exit status 0)", "results: /shared/runs/conformance-"):
+    for line in (
+        "conformance-worker-0: sshd answers on port 12345 (1/2 workers",
+        "conformance-worker-1: sshd answers on port 12345 (2/2 workers",
+        f"hostfile: {hosts}",
+        "running: mpirun -np 2 --hostfile /home/mpiuser/hostfile",
+        "parameters identical on all 2 ranks",
+        "job succeeded (exit status 0)",
+        "results: /shared/runs/conformance-",
+    ):
         assert line in log, log[-6000:]
     summary = json.loads((job.claim / "summary.json").read_text())
     assert summary["final"]["val_accuracy"] >= 0.90
@@ -328,19 +396,34 @@ def test_a_worker_that_never_starts_fails_the_job_after_its_schedule_timeout(ope
     document = export("conformance-late", "--workers", "2", "--schedule-timeout", "15", "--", "python", "-c", "pass")
     started = time.monotonic()
     status, log, workers = operator(document).run(timeout=300, late={1: math.inf})
-    measured(f"MPIJob conformance (a worker that never starts, --schedule-timeout 15): launcher exit status {status} "
-             f"after {time.monotonic() - started:.0f} s")
+    measured(
+        f"MPIJob conformance (a worker that never starts, --schedule-timeout 15): launcher exit status {status} "
+        f"after {time.monotonic() - started:.0f} s"
+    )
     print("\n".join(line for line in log.splitlines() if line.startswith("[agent ")))
     assert status == 2, log[-4000:]
-    assert ("only 1 of 2 workers answered ssh on port 12345 within 15 s (still waiting for conformance-late-worker-1)"
-            in log), log[-4000:]
+    assert (
+        "only 1 of 2 workers answered ssh on port 12345 within 15 s (still waiting for conformance-late-worker-1)"
+        in log
+    ), log[-4000:]
     assert [code for _, code, _ in workers] == [0]  # worker 0 was told, and stopped
     assert "the job ended (exit status 2: only 1 of 2 workers" in workers[0][2]
 
 
 def test_a_users_failing_command_is_the_launcher_pods_exit_status(operator):
-    document = export("conformance-fail", "--workers", "2", "--slots", "2", "--env", "EXIT_WITH=3", "--",
-                      "python", "-c", "import os, sys; sys.exit(int(os.environ['EXIT_WITH']))")
+    document = export(
+        "conformance-fail",
+        "--workers",
+        "2",
+        "--slots",
+        "2",
+        "--env",
+        "EXIT_WITH=3",
+        "--",
+        "python",
+        "-c",
+        "import os, sys; sys.exit(int(os.environ['EXIT_WITH']))",
+    )
     status, log, workers = operator(document).run(timeout=300)
     print(f"\nMPIJob conformance (failing command): launcher exit status {status}")
     assert status == 3, log[-4000:]

@@ -43,8 +43,10 @@ def digests(digest: str) -> None:
 
 
 def mpijob(**where) -> None:
-    mpijob_request.request({"command": job_command(())}, **{"name": "digits", "workers": 2,
-                                                           "image": "registry.example/horovod-stack:1", **where})
+    mpijob_request.request(
+        {"command": job_command(())},
+        **{"name": "digits", "workers": 2, "image": "registry.example/horovod-stack:1", **where},
+    )
 
 
 def mpijob_names(name: str) -> None:
@@ -78,22 +80,26 @@ def mpijob_quantities(quantity: str) -> None:
 SHA = "sha256:" + "0123456789abcdef" * 4
 
 
-@pytest.mark.parametrize("check, good", [
-    (node_names, "node_1"),
-    (env_keys, "NCCL_DEBUG"),
-    (open_mpi_host_names, "gpu-a"),
-    (image_tags, "latest"),
-    (image_paths, "horovod-stack"),
-    (registry_hosts, "registry.example:5000"),
-    (digests, SHA),
-    (mpijob_names, "digits"),
-    (mpijob_namespaces, "team-a"),
-    (mpijob_claims, "horovod-stack-shared"),
-    (mpijob_images, "registry.example/horovod-stack:1"),
-    (mpijob_queues, "gpu-team"),
-    (mpijob_priority_classes, "team-high"),
-    (mpijob_quantities, "16Gi"),
-], ids=lambda value: getattr(value, "__name__", None))
+@pytest.mark.parametrize(
+    "check, good",
+    [
+        (node_names, "node_1"),
+        (env_keys, "NCCL_DEBUG"),
+        (open_mpi_host_names, "gpu-a"),
+        (image_tags, "latest"),
+        (image_paths, "horovod-stack"),
+        (registry_hosts, "registry.example:5000"),
+        (digests, SHA),
+        (mpijob_names, "digits"),
+        (mpijob_namespaces, "team-a"),
+        (mpijob_claims, "horovod-stack-shared"),
+        (mpijob_images, "registry.example/horovod-stack:1"),
+        (mpijob_queues, "gpu-team"),
+        (mpijob_priority_classes, "team-high"),
+        (mpijob_quantities, "16Gi"),
+    ],
+    ids=lambda value: getattr(value, "__name__", None),
+)
 @pytest.mark.parametrize("suffix", ["", "\n"], ids=["as given", "with a trailing newline"])
 def test_a_name_passes_and_the_same_name_with_a_trailing_newline_does_not(check, good, suffix):
     if not suffix:
@@ -103,10 +109,13 @@ def test_a_name_passes_and_the_same_name_with_a_trailing_newline_does_not(check,
         check(good + suffix)
 
 
-@pytest.mark.parametrize("name, message", [
-    ("node_1\n", "node name 'node_1\\n' is not a host name: pass --nodes with names like node_1"),
-    ("node_1\nnode_2", "node name 'node_1\\nnode_2' is not a host name"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("node_1\n", "node name 'node_1\\n' is not a host name: pass --nodes with names like node_1"),
+        ("node_1\nnode_2", "node name 'node_1\\nnode_2' is not a host name"),
+    ],
+)
 def test_a_refused_node_name_is_one_line_showing_the_newline(name, message):
     with pytest.raises(SettingsError) as refused:
         node_names(name)
@@ -118,7 +127,7 @@ HOSTILE_NAMES = (
     '"; touch MARKER; echo "',
     "$(touch MARKER)",
     "`touch MARKER`",
-    "x\" ; system(\"touch MARKER\") ; \"",
+    'x" ; system("touch MARKER") ; "',
 )
 
 
@@ -129,8 +138,11 @@ def test_node_names_reach_the_host_view_shell_only_as_arguments():
 
 
 def test_the_host_view_script_resolves_names_and_runs_none_of_them(tmp_path):
-    names = ("localhost", "no-such-host.invalid", *(name.replace("MARKER", str(tmp_path / "ran")) for name in
-                                                   HOSTILE_NAMES))
+    names = (
+        "localhost",
+        "no-such-host.invalid",
+        *(name.replace("MARKER", str(tmp_path / "ran")) for name in HOSTILE_NAMES),
+    )
     # The same script the node's container runs, here with this machine's bash, getent and awk.
     done = subprocess.run(host_view_argv(1, names), capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -18,25 +18,42 @@ class Terminal(io.StringIO):
 
 
 def record(epoch: int) -> dict:
-    return {"epoch": epoch, "train_loss": 1.0 / epoch, "val_loss": 1.1 / epoch, "val_accuracy": 0.8,
-            "samples_per_sec": 900.0, "world_size": 2, "seconds": 0.4, "lr": 0.02}
+    return {
+        "epoch": epoch,
+        "train_loss": 1.0 / epoch,
+        "val_loss": 1.1 / epoch,
+        "val_accuracy": 0.8,
+        "samples_per_sec": 900.0,
+        "world_size": 2,
+        "seconds": 0.4,
+        "lr": 0.02,
+    }
 
 
 def run_epochs(observer: Observer, epochs: int = 2, steps: int = 8) -> None:
     for epoch in range(1, epochs + 1):
         for step in range(1, steps + 1):
-            observer.step(epoch=epoch, step=step, steps=steps, global_step=(epoch - 1) * steps + step,
-                          loss=1.0 / step, lr=0.01 * epoch)
+            observer.step(
+                epoch=epoch,
+                step=step,
+                steps=steps,
+                global_step=(epoch - 1) * steps + step,
+                loss=1.0 / step,
+                lr=0.01 * epoch,
+            )
         observer.epoch(record(epoch))
 
 
-@pytest.mark.parametrize("mode, terminal, under_open_mpi, bar", [
-    ("auto", True, False, True),
-    ("auto", False, False, False),
-    ("auto", True, True, False),  # Open MPI's own pty, whatever mpirun writes to
-    ("bar", False, True, True),
-    ("lines", True, False, False),
-])
+@pytest.mark.parametrize(
+    "mode, terminal, under_open_mpi, bar",
+    [
+        ("auto", True, False, True),
+        ("auto", False, False, False),
+        ("auto", True, True, False),  # Open MPI's own pty, whatever mpirun writes to
+        ("bar", False, True, True),
+        ("lines", True, False, False),
+    ],
+)
 def test_bar_or_lines(mode, terminal, under_open_mpi, bar, monkeypatch):
     if under_open_mpi:
         monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
@@ -49,7 +66,8 @@ def test_lines_about_four_per_epoch(caplog):
     caplog.set_level(logging.INFO)
     run_epochs(Observer(TrainConfig(progress="lines"), enabled=True, stream=io.StringIO()), epochs=1)
     assert [r.getMessage() for r in caplog.records] == [
-        f"epoch 1 [{step}/8 batches] loss {1 / step:.4f} lr 0.0100" for step in (2, 4, 6, 8)]
+        f"epoch 1 [{step}/8 batches] loss {1 / step:.4f} lr 0.0100" for step in (2, 4, 6, 8)
+    ]
 
 
 def test_bar_per_epoch_instead_of_lines(caplog):

@@ -14,10 +14,18 @@ from launcher.k8s import podsecurity
 def restricted_pod() -> dict:
     return {
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{"name": "main", "image": "registry.example.com/i:1", "ports": [{"containerPort": 22}],
-                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
-        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "c"}},
-                    {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.example.com/i:1",
+                "ports": [{"containerPort": 22}],
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            }
+        ],
+        "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "c"}},
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        ],
     }
 
 
@@ -27,55 +35,115 @@ def container(pod: dict) -> dict:
 
 RULES = {
     # baseline
-    "host process": (lambda pod: pod["securityContext"].update(windowsOptions={"hostProcess": True}),
-                     "privileged", "HostProcess"),
+    "host process": (
+        lambda pod: pod["securityContext"].update(windowsOptions={"hostProcess": True}),
+        "privileged",
+        "HostProcess",
+    ),
     "host network": (lambda pod: pod.update(hostNetwork=True), "privileged", "hostNetwork must be unset or false"),
     "host PID": (lambda pod: pod.update(hostPID=True), "privileged", "hostPID"),
     "host IPC": (lambda pod: pod.update(hostIPC=True), "privileged", "hostIPC"),
     "privileged container": (lambda pod: container(pod).update(privileged=True), "privileged", "privileged must be"),
-    "SYS_PTRACE added": (lambda pod: container(pod)["capabilities"].update(add=["SYS_PTRACE"]), "privileged",
-                         "capabilities.add ['SYS_PTRACE'] is beyond the baseline set"),
-    "IPC_LOCK added": (lambda pod: container(pod)["capabilities"].update(add=["IPC_LOCK"]), "privileged",
-                       "capabilities.add ['IPC_LOCK']"),
-    "hostPath volume": (lambda pod: pod["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "privileged",
-                        "volume h is a hostPath"),
+    "SYS_PTRACE added": (
+        lambda pod: container(pod)["capabilities"].update(add=["SYS_PTRACE"]),
+        "privileged",
+        "capabilities.add ['SYS_PTRACE'] is beyond the baseline set",
+    ),
+    "IPC_LOCK added": (
+        lambda pod: container(pod)["capabilities"].update(add=["IPC_LOCK"]),
+        "privileged",
+        "capabilities.add ['IPC_LOCK']",
+    ),
+    "hostPath volume": (
+        lambda pod: pod["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+        "privileged",
+        "volume h is a hostPath",
+    ),
     "host port": (lambda pod: pod["containers"][0]["ports"][0].update(hostPort=22), "privileged", "hostPort"),
-    "AppArmor unconfined": (lambda pod: container(pod).update(appArmorProfile={"type": "Unconfined"}), "privileged",
-                            "appArmorProfile.type Unconfined"),
-    "SELinux user": (lambda pod: pod["securityContext"].update(seLinuxOptions={"user": "root"}), "privileged",
-                     "seLinuxOptions"),
-    "SELinux type": (lambda pod: container(pod).update(seLinuxOptions={"type": "spc_t"}), "privileged",
-                     "seLinuxOptions"),
+    "AppArmor unconfined": (
+        lambda pod: container(pod).update(appArmorProfile={"type": "Unconfined"}),
+        "privileged",
+        "appArmorProfile.type Unconfined",
+    ),
+    "SELinux user": (
+        lambda pod: pod["securityContext"].update(seLinuxOptions={"user": "root"}),
+        "privileged",
+        "seLinuxOptions",
+    ),
+    "SELinux type": (
+        lambda pod: container(pod).update(seLinuxOptions={"type": "spc_t"}),
+        "privileged",
+        "seLinuxOptions",
+    ),
     "unmasked /proc": (lambda pod: container(pod).update(procMount="Unmasked"), "privileged", "procMount"),
-    "seccomp unconfined": (lambda pod: pod["securityContext"].update(seccompProfile={"type": "Unconfined"}),
-                           "privileged", "must not be Unconfined"),
-    "unsafe sysctl": (lambda pod: pod["securityContext"].update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]),
-                      "privileged", "sysctls ['kernel.msgmax']"),
+    "seccomp unconfined": (
+        lambda pod: pod["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+        "privileged",
+        "must not be Unconfined",
+    ),
+    "unsafe sysctl": (
+        lambda pod: pod["securityContext"].update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]),
+        "privileged",
+        "sysctls ['kernel.msgmax']",
+    ),
     # restricted only
     "a hostPath-free but forbidden volume type": (
-        lambda pod: pod["volumes"].append({"name": "n", "nfs": {"server": "s", "path": "/"}}), "baseline",
-        "volume n is of a type restricted forbids"),
-    "privilege escalation allowed": (lambda pod: container(pod).pop("allowPrivilegeEscalation"), "baseline",
-                                     "allowPrivilegeEscalation must be false"),
-    "may run as root": (lambda pod: pod["securityContext"].pop("runAsNonRoot"), "baseline",
-                        "runAsNonRoot must be true"),
-    "container says root is fine": (lambda pod: container(pod).update(runAsNonRoot=False), "baseline",
-                                    "runAsNonRoot must be true"),
+        lambda pod: pod["volumes"].append({"name": "n", "nfs": {"server": "s", "path": "/"}}),
+        "baseline",
+        "volume n is of a type restricted forbids",
+    ),
+    "privilege escalation allowed": (
+        lambda pod: container(pod).pop("allowPrivilegeEscalation"),
+        "baseline",
+        "allowPrivilegeEscalation must be false",
+    ),
+    "may run as root": (
+        lambda pod: pod["securityContext"].pop("runAsNonRoot"),
+        "baseline",
+        "runAsNonRoot must be true",
+    ),
+    "container says root is fine": (
+        lambda pod: container(pod).update(runAsNonRoot=False),
+        "baseline",
+        "runAsNonRoot must be true",
+    ),
     "uid 0": (lambda pod: container(pod).update(runAsUser=0), "baseline", "runAsUser must not be 0"),
-    "no seccomp profile": (lambda pod: pod["securityContext"].pop("seccompProfile"), "baseline",
-                           "seccompProfile.type must be RuntimeDefault or Localhost"),
-    "capabilities not dropped": (lambda pod: container(pod)["capabilities"].pop("drop"), "baseline",
-                                 "capabilities.drop must include ALL"),
-    "a baseline capability added": (lambda pod: container(pod)["capabilities"].update(add=["CHOWN"]), "baseline",
-                                    "restricted allows NET_BIND_SERVICE only"),
+    "no seccomp profile": (
+        lambda pod: pod["securityContext"].pop("seccompProfile"),
+        "baseline",
+        "seccompProfile.type must be RuntimeDefault or Localhost",
+    ),
+    "capabilities not dropped": (
+        lambda pod: container(pod)["capabilities"].pop("drop"),
+        "baseline",
+        "capabilities.drop must include ALL",
+    ),
+    "a baseline capability added": (
+        lambda pod: container(pod)["capabilities"].update(add=["CHOWN"]),
+        "baseline",
+        "restricted allows NET_BIND_SERVICE only",
+    ),
     # allowed by restricted
-    "NET_BIND_SERVICE added": (lambda pod: container(pod)["capabilities"].update(add=["NET_BIND_SERVICE"]),
-                               "restricted", None),
-    "seccomp per container": (lambda pod: (pod["securityContext"].pop("seccompProfile"),
-                                           container(pod).update(seccompProfile={"type": "Localhost"})),
-                              "restricted", None),
-    "a safe sysctl": (lambda pod: pod["securityContext"].update(
-        sysctls=[{"name": "net.ipv4.ip_local_port_range", "value": "1024 65535"}]), "restricted", None),
+    "NET_BIND_SERVICE added": (
+        lambda pod: container(pod)["capabilities"].update(add=["NET_BIND_SERVICE"]),
+        "restricted",
+        None,
+    ),
+    "seccomp per container": (
+        lambda pod: (
+            pod["securityContext"].pop("seccompProfile"),
+            container(pod).update(seccompProfile={"type": "Localhost"}),
+        ),
+        "restricted",
+        None,
+    ),
+    "a safe sysctl": (
+        lambda pod: pod["securityContext"].update(
+            sysctls=[{"name": "net.ipv4.ip_local_port_range", "value": "1024 65535"}]
+        ),
+        "restricted",
+        None,
+    ),
 }
 
 

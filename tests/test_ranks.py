@@ -40,13 +40,22 @@ def test_the_rule(slots, gpus, ranks):
                 ranks_per_node(slots, gpus, names)
 
 
-@pytest.mark.parametrize("names, expected", [
-    (LAUNCHER, "--slots 2 with --gpus 4: a GPU worker runs one rank per GPU; drop --slots (or SLOTS_PER_WORKER in "
-               ".env), or give it the GPU count"),
-    (COMPOSE, "SLOTS_PER_WORKER=2 with GPUS=4: a GPU worker runs one rank per GPU; drop SLOTS_PER_WORKER from .env, "
-              "or set it to GPUS"),
-    (MPIJOB, "--slots 2 with --gpus-per-node 4: a GPU worker runs one rank per GPU; drop --slots"),
-])
+@pytest.mark.parametrize(
+    "names, expected",
+    [
+        (
+            LAUNCHER,
+            "--slots 2 with --gpus 4: a GPU worker runs one rank per GPU; drop --slots (or SLOTS_PER_WORKER in "
+            ".env), or give it the GPU count",
+        ),
+        (
+            COMPOSE,
+            "SLOTS_PER_WORKER=2 with GPUS=4: a GPU worker runs one rank per GPU; drop SLOTS_PER_WORKER from .env, "
+            "or set it to GPUS",
+        ),
+        (MPIJOB, "--slots 2 with --gpus-per-node 4: a GPU worker runs one rank per GPU; drop --slots"),
+    ],
+)
 def test_each_door_words_the_refusal_in_one_line_naming_the_fix(names, expected):
     assert ranks_problem(2, 4, names) == expected
 
@@ -62,8 +71,14 @@ def compose_ranks(slots, gpus):
 
 
 def export_ranks(slots, gpus):
-    request = mpijob_request.request({"command": ("python", "t.py")}, name="j", workers=2, image="registry.example/i:1",
-                             slots=slots, gpus_per_node=gpus)
+    request = mpijob_request.request(
+        {"command": ("python", "t.py")},
+        name="j",
+        workers=2,
+        image="registry.example/i:1",
+        slots=slots,
+        gpus_per_node=gpus,
+    )
     return mpijob.document(request)["spec"]["slotsPerWorker"]
 
 

@@ -15,33 +15,45 @@ from launcher.host.reach import SshTarget, ssh_failure, tcp_failure
 NODE = SshTarget("gpu_2", "alice", 2222)
 
 
-@pytest.mark.parametrize("stderr, words", [
-    ("ssh: Could not resolve hostname gpu_2: Name or service not known", "gpu_2 does not resolve on this machine"),
-    ("ssh: connect to host gpu_2 port 2222: Connection timed out", "no answer from gpu_2 within 10 s"),
-    ("ssh: connect to host gpu_2 port 2222: No route to host", "no route to gpu_2"),
-    ("ssh: connect to host gpu_2 port 2222: Network is unreachable", "no route to gpu_2"),
-    ("ssh: connect to host gpu_2 port 2222: Connection refused", "gpu_2 refuses ssh (no sshd on its port)"),
-    ("Host key verification failed.", "run `ssh alice@gpu_2 -p 2222` once"),
-    ("alice@gpu_2: Permission denied (publickey).", "`ssh-copy-id alice@gpu_2 -p 2222` installs it"),
-    ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock",
-     "`sudo usermod -aG docker alice`"),
-    ("bash: line 1: docker: command not found", "docker is not installed on gpu_2"),
-    ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?",
-     "Docker is not running on gpu_2"),
-    ("kex_exchange_identification: read: Connection reset by peer\n", "(kex_exchange_identification: read: "
-     "Connection reset by peer); run it by hand"),
-])
+@pytest.mark.parametrize(
+    "stderr, words",
+    [
+        ("ssh: Could not resolve hostname gpu_2: Name or service not known", "gpu_2 does not resolve on this machine"),
+        ("ssh: connect to host gpu_2 port 2222: Connection timed out", "no answer from gpu_2 within 10 s"),
+        ("ssh: connect to host gpu_2 port 2222: No route to host", "no route to gpu_2"),
+        ("ssh: connect to host gpu_2 port 2222: Network is unreachable", "no route to gpu_2"),
+        ("ssh: connect to host gpu_2 port 2222: Connection refused", "gpu_2 refuses ssh (no sshd on its port)"),
+        ("Host key verification failed.", "run `ssh alice@gpu_2 -p 2222` once"),
+        ("alice@gpu_2: Permission denied (publickey).", "`ssh-copy-id alice@gpu_2 -p 2222` installs it"),
+        (
+            "permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock",
+            "`sudo usermod -aG docker alice`",
+        ),
+        ("bash: line 1: docker: command not found", "docker is not installed on gpu_2"),
+        (
+            "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?",
+            "Docker is not running on gpu_2",
+        ),
+        (
+            "kex_exchange_identification: read: Connection reset by peer\n",
+            "(kex_exchange_identification: read: Connection reset by peer); run it by hand",
+        ),
+    ],
+)
 def test_each_ssh_failure_is_one_line_with_its_fix(stderr, words):
     line = ssh_failure(NODE, stderr, 10)
     assert words in line and "\n" not in line
 
 
-@pytest.mark.parametrize("error, words", [
-    (socket.gaierror(-2, "Name or service not known"), "gpu_2 does not resolve on this machine"),
-    (TimeoutError("timed out"), "no answer from gpu_2:2375 within 3 s"),
-    (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), "nothing listens on gpu_2:2375"),
-    (OSError(errno.EHOSTUNREACH, "No route to host"), "no route to gpu_2"),
-])
+@pytest.mark.parametrize(
+    "error, words",
+    [
+        (socket.gaierror(-2, "Name or service not known"), "gpu_2 does not resolve on this machine"),
+        (TimeoutError("timed out"), "no answer from gpu_2:2375 within 3 s"),
+        (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), "nothing listens on gpu_2:2375"),
+        (OSError(errno.EHOSTUNREACH, "No route to host"), "no route to gpu_2"),
+    ],
+)
 def test_each_tcp_failure_is_one_line(error, words):
     assert words in tcp_failure("gpu_2", 2375, error, 3)
 

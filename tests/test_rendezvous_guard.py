@@ -49,12 +49,24 @@ class RunsCode:
         ("PUT", "/worker_addresses/node_2:0", {"Content-Length": "120"}, "no job secret"),
         ("PUT", "/worker_addresses/node_2:0", {"Authorization": "Bearer guessed"}, "a wrong job secret"),
         ("PUT", "/worker_addresses/node_2:0", {"Authorization": TOKEN}, "a wrong job secret"),
-        ("GET", "/worker_addresses/node_2:0", {"Authorization": f"Bearer {TOKEN}"}, "the worker_addresses scope is "
-         "not readable"),
-        ("PUT", "/global/0", {"Authorization": f"Bearer {TOKEN}", "Content-Length": str(2 << 20)}, "a body of "
-         "'2097152' bytes (at most 1048576)"),
-        ("PUT", "/global/0", {"Authorization": f"Bearer {TOKEN}", "Content-Length": "-1"}, "a body of '-1' bytes "
-         "(at most 1048576)"),
+        (
+            "GET",
+            "/worker_addresses/node_2:0",
+            {"Authorization": f"Bearer {TOKEN}"},
+            "the worker_addresses scope is not readable",
+        ),
+        (
+            "PUT",
+            "/global/0",
+            {"Authorization": f"Bearer {TOKEN}", "Content-Length": str(2 << 20)},
+            "a body of '2097152' bytes (at most 1048576)",
+        ),
+        (
+            "PUT",
+            "/global/0",
+            {"Authorization": f"Bearer {TOKEN}", "Content-Length": "-1"},
+            "a body of '-1' bytes (at most 1048576)",
+        ),
     ],
 )
 def test_which_requests_the_rendezvous_refuses(method, path, headers, why):
@@ -156,7 +168,8 @@ def rendezvous(monkeypatch):
     from horovod.runner.http import http_server
 
     assert "stack_guard" in Path(http_server.__file__).read_text(), (
-        "this checkout's Horovod runner is not patched: scripts/setup.sh (docker/horovod-runner/patch.py)")
+        "this checkout's Horovod runner is not patched: scripts/setup.sh (docker/horovod-runner/patch.py)"
+    )
     monkeypatch.setenv(guard.TOKEN_VARIABLE, TOKEN)
     driver = Driver()
     server = http_server.RendezvousServer()
@@ -194,7 +207,8 @@ def test_the_rendezvous_server_takes_the_jobs_requests_and_refuses_a_strangers(r
     assert not marker.exists()
     lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("horovod-stack: refused")]
     assert lines == [
-        "horovod-stack: refused a rendezvous request from 127.0.0.1 (PUT '/worker_addresses/intruder:0'): no job secret",
+        "horovod-stack: refused a rendezvous request from 127.0.0.1 (PUT '/worker_addresses/intruder:0'): no job "
+        "secret",
         "horovod-stack: refused a rendezvous request from 127.0.0.1 (PUT '/worker_addresses/intruder:0'): a wrong job "
         "secret",
         "horovod-stack: refused a rendezvous request from 127.0.0.1 (GET '/worker_addresses/node_2:0'): the "

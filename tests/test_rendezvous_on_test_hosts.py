@@ -50,8 +50,19 @@ def wait_for(process: subprocess.Popen, log: Path, text: str, timeout: float) ->
 
 def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_finishes(cluster, tmp_path, measured):
     log = tmp_path / "launcher.log"
-    job = ["start", "--env-file", str(cluster.env_file()), "--elastic", "--min-nodes", "2", "--", "--dataset",
-           "synthetic", "--epochs", "4"]
+    job = [
+        "start",
+        "--env-file",
+        str(cluster.env_file()),
+        "--elastic",
+        "--min-nodes",
+        "2",
+        "--",
+        "--dataset",
+        "synthetic",
+        "--epochs",
+        "4",
+    ]
     with open(log, "w") as out:
         process = subprocess.Popen([LAUNCHER, *job], env=cluster.launcher_env(), stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -60,8 +71,13 @@ def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_fi
         print("listening on node_1 during the job:\n" + "\n".join(f"  {local} {who}" for local, who in sockets))
         assert [local for local, _ in sockets if local.startswith(WILDCARDS)] == [], sockets
         ports = sorted({int(local.rsplit(":", 1)[1]) for local, _ in sockets})
-        probe = subprocess.run([sys.executable, str(PROBE), cluster.nodes[0].address, MARKER, *map(str, ports)],
-                               capture_output=True, text=True, timeout=120, check=True)
+        probe = subprocess.run(
+            [sys.executable, str(PROBE), cluster.nodes[0].address, MARKER, *map(str, ports)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         where = {local.rsplit(":", 1)[1]: local for local, _ in sockets}
         answers = {where[port]: got for port, got in json.loads(probe.stdout).items()}
         measured(f"rendezvous probe of node_1's {len(ports)} listening ports: {answers}")

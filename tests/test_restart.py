@@ -24,27 +24,43 @@ RUN = "/shared/runs/c0ffee00"
 
 # --- the decisions --------------------------------------------------------------------------------------------
 def why_not(**given) -> str | None:
-    facts = {"status": 1, "lost": ["node_2"], "ended_by": None, "stop_asked": False, "restarts": 0,
-             "script_restarts": 0, "max_restarts": 3, "say": LAUNCHER, **given}
+    facts = {
+        "status": 1,
+        "lost": ["node_2"],
+        "ended_by": None,
+        "stop_asked": False,
+        "restarts": 0,
+        "script_restarts": 0,
+        "max_restarts": 3,
+        "say": LAUNCHER,
+        **given,
+    }
     return restart.why_not(**facts)
 
 
-@pytest.mark.parametrize("given, expected", [
-    ({}, None),
-    ({"lost": []}, None),  # the script's own failure: once
-    ({"lost": [], "script_restarts": 1},
-     "not restarted: the script itself failed again (exit status 1) with no node lost, so another restart would "
-     "fail the same way; the error is in the job's log above (restarts are for lost nodes)"),
-    ({"script_restarts": 1}, None),  # a lost node is restarted however often the script failed before
-    ({"restarts": 3}, "not restarted: all 3 restart(s) (--max-restarts 3) are used up; allow more with a larger "
-                      "--max-restarts"),
-    ({"status": 0}, ""),
-    ({"max_restarts": 0}, ""),  # restarts off: nothing to say
-    ({"ended_by": "its time limit"}, "not restarted: its time limit ended it, not a lost node"),
-    ({"stop_asked": True}, "not restarted: the job was told to stop (exit status 1)"),
-    ({"lost": [], "status": 143}, "not restarted: the job was told to stop (exit status 143)"),
-    ({"status": 143}, None),  # mpirun ended by the agent because node_2 was lost
-])
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ({}, None),
+        ({"lost": []}, None),  # the script's own failure: once
+        (
+            {"lost": [], "script_restarts": 1},
+            "not restarted: the script itself failed again (exit status 1) with no node lost, so another restart would "
+            "fail the same way; the error is in the job's log above (restarts are for lost nodes)",
+        ),
+        ({"script_restarts": 1}, None),  # a lost node is restarted however often the script failed before
+        (
+            {"restarts": 3},
+            "not restarted: all 3 restart(s) (--max-restarts 3) are used up; allow more with a larger --max-restarts",
+        ),
+        ({"status": 0}, ""),
+        ({"max_restarts": 0}, ""),  # restarts off: nothing to say
+        ({"ended_by": "its time limit"}, "not restarted: its time limit ended it, not a lost node"),
+        ({"stop_asked": True}, "not restarted: the job was told to stop (exit status 1)"),
+        ({"lost": [], "status": 143}, "not restarted: the job was told to stop (exit status 143)"),
+        ({"status": 143}, None),  # mpirun ended by the agent because node_2 was lost
+    ],
+)
 def test_which_failures_are_restarted(given, expected):
     assert why_not(**given) == expected
 
@@ -53,47 +69,74 @@ def test_compose_names_its_own_setting():
     assert "(MAX_RESTARTS=1)" in why_not(restarts=1, max_restarts=1, say=SPELLINGS["compose"])
 
 
-@pytest.mark.parametrize("workers, lost, minimum, wait", [
-    (3, 1, None, True),  # the whole world or nothing: wait for it
-    (3, 1, 2, False),  # allowed to go on with 2
-    (3, 2, 2, True),
-    (3, 0, None, False),  # the script's own failure: nobody to wait for
-])
+@pytest.mark.parametrize(
+    "workers, lost, minimum, wait",
+    [
+        (3, 1, None, True),  # the whole world or nothing: wait for it
+        (3, 1, 2, False),  # allowed to go on with 2
+        (3, 2, 2, True),
+        (3, 0, None, False),  # the script's own failure: nobody to wait for
+    ],
+)
 def test_the_agent_waits_for_a_lost_worker_only_when_the_rest_may_not_go_on(workers, lost, minimum, wait):
     assert restart.must_wait(workers, lost, minimum) is wait
 
 
-@pytest.mark.parametrize("lost, back, minimum, expected", [
-    ([], [], None, (["node_1", "node_2", "node_3"], None)),
-    (["node_2"], ["node_2"], None, (["node_1", "node_2", "node_3"], None)),
-    (["node_2"], [], 2, (["node_1", "node_3"], None)),
-    (["node_2"], [], None, ([], "not restarted: node_2 did not answer again within 30 s and the job may not run on "
-                                "fewer nodes: pass --min-nodes 2 to let it go on without it")),
-    (["node_2", "node_3"], [], 2, ([], "not restarted: 1 worker(s) remain, fewer than --min-nodes 2")),
-    (["node_2", "node_3"], ["node_3"], 2, (["node_1", "node_3"], None)),
-])
+@pytest.mark.parametrize(
+    "lost, back, minimum, expected",
+    [
+        ([], [], None, (["node_1", "node_2", "node_3"], None)),
+        (["node_2"], ["node_2"], None, (["node_1", "node_2", "node_3"], None)),
+        (["node_2"], [], 2, (["node_1", "node_3"], None)),
+        (
+            ["node_2"],
+            [],
+            None,
+            (
+                [],
+                "not restarted: node_2 did not answer again within 30 s and the job may not run on "
+                "fewer nodes: pass --min-nodes 2 to let it go on without it",
+            ),
+        ),
+        (["node_2", "node_3"], [], 2, ([], "not restarted: 1 worker(s) remain, fewer than --min-nodes 2")),
+        (["node_2", "node_3"], ["node_3"], 2, (["node_1", "node_3"], None)),
+    ],
+)
 def test_the_world_of_a_restart(lost, back, minimum, expected):
     assert restart.world_after(["node_1", "node_2", "node_3"], lost, back, minimum, LAUNCHER) == expected
 
 
-@pytest.mark.parametrize("done, line", [
-    (restart.Restart(1, 3, "node_2 went silent", ("node_1", "node_3"), 7, f"{RUN}/checkpoints"),
-     "restart 1/3: node_2 went silent; resuming after epoch 7 on node_1,node_3"),
-    (restart.Restart(2, 2, "the script failed (exit status 1)", ("node_1",), None, "/shared/ck"),
-     "restart 2/2: the script failed (exit status 1); resuming from the newest checkpoint in /shared/ck on node_1"),
-    (restart.Restart(1, 1, "node_2's worker was lost", ("node_1",)),
-     "restart 1/1: node_2's worker was lost; starting over on node_1"),
-])
+@pytest.mark.parametrize(
+    "done, line",
+    [
+        (
+            restart.Restart(1, 3, "node_2 went silent", ("node_1", "node_3"), 7, f"{RUN}/checkpoints"),
+            "restart 1/3: node_2 went silent; resuming after epoch 7 on node_1,node_3",
+        ),
+        (
+            restart.Restart(2, 2, "the script failed (exit status 1)", ("node_1",), None, "/shared/ck"),
+            "restart 2/2: the script failed (exit status 1); resuming from the newest checkpoint in /shared/ck on "
+            "node_1",
+        ),
+        (
+            restart.Restart(1, 1, "node_2's worker was lost", ("node_1",)),
+            "restart 1/1: node_2's worker was lost; starting over on node_1",
+        ),
+    ],
+)
 def test_each_restart_is_one_line(done, line):
     assert done.line() == line
     assert json.loads(done.record())["workers"] == list(done.workers)
 
 
-@pytest.mark.parametrize("metrics, epoch", [
-    (None, None),
-    ("", None),
-    ('{"epoch": 1}\n{"epoch": 2}\n{"epo', 2),  # a line cut short by the kill
-])
+@pytest.mark.parametrize(
+    "metrics, epoch",
+    [
+        (None, None),
+        ("", None),
+        ('{"epoch": 1}\n{"epoch": 2}\n{"epo', 2),  # a line cut short by the kill
+    ],
+)
 def test_the_last_checkpointed_epoch_is_the_metrics_last(metrics, epoch):
     assert restart.metrics_epoch(metrics) == epoch
 
@@ -104,7 +147,8 @@ SECOND = restart.Restart(2, 2, "node_3's worker was lost", ("node_1",), resume_e
 
 def test_status_shows_the_last_restart_from_the_agents_records_not_from_its_words():
     assert restart.last_restart(FIRST.record() + SECOND.record()) == (
-        "restart 2/2: node_3's worker was lost; resuming after epoch 1 on node_1")
+        "restart 2/2: node_3's worker was lost; resuming after epoch 1 on node_1"
+    )
     assert restart.last_restart(FIRST.record() + '{"number": 2, "of": 2, "rea') == FIRST.line()  # being written
     assert restart.last_restart(None) is None
 
@@ -117,26 +161,42 @@ def test_status_of_a_running_job_names_its_last_restart():
 
 
 def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end_record():
-    end = JobEnd(137, "node_2: worker lost during the run", lost=("node_2",), restarts=(FIRST.line(),),
-                 not_restarted="not restarted: all 1 restart(s) (--max-restarts 1) are used up")
+    end = JobEnd(
+        137,
+        "node_2: worker lost during the run",
+        lost=("node_2",),
+        restarts=(FIRST.line(),),
+        not_restarted="not restarted: all 1 restart(s) (--max-restarts 1) are used up",
+    )
     state = jobstate.describe(jobstate.ContainerState("rank0", False, 137), end.to_json(), "", [])
-    assert state == ("failed (exit status 137): node_2: worker lost during the run; not restarted: all 1 restart(s) "
-                     "(--max-restarts 1) are used up; restart 1/2: node_2 went silent; starting over on node_1")
+    assert state == (
+        "failed (exit status 137): node_2: worker lost during the run; not restarted: all 1 restart(s) "
+        "(--max-restarts 1) are used up; restart 1/2: node_2 went silent; starting over on node_1"
+    )
 
 
 # --- the options ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("overrides, message", [
-    ({"max_restarts": -1}, "--max-restarts -1 is neither 0 (off) nor a positive count"),
-    ({"max_restarts": 2, "elastic": True, "network_interface": "eth0"},
-     "--max-restarts 2 is for fixed-size jobs: an elastic job goes on without a lost node by itself; drop "
-     "--max-restarts, or drop --elastic to have a fixed-size job restarted"),
-    ({"elastic_min_workers": 2, "elastic": False},
-     "--min-nodes is for elastic jobs: add --elastic (or --max-restarts N: a fixed-size job restarted on fewer "
-     "nodes)"),
-    ({"max_restarts": 1, "elastic_min_workers": 0, "elastic": False}, "--min-nodes 0 is not 1 or more"),
-    ({"max_restarts": 1, "elastic_min_workers": 4, "elastic": False},
-     "--min-nodes 4 is not from 1 to the 3 node(s) in --nodes"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"max_restarts": -1}, "--max-restarts -1 is neither 0 (off) nor a positive count"),
+        (
+            {"max_restarts": 2, "elastic": True, "network_interface": "eth0"},
+            "--max-restarts 2 is for fixed-size jobs: an elastic job goes on without a lost node by itself; drop "
+            "--max-restarts, or drop --elastic to have a fixed-size job restarted",
+        ),
+        (
+            {"elastic_min_workers": 2, "elastic": False},
+            "--min-nodes is for elastic jobs: add --elastic (or --max-restarts N: a fixed-size job restarted on fewer "
+            "nodes)",
+        ),
+        ({"max_restarts": 1, "elastic_min_workers": 0, "elastic": False}, "--min-nodes 0 is not 1 or more"),
+        (
+            {"max_restarts": 1, "elastic_min_workers": 4, "elastic": False},
+            "--min-nodes 4 is not from 1 to the 3 node(s) in --nodes",
+        ),
+    ],
+)
 def test_bad_restart_settings_are_refused(overrides, message):
     with pytest.raises(SettingsError) as error:
         launch_settings(**{"nodes": ("a", "b", "c"), **overrides})
@@ -186,8 +246,15 @@ def test_without_restarts_the_ranks_environment_is_as_it_was():
 
 # --- the agent -------------------------------------------------------------------------------------------------
 def trainer_spec(**overrides) -> JobSpec:
-    settings = {"command": ("python", "-m", "app.train", "--epochs", "3"), "run_folder": RUN, "expected_workers": 3,
-                "workers": (W1, W2, W3), "ready_timeout": 5, "max_restarts": 2, "agent_host": W1.address}
+    settings = {
+        "command": ("python", "-m", "app.train", "--epochs", "3"),
+        "run_folder": RUN,
+        "expected_workers": 3,
+        "workers": (W1, W2, W3),
+        "ready_timeout": 5,
+        "max_restarts": 2,
+        "agent_host": W1.address,
+    }
     return job_spec(**{**settings, **overrides})
 
 
@@ -214,16 +281,23 @@ def test_a_lost_node_restarts_the_job_on_those_that_remain_from_its_last_checkpo
     assert again[again.index("-np") + 1] == "2" and f"{RESTART_VARIABLE}=1" in again
     assert transport.files["/home/mpiuser/hostfile"] == "10.0.0.1 slots=1\n10.0.0.3 slots=1\n"
     record = json.loads(transport.files[f"{RUN}/{restart.RECORDS_FILE}"])
-    assert record == {"number": 1, "of": 2, "reason": "node_2's worker was lost", "workers": ["node_1", "node_3"],
-                      "resume_epoch": 2, "checkpoint_dir": f"{RUN}/checkpoints"}
+    assert record == {
+        "number": 1,
+        "of": 2,
+        "reason": "node_2's worker was lost",
+        "workers": ["node_1", "node_3"],
+        "resume_epoch": 2,
+        "checkpoint_dir": f"{RUN}/checkpoints",
+    }
     assert (W3.address, LEFTOVERS) in transport.commands and (W1.address, LEFTOVERS) not in transport.commands
     assert parse_job_end(transport.files[JOB_STATUS]) == end
     assert "job succeeded (exit status 0); the workers stop now" in said
 
 
 def test_without_a_smaller_world_the_agent_waits_for_the_lost_worker_to_answer_again():
-    transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address},
-                          returns_at={W2.address: 12})
+    transport = Transport(
+        Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address}, returns_at={W2.address: 12}
+    )
     end, said = run(trainer_spec(), transport)
     line = "restart 1/2: node_2's worker was lost; starting over on node_1,node_2,node_3"
     assert end == JobEnd(0, restarts=(line,))
@@ -236,10 +310,16 @@ def test_without_a_smaller_world_the_agent_waits_for_the_lost_worker_to_answer_a
 def test_a_lost_worker_that_never_answers_again_ends_the_job_saying_what_would_let_it_go_on():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address})
     end, said = run(trainer_spec(), transport)
-    why = ("not restarted: node_2 did not answer again within 30 s and the job may not run on fewer nodes: pass "
-           "--min-nodes 2 to let it go on without it")
-    assert end == JobEnd(137, "node_2: worker lost during the run; `launcher status` shows how each worker ended",
-                         lost=("node_2",), not_restarted=why)
+    why = (
+        "not restarted: node_2 did not answer again within 30 s and the job may not run on fewer nodes: pass "
+        "--min-nodes 2 to let it go on without it"
+    )
+    assert end == JobEnd(
+        137,
+        "node_2: worker lost during the run; `launcher status` shows how each worker ended",
+        lost=("node_2",),
+        not_restarted=why,
+    )
     assert end.message().endswith(why) and why in said  # what each worker's lifeline is told
     assert len(transport.ran) == 1
 
@@ -264,8 +344,10 @@ def test_restarts_end_when_used_up():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W3.address}, restarts=(137,))
     end, said = run(trainer_spec(max_restarts=1, elastic_min_workers=2, elastic=False), transport)
     assert end.status == 137 and len(transport.ran) == 2
-    assert "not restarted: all 1 restart(s) (--max-restarts 1) are used up; allow more with a larger --max-restarts" \
+    assert (
+        "not restarted: all 1 restart(s) (--max-restarts 1) are used up; allow more with a larger --max-restarts"
         in said
+    )
 
 
 def test_a_job_told_to_stop_is_not_restarted():
@@ -278,8 +360,9 @@ def test_a_job_told_to_stop_is_not_restarted():
 def test_without_max_restarts_a_lost_node_ends_the_job_as_before():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address})
     end, said = run(trainer_spec(max_restarts=0), transport)
-    assert end == JobEnd(137, "node_2: worker lost during the run; `launcher status` shows how each worker ended",
-                         lost=("node_2",))
+    assert end == JobEnd(
+        137, "node_2: worker lost during the run; `launcher status` shows how each worker ended", lost=("node_2",)
+    )
     assert len(transport.ran) == 1 and not any("restart" in line for line in said)
     assert f"{RUN}/{restart.RECORDS_FILE}" not in transport.files
 
@@ -288,8 +371,10 @@ def test_a_users_script_is_told_its_checkpoint_folder_in_the_restart_line():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address})
     job = trainer_spec(command=("python", "t.py"), workdir="/workdir", elastic_min_workers=2, elastic=False)
     end, said = run(job, transport)
-    line = (f"restart 1/2: node_2's worker was lost; resuming from the newest checkpoint in {RUN}/checkpoints on "
-            "node_1,node_3")
+    line = (
+        f"restart 1/2: node_2's worker was lost; resuming from the newest checkpoint in {RUN}/checkpoints on "
+        "node_1,node_3"
+    )
     assert end == JobEnd(0, restarts=(line,)) and line in said
     assert transport.ran[1][-2:] == ["python", "t.py"]
     assert f"{CHECKPOINT_DIR_VARIABLE}={RUN}/checkpoints" in transport.ran[1]
@@ -303,24 +388,36 @@ def test_restart_options_round_trip_through_the_job_spec():
 USED_UP = "not restarted: all 1 restart(s) (--max-restarts 1) are used up; allow more with a larger --max-restarts"
 
 
-@pytest.mark.parametrize("seen, end, expected", [
-    ("node_2: its worker container was killed during the run",
-     JobEnd(137, "node_2: worker lost during the run", not_restarted=USED_UP),
-     f"node_2: its worker container was killed during the run; {USED_UP}"),
-    ("node_2: its worker container was killed during the run", JobEnd(137, "node_2: worker lost during the run"),
-     "node_2: its worker container was killed during the run"),
-    (None, JobEnd(137, "node_2: worker lost during the run", not_restarted=USED_UP),
-     f"node_2: worker lost during the run; {USED_UP}"),
-    (None, JobEnd(1, None, not_restarted=USED_UP), None),  # no cause to name: the status is its own
-    (f"x; {USED_UP}", JobEnd(1, "z", not_restarted=USED_UP), f"x; {USED_UP}"),
-])
+@pytest.mark.parametrize(
+    "seen, end, expected",
+    [
+        (
+            "node_2: its worker container was killed during the run",
+            JobEnd(137, "node_2: worker lost during the run", not_restarted=USED_UP),
+            f"node_2: its worker container was killed during the run; {USED_UP}",
+        ),
+        (
+            "node_2: its worker container was killed during the run",
+            JobEnd(137, "node_2: worker lost during the run"),
+            "node_2: its worker container was killed during the run",
+        ),
+        (
+            None,
+            JobEnd(137, "node_2: worker lost during the run", not_restarted=USED_UP),
+            f"node_2: worker lost during the run; {USED_UP}",
+        ),
+        (None, JobEnd(1, None, not_restarted=USED_UP), None),  # no cause to name: the status is its own
+        (f"x; {USED_UP}", JobEnd(1, "z", not_restarted=USED_UP), f"x; {USED_UP}"),
+    ],
+)
 def test_one_root_cause_line_keeps_why_the_agent_did_not_restart(seen, end, expected):
     assert end.root_cause(seen) == expected
     assert JobEnd.from_json(end.to_json()) == end
 
 
-@pytest.mark.parametrize("given", [{"lost": [], "script_restarts": 1}, {"restarts": 3}, {"ended_by": "x"},
-                                   {"stop_asked": True}])
+@pytest.mark.parametrize(
+    "given", [{"lost": [], "script_restarts": 1}, {"restarts": 3}, {"ended_by": "x"}, {"stop_asked": True}]
+)
 def test_every_refusal_starts_alike(given):
     assert why_not(**given).startswith("not restarted: ")
 
@@ -335,8 +432,9 @@ def test_a_restarts_run_has_what_is_left_of_the_jobs_time_limit(monkeypatch):
             given.append(self.seconds)
 
     monkeypatch.setattr(watches, "TimeLimit", Recorded)
-    transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address},
-                          returns_at={W2.address: 12})
+    transport = Transport(
+        Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address}, returns_at={W2.address: 12}
+    )
     end, _ = run(trainer_spec(time_limit=100), transport)
     assert end.succeeded and len(end.restarts) == 1 and transport.clock() >= 12
     assert given == [100, 100 - transport.clock()]
@@ -346,12 +444,15 @@ def test_a_restarts_run_has_what_is_left_of_the_jobs_time_limit(monkeypatch):
 S4, S5 = Worker("node_4", "10.0.0.4"), Worker("node_5", "10.0.0.5")
 
 
-@pytest.mark.parametrize("lost, spares, expected", [
-    ([], ["node_4"], (["node_1", "node_2", "node_3"], [])),
-    (["node_2"], ["node_4", "node_5"], (["node_1", "node_4", "node_3"], [])),
-    (["node_2", "node_3"], ["node_4"], (["node_1", "node_4", "node_3"], ["node_3"])),
-    (["node_3"], [], (["node_1", "node_2", "node_3"], ["node_3"])),
-])
+@pytest.mark.parametrize(
+    "lost, spares, expected",
+    [
+        ([], ["node_4"], (["node_1", "node_2", "node_3"], [])),
+        (["node_2"], ["node_4", "node_5"], (["node_1", "node_4", "node_3"], [])),
+        (["node_2", "node_3"], ["node_4"], (["node_1", "node_4", "node_3"], ["node_3"])),
+        (["node_3"], [], (["node_1", "node_2", "node_3"], ["node_3"])),
+    ],
+)
 def test_a_spare_takes_a_lost_workers_place(lost, spares, expected):
     assert restart.swap_in(["node_1", "node_2", "node_3"], lost, spares) == expected
 
@@ -360,8 +461,9 @@ def test_a_spare_is_checked_before_it_is_needed_then_takes_the_lost_nodes_place(
     transport = Transport(Clock(), up_from=up(W1, W2, W3, S4, S5), status=137, lost_in_job={W2.address})
     end, said = run(trainer_spec(spares=(S4, S5)), transport)
     assert end.succeeded and len(end.restarts) == 1
-    assert said.index("node_4: spare, sshd answers; out of the hostfile until a restart needs it") < \
-        said.index("hostfile: 10.0.0.1:1 10.0.0.2:1 10.0.0.3:1")
+    assert said.index("node_4: spare, sshd answers; out of the hostfile until a restart needs it") < said.index(
+        "hostfile: 10.0.0.1:1 10.0.0.2:1 10.0.0.3:1"
+    )
     assert any(address == S4.address and "probe" in command for address, command in transport.commands[:40])
     assert "restart 1/2: node_2's worker was lost; starting over on node_1,node_4,node_3" in said
     assert transport.files["/home/mpiuser/hostfile"] == "10.0.0.1 slots=1\n10.0.0.4 slots=1\n10.0.0.3 slots=1\n"
@@ -371,8 +473,9 @@ def test_a_spare_is_checked_before_it_is_needed_then_takes_the_lost_nodes_place(
 
 
 def test_a_spare_that_does_not_answer_is_passed_over_for_the_next():
-    transport = Transport(Clock(), up_from={**up(W1, W2, W3, S5), S4.address: float("inf")}, status=137,
-                          lost_in_job={W2.address})
+    transport = Transport(
+        Clock(), up_from={**up(W1, W2, W3, S5), S4.address: float("inf")}, status=137, lost_in_job={W2.address}
+    )
     end, said = run(trainer_spec(spares=(S4, S5)), transport)
     assert end.succeeded and len(end.restarts) == 1
     assert "node_4: spare, does not answer yet; tried again when a restart needs it" in said
@@ -383,8 +486,7 @@ def test_with_no_spare_left_the_smaller_world_or_the_wait_decides():
     transport = Transport(Clock(), up_from=up(W1, W2, W3, S4), status=137, lost_in_job={W2.address, W3.address})
     end, said = run(trainer_spec(spares=(S4,), elastic_min_workers=2, elastic=False), transport)
     assert end.succeeded and len(end.restarts) == 1
-    assert ("restart 1/2: node_2's worker was lost and node_3's worker was lost; starting over on node_1,node_4"
-            in said)
+    assert "restart 1/2: node_2's worker was lost and node_3's worker was lost; starting over on node_1,node_4" in said
 
 
 def test_a_lost_spare_does_not_end_the_job():
@@ -392,8 +494,9 @@ def test_a_lost_spare_does_not_end_the_job():
 
     transport = Transport(Clock(), up_from=up(W1, W2, W3, S4))
     said: list[str] = []
-    agent = Agent(trainer_spec(spares=(S4,)), transport, say=said.append, clock=transport.clock,
-                  sleep=transport.clock.sleep)
+    agent = Agent(
+        trainer_spec(spares=(S4,)), transport, say=said.append, clock=transport.clock, sleep=transport.clock.sleep
+    )
     agent.claim([W1, W2, W3, S4])
     agent.running = {W1.address, W2.address, W3.address}
     transport.lines[S4.address].open = False
@@ -417,18 +520,24 @@ def test_spares_come_from_the_flag_or_the_env_file_with_their_own_rank_counts():
     flagged = resolve_settings({"MAX_RESTARTS": "1"}, nodes="node_1,node_2", spares="node_4:2,node_5")
     assert flagged.nodes == ("node_1", "node_2") and flagged.spares == ("node_4", "node_5")
     assert flagged.node_slots == {"node_4": 2} and flagged.all_nodes[-2:] == ("node_4", "node_5")
-    from_env = resolve_settings({"MAX_RESTARTS": "1", "SPARES": "node_4", "DOCKER_HOST_NODE_4": "tcp://127.0.0.1:1"},
-                                nodes="node_1,node_2")
+    from_env = resolve_settings(
+        {"MAX_RESTARTS": "1", "SPARES": "node_4", "DOCKER_HOST_NODE_4": "tcp://127.0.0.1:1"}, nodes="node_1,node_2"
+    )
     assert from_env.spares == ("node_4",) and from_env.engine_url("node_4") == "tcp://127.0.0.1:1"
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"spares": ("node_4",), "max_restarts": 0},
-     "--spares stand in for a lost node when the job restarts: add --max-restarts N (MAX_RESTARTS in .env)"),
-    ({"spares": ("node_2",)}, "spare node_2 is listed twice (in --nodes or --spares): list each host once"),
-    ({"spares": ("node_4", "node_4")}, "spare node_4 is listed twice"),
-    ({"spares": ("bad name",)}, "spare 'bad name' is not a host name"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"spares": ("node_4",), "max_restarts": 0},
+            "--spares stand in for a lost node when the job restarts: add --max-restarts N (MAX_RESTARTS in .env)",
+        ),
+        ({"spares": ("node_2",)}, "spare node_2 is listed twice (in --nodes or --spares): list each host once"),
+        ({"spares": ("node_4", "node_4")}, "spare node_4 is listed twice"),
+        ({"spares": ("bad name",)}, "spare 'bad name' is not a host name"),
+    ],
+)
 def test_bad_spares_are_refused(overrides, message):
     with pytest.raises(SettingsError) as error:
         launch_settings(**{"nodes": ("node_1", "node_2"), "max_restarts": 1, **overrides})

@@ -16,8 +16,11 @@ RUNS = [Run("a1b2c3d4", "node_1", 100), Run("e5f6a7b8", "node_1", 300), Run("c9d
 def test_the_newest_run_or_the_one_asked_for():
     assert choose(RUNS, None).name == "e5f6a7b8"
     assert choose(RUNS, "c9d0e1f2").node == "node_2"
-    with pytest.raises(ValueError, match=r"^no run 0000 in the shared folder of these nodes; the runs there: "
-                                         r"e5f6a7b8 \(node_1\), c9d0e1f2 \(node_2\), a1b2c3d4 \(node_1\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^no run 0000 in the shared folder of these nodes; the runs there: "
+        r"e5f6a7b8 \(node_1\), c9d0e1f2 \(node_2\), a1b2c3d4 \(node_1\)$",
+    ):
         choose(RUNS, "0000")
     with pytest.raises(ValueError, match="no run in the shared folder of these nodes yet"):
         choose([], None)
@@ -38,10 +41,14 @@ def archive(entries: dict[str, bytes], link: str | None = None, mode: int = 0o64
 
 
 def test_the_run_folder_lands_whole_or_without_its_checkpoints(tmp_path):
-    data = archive({"run1/metrics.jsonl": b"{}\n", "run1/checkpoints/epoch-1.pt": b"x", "run1/tb/events": b"e"},
-                   link="run1/passwd")
+    data = archive(
+        {"run1/metrics.jsonl": b"{}\n", "run1/checkpoints/epoch-1.pt": b"x", "run1/tb/events": b"e"}, link="run1/passwd"
+    )
     assert extract([data[:100], data[100:]], tmp_path / "all") == [
-        "run1/checkpoints/epoch-1.pt", "run1/metrics.jsonl", "run1/tb/events"]
+        "run1/checkpoints/epoch-1.pt",
+        "run1/metrics.jsonl",
+        "run1/tb/events",
+    ]
     assert (tmp_path / "all/run1/metrics.jsonl").read_bytes() == b"{}\n"
     assert not (tmp_path / "all/run1/passwd").exists()  # a link is never written
     assert extract([data], tmp_path / "lean", checkpoints=False) == ["run1/metrics.jsonl", "run1/tb/events"]
@@ -51,8 +58,11 @@ def test_without_tarfiles_extraction_filters_the_same_files_land_as_plain_data(t
     """Python before 3.11.4 (Debian 12's 3.11.2) has no extract(filter=...): the files land all the same, without
     set-ID bits or write for others, and still no link."""
     monkeypatch.delattr(tarfile, "data_filter", raising=False)
-    data = archive({"run1/metrics.jsonl": b"{}\n", "run1/checkpoints/epoch-1.pt": b"x", "run1/tb/events": b"e"},
-                   link="run1/passwd", mode=0o4777)
+    data = archive(
+        {"run1/metrics.jsonl": b"{}\n", "run1/checkpoints/epoch-1.pt": b"x", "run1/tb/events": b"e"},
+        link="run1/passwd",
+        mode=0o4777,
+    )
     assert extract([data], tmp_path / "all") == ["run1/checkpoints/epoch-1.pt", "run1/metrics.jsonl", "run1/tb/events"]
     assert (tmp_path / "all/run1/metrics.jsonl").read_bytes() == b"{}\n"
     assert (tmp_path / "all/run1/metrics.jsonl").stat().st_mode & 0o7777 == 0o755
@@ -68,7 +78,7 @@ def test_the_archive_lands_as_it_arrives_not_once_it_is_whole(tmp_path):
         for start in range(0, len(data), 4096):
             if start >= 256 * 1024:  # well past metrics.jsonl, and past any read-ahead
                 landed.append((tmp_path / "run1/metrics.jsonl").exists())
-            yield data[start:start + 4096]
+            yield data[start : start + 4096]
 
     assert extract(chunks(), tmp_path) == ["run1/metrics.jsonl", "run1/tb/events"]
     assert landed and all(landed)
@@ -89,14 +99,21 @@ class RunFolders:
     def run_archive(self, image, shared_dir, path):
         self.asked.append(path)
         parent = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
-        inside = {name.removeprefix(parent): data for name, data in self.files.items()
-                  if name == path or name.startswith(path + "/")}
+        inside = {
+            name.removeprefix(parent): data
+            for name, data in self.files.items()
+            if name == path or name.startswith(path + "/")
+        }
         data = archive(inside)
-        return iter([data[i:i + 1000] for i in range(0, len(data), 1000)])
+        return iter([data[i : i + 1000] for i in range(0, len(data), 1000)])
 
 
-RUN_FILES = {"run1/metrics.jsonl": b"{}\n", "run1/summary.json": b"{}", "run1/checkpoints/latest.pt": b"x" * 5000,
-             "run1/tb/events": b"e"}
+RUN_FILES = {
+    "run1/metrics.jsonl": b"{}\n",
+    "run1/summary.json": b"{}",
+    "run1/checkpoints/latest.pt": b"x" * 5000,
+    "run1/tb/events": b"e",
+}
 
 
 def test_without_checkpoints_they_are_never_asked_for(tmp_path):

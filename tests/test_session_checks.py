@@ -20,14 +20,22 @@ def node_engine(name, nics, port_taken=False, gpu_query="", addresses=()):  # th
     return StandInEngine(name, nics, port_taken=port_taken, gpu_query=gpu_query, addresses=addresses, resolves=HOSTS)
 
 
-@pytest.mark.parametrize("nic, node_2_nics, port_taken, error", [
-    ("ens5", ("lo", "ens5", "docker0"), False, None),
-    (None, ("lo", "eth0"), False, None),
-    ("ens5", ("lo", "eth0", "docker0"), False, "node_2: no network interface ens5 there (it has docker0, eth0, lo); "
-                                               "pass --network-interface with one of them, or set "
-                                               "NODE_NETWORK_INTERFACE in .env"),
-    ("ens5", ("lo", "ens5"), True, "node_2: port 12345 is already in use there"),
-])
+@pytest.mark.parametrize(
+    "nic, node_2_nics, port_taken, error",
+    [
+        ("ens5", ("lo", "ens5", "docker0"), False, None),
+        (None, ("lo", "eth0"), False, None),
+        (
+            "ens5",
+            ("lo", "eth0", "docker0"),
+            False,
+            "node_2: no network interface ens5 there (it has docker0, eth0, lo); "
+            "pass --network-interface with one of them, or set "
+            "NODE_NETWORK_INTERFACE in .env",
+        ),
+        ("ens5", ("lo", "ens5"), True, "node_2: port 12345 is already in use there"),
+    ],
+)
 def test_nic_and_port_are_checked_before_any_worker_starts(nic, node_2_nics, port_taken, error):
     engines = [node_engine("node_1", ("lo", "ens5")), node_engine("node_2", node_2_nics, port_taken)]
     said = []
@@ -45,14 +53,21 @@ def test_nic_and_port_are_checked_before_any_worker_starts(nic, node_2_nics, por
 H100 = "0, NVIDIA H100 80GB HBM3, 580.65.06, 9.0\n1, NVIDIA H100 80GB HBM3, 580.65.06, 9.0\n"
 
 
-@pytest.mark.parametrize("query, wanted, problem", [
-    (H100, 2, None),
-    (H100, 4, "only 2 GPU(s) visible to a container there, 4 asked for; pass a smaller --gpus"),
-    ("0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n", 1, "NVIDIA driver 550.54.15 is older than 580"),
-    ("0, Tesla V100-SXM2-16GB, 580.65.06, 7.0\n", 1, "GPU 0 (Tesla V100-SXM2-16GB) has compute capability 7.0; "
-                                                     "torch's CUDA 13.0 build needs 7.5 or higher (Turing and later)"),
-    ("0, Odd GPU, [N/A], [N/A]\n", 1, "nvidia-smi's answer there could not be read"),
-])
+@pytest.mark.parametrize(
+    "query, wanted, problem",
+    [
+        (H100, 2, None),
+        (H100, 4, "only 2 GPU(s) visible to a container there, 4 asked for; pass a smaller --gpus"),
+        ("0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n", 1, "NVIDIA driver 550.54.15 is older than 580"),
+        (
+            "0, Tesla V100-SXM2-16GB, 580.65.06, 7.0\n",
+            1,
+            "GPU 0 (Tesla V100-SXM2-16GB) has compute capability 7.0; "
+            "torch's CUDA 13.0 build needs 7.5 or higher (Turing and later)",
+        ),
+        ("0, Odd GPU, [N/A], [N/A]\n", 1, "nvidia-smi's answer there could not be read"),
+    ],
+)
 def test_gpus_are_checked_on_every_node_before_any_worker_starts(query, wanted, problem):
     engines = [node_engine("node_1", ("lo",), gpu_query=H100 * 2), node_engine("node_2", ("lo",), gpu_query=query)]
     settings = launch_settings(nodes=("node_1", "node_2"), gpus_per_node=wanted if problem else 2)
@@ -65,18 +80,36 @@ def test_gpus_are_checked_on_every_node_before_any_worker_starts(query, wanted, 
     assert [d.started for d in engines] == [[], []]
 
 
-@pytest.mark.parametrize("labels, query, problem", [
-    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n", None),
-    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla V100-SXM2-16GB, 535.1, 7.0\n", None),
-    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla P100-PCIE-16GB, 535.1, 6.0\n", None),
-    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla T4, 470.82.01, 7.5\n", "NVIDIA driver 470.82.01 is older than 525, "
-     "which TensorFlow 2.21's CUDA 12.5 build needs; update the driver there"),
-    ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla M60, 535.1, 5.2\n", "GPU 0 (Tesla M60) has compute capability 5.2; "
-     "TensorFlow 2.21's CUDA 12.5 build needs 6.0 or higher (Pascal and later)"),
-    ({FRAMEWORK_LABEL: "PyTorch"}, "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n",
-     "NVIDIA driver 550.54.15 is older than 580"),
-    ({}, "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n", "NVIDIA driver 550.54.15 is older than 580"),  # a user's image
-])
+@pytest.mark.parametrize(
+    "labels, query, problem",
+    [
+        ({FRAMEWORK_LABEL: "TensorFlow"}, "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n", None),
+        ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla V100-SXM2-16GB, 535.1, 7.0\n", None),
+        ({FRAMEWORK_LABEL: "TensorFlow"}, "0, Tesla P100-PCIE-16GB, 535.1, 6.0\n", None),
+        (
+            {FRAMEWORK_LABEL: "TensorFlow"},
+            "0, Tesla T4, 470.82.01, 7.5\n",
+            "NVIDIA driver 470.82.01 is older than 525, "
+            "which TensorFlow 2.21's CUDA 12.5 build needs; update the driver there",
+        ),
+        (
+            {FRAMEWORK_LABEL: "TensorFlow"},
+            "0, Tesla M60, 535.1, 5.2\n",
+            "GPU 0 (Tesla M60) has compute capability 5.2; "
+            "TensorFlow 2.21's CUDA 12.5 build needs 6.0 or higher (Pascal and later)",
+        ),
+        (
+            {FRAMEWORK_LABEL: "PyTorch"},
+            "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n",
+            "NVIDIA driver 550.54.15 is older than 580",
+        ),
+        (
+            {},
+            "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n",
+            "NVIDIA driver 550.54.15 is older than 580",
+        ),  # a user's image
+    ],
+)
 def test_each_images_framework_is_held_to_its_own_cuda_builds_needs(labels, query, problem):
     found = gpu.gpu_problem(query, 1, gpu.build_of(labels))
     assert found == problem if problem is None else found.startswith(problem)
@@ -91,17 +124,26 @@ def test_gpus_named_by_id_are_checked_with_the_workers_own_request():
     assert plan.gpu_request(plan.rank0).device_ids == ("0", "1")
 
 
-@pytest.mark.parametrize("nic, nodes, expected", [
-    (None, ("node_1", "node_2"), ("172.17.0.0/16", "172.26.0.0/16")),
-    ("eth0", ("node_1", "node_2"), ()),   # a pinned NIC needs no exclusion
-    (None, ("node_1",), ()),              # one host: ranks do not cross hosts
-])
+@pytest.mark.parametrize(
+    "nic, nodes, expected",
+    [
+        (None, ("node_1", "node_2"), ("172.17.0.0/16", "172.26.0.0/16")),
+        ("eth0", ("node_1", "node_2"), ()),  # a pinned NIC needs no exclusion
+        (None, ("node_1",), ()),  # one host: ranks do not cross hosts
+    ],
+)
 def test_an_unpinned_nic_across_hosts_leaves_every_nodes_virtual_subnets_out(nic, nodes, expected):
     node_1 = (("lo", "127.0.0.1/8"), ("eth0", "10.0.0.1/24"), ("docker0", "172.17.0.1/16"))
-    node_2 = (("lo", "127.0.0.1/8"), ("eth0", "10.0.0.2/24"), ("docker0", "172.17.0.1/16"),
-              ("br-c33e5cb9fa8c", "172.26.0.1/16"))
-    engines = [node_engine("node_1", ("lo", "eth0", "docker0"), addresses=node_1),
-               node_engine("node_2", ("lo", "eth0", "docker0", "br-c33e5cb9fa8c", "veth9a1"), addresses=node_2)]
+    node_2 = (
+        ("lo", "127.0.0.1/8"),
+        ("eth0", "10.0.0.2/24"),
+        ("docker0", "172.17.0.1/16"),
+        ("br-c33e5cb9fa8c", "172.26.0.1/16"),
+    )
+    engines = [
+        node_engine("node_1", ("lo", "eth0", "docker0"), addresses=node_1),
+        node_engine("node_2", ("lo", "eth0", "docker0", "br-c33e5cb9fa8c", "veth9a1"), addresses=node_2),
+    ]
     settings = launch_settings(nodes=nodes, network_interface=nic)
     checked, _ = nodechecks.check_nodes(settings, engines[: len(nodes)], say=lambda _: None)
     assert checked.found.excluded_subnets == expected
@@ -113,14 +155,22 @@ def test_a_running_cluster_refuses_a_start_and_a_finished_one_is_named():
     node_2.cluster_containers = lambda cluster_id=None: [container("old", "5ca1ab1e", running=False)]  # type: ignore
     said: list[str] = []
     nodechecks.check_nodes(launch_settings(nodes=("node_1", "node_2")), [node_1, node_2], say=said.append)
-    assert ("node_2: finished cluster 5ca1ab1e is kept for `launcher status` and `launcher logs`; `launcher stop "
-            "--nodes node_1,node_2 --cluster 5ca1ab1e` removes it") in said
+    assert (
+        "node_2: finished cluster 5ca1ab1e is kept for `launcher status` and `launcher logs`; `launcher stop "
+        "--nodes node_1,node_2 --cluster 5ca1ab1e` removes it"
+    ) in said
     node_1.cluster_containers = lambda cluster_id=None: [container("job", "c0ffee00")]  # type: ignore
     with pytest.raises(LaunchError) as refused:
-        launch.launch(launch_settings(nodes=("node_1", "node_2")), say=said.append, relay=said.append,
-                       connect=connect_to(node_1, node_2))
-    assert str(refused.value) == ("node_1: cluster c0ffee00 is still running; stop it first with `launcher stop "
-                                  "--nodes node_1,node_2 --cluster c0ffee00`")
+        launch.launch(
+            launch_settings(nodes=("node_1", "node_2")),
+            say=said.append,
+            relay=said.append,
+            connect=connect_to(node_1, node_2),
+        )
+    assert str(refused.value) == (
+        "node_1: cluster c0ffee00 is still running; stop it first with `launcher stop "
+        "--nodes node_1,node_2 --cluster c0ffee00`"
+    )
 
 
 def test_doctor_prints_every_finding_and_counts_the_problems_a_start_would_refuse():
@@ -131,8 +181,9 @@ def test_doctor_prints_every_finding_and_counts_the_problems_a_start_would_refus
     problems, engines, views = doctor.check(settings, printed.append, connect=connect_to(node_1, node_2))
     assert "node_1: engine        ok (26.1.5 at ssh://node_1)" in printed
     assert "node_1: network iface ok (eth0)" in printed and "node_1: ssh port      ok free (12345)" in printed
-    assert ("node_2: ssh port      FAIL port 12345 is already in use there; free it or pass --ssh-port with a free "
-            "port") in printed
+    assert (
+        "node_2: ssh port      FAIL port 12345 is already in use there; free it or pass --ssh-port with a free port"
+    ) in printed
     assert problems == [
         "node_2: no network interface eth0 there (it has ens5, lo); pass --network-interface with one of them, or set "
         "NODE_NETWORK_INTERFACE in .env",
@@ -151,17 +202,28 @@ def test_clock_skew_is_a_warning_doctor_fails_on_and_a_start_only_says(skew, sev
 def test_a_dry_run_prints_every_finding_with_the_plan_and_refuses_with_the_first_problem():
     node_1, node_2 = node_engine("node_1", ("lo", "eth0")), node_engine("node_2", ("lo", "eth0"))
     out = io.StringIO()
-    launch.dry_run(launch_settings(nodes=("node_1", "node_2"), network_interface="eth0"), say=lambda _: None,
-                    out=out, connect=connect_to(node_1, node_2))
+    launch.dry_run(
+        launch_settings(nodes=("node_1", "node_2"), network_interface="eth0"),
+        say=lambda _: None,
+        out=out,
+        connect=connect_to(node_1, node_2),
+    )
     checks, plan = out.getvalue().split("plan: ", 1)
-    assert checks.splitlines()[:3] == ["checks:", "  node_1: engine        ok (26.1.5 at ssh://node_1)",
-                                       "  node_1: image         ok (0123456789ab)"]
+    assert checks.splitlines()[:3] == [
+        "checks:",
+        "  node_1: engine        ok (26.1.5 at ssh://node_1)",
+        "  node_1: image         ok (0123456789ab)",
+    ]
     assert "  node_2: ssh port      ok free (12345)" in checks and plan.startswith("2 ranks on 2 node(s)")
     busy = node_engine("node_2", ("lo", "ens5"), port_taken=True)
     out = io.StringIO()
     with pytest.raises(LaunchError) as refused:
-        launch.dry_run(launch_settings(nodes=("node_1", "node_2"), network_interface="eth0"), say=lambda _: None,
-                        out=out, connect=connect_to(node_1, busy))
+        launch.dry_run(
+            launch_settings(nodes=("node_1", "node_2"), network_interface="eth0"),
+            say=lambda _: None,
+            out=out,
+            connect=connect_to(node_1, busy),
+        )
     assert str(refused.value).startswith("node_2: no network interface eth0 there (it has ens5, lo)")
     assert "node_2: ssh port      FAIL port 12345 is already in use there" in out.getvalue()  # both, at once
     assert "plan: " not in out.getvalue() and node_1.started == busy.started == []
@@ -171,9 +233,13 @@ def test_push_image_from_a_machine_without_the_image_is_a_finding():
     facts = NodeFacts("this machine", "local")
     [finding] = preflight.push_source_findings(launch_settings(), facts)
     assert finding.severity is Severity.BLOCKING
-    assert finding.line() == ("this machine: no image horovod-stack:latest either, and --push-image copies it from "
-                              "here; build it with scripts/build-images.sh")
-    assert preflight.push_source_findings(launch_settings(), NodeFacts("this machine", "local", image_id="sha256:1")) == []
+    assert finding.line() == (
+        "this machine: no image horovod-stack:latest either, and --push-image copies it from "
+        "here; build it with scripts/build-images.sh"
+    )
+    assert (
+        preflight.push_source_findings(launch_settings(), NodeFacts("this machine", "local", image_id="sha256:1")) == []
+    )
 
 
 def test_a_running_cluster_is_named_before_another_nodes_missing_image():
@@ -209,8 +275,10 @@ def test_nodes_that_share_a_host_name_are_told_apart_by_their_workers_own():
     engines = [StandInEngine(name, ("lo", "eth0"), resolves=HOSTS, host_name="ubuntu") for name in HOSTS]
     said: list[str] = []
     plan, findings = nodechecks.check_nodes(launch_settings(nodes=tuple(HOSTS)), engines, say=said.append)
-    assert ("node_1, node_2: share the host name ubuntu: each worker gets its own (node-1, node-2), so Open MPI tells "
-            "the nodes apart") in said
+    assert (
+        "node_1, node_2: share the host name ubuntu: each worker gets its own (node-1, node-2), so Open MPI tells "
+        "the nodes apart"
+    ) in said
     containers = [plan.worker_container(node) for node in plan.nodes]
     assert [container.hostname for container in containers] == ["node-1", "node-2"]
     # Every worker's /etc/hosts names every worker, at the address rank 0 resolved for its node.

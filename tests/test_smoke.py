@@ -99,7 +99,7 @@ def owners(folder: Path) -> dict[str, tuple[int, int]]:
 def junit(path: Path) -> dict[str, str | None]:
     """Each test case's name and its failure message (None: passed)."""
     root = ET.parse(path).getroot()
-    return {case.get("name", ""): (case.find("failure").get("message") if case.find("failure") is not None else None)
+    return {case.get("name", ""): (failure.get("message") if (failure := case.find("failure")) is not None else None)
             for case in root.iter("testcase")}  # fmt: skip
 
 
@@ -168,8 +168,10 @@ def test_a_dataloader_with_workers_in_dockers_64_mb_of_shared_memory(tmp_path):
     error after it; with --shm-size 1g, as that line says, it passes."""
     plain = checkout(tmp_path / "plain", IMAGE_USER, LOADER)
     roomy = checkout(tmp_path / "roomy", IMAGE_USER, LOADER)
-    results = together(plain=smoke_argv(plain, "--", "python", LOADER.name),
-                       roomy=smoke_argv(roomy, "--", "python", LOADER.name, docker=("--shm-size", "1g")))
+    results = together(
+        plain=smoke_argv(plain, "--", "python", LOADER.name),
+        roomy=smoke_argv(roomy, "--", "python", LOADER.name, docker=("--shm-size", "1g")),
+    )
 
     status, output, _ = results["plain"]
     assert status == 1, output
@@ -237,7 +239,7 @@ def test_ranks_on_roots_checkout_have_no_capabilities(tmp_path, user):
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
         assert f"[rank {rank}] probe rank {rank} of 2: " in done.stdout
-        assert f"uid=0 CapEff=0000000000000000 NoNewPrivs=1" in done.stdout.split(f"[rank {rank}] probe rank")[1]
+        assert "uid=0 CapEff=0000000000000000 NoNewPrivs=1" in done.stdout.split(f"[rank {rank}] probe rank")[1]
     assert set(owners(folder).values()) == {(0, 0)}, owners(folder)
 
 
@@ -248,12 +250,13 @@ def test_a_user_who_is_not_the_owner_reads_and_is_told_the_fix_only_to_write(tmp
     folder = checkout(tmp_path, GITHUB_RUNNER, PROBE)
     done, _ = smoke(folder, "--np", "1", "--", "head", "-n", "1", PROBE.name, user=str(IMAGE_USER))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "[rank 0] \"\"\"A user's script for the smoke role's tests" in done.stdout
+    assert '[rank 0] """A user\'s script for the smoke role\'s tests' in done.stdout
     done, seconds = smoke(folder, "--junit", "reports/smoke.xml", "--", "python", PROBE.name, user=str(IMAGE_USER))
     assert done.returncode == 2
     assert (done.stdout + done.stderr).strip().splitlines() == [
         "smoke: failed: uid 1000 cannot write the JUnit report reports/smoke.xml (/workdir is owned by 1001:1001): run "
         "the container as root, the image's default (no --user), or as the folder's owner, "
-        'docker run --user "$(id -u):$(id -g)" ...']
+        'docker run --user "$(id -u):$(id -g)" ...'
+    ]
     assert seconds < 10
     assert set(owners(folder)) == {PROBE.name}

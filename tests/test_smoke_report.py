@@ -214,7 +214,8 @@ def test_the_bundled_trainers_command_and_summary(tmp_path):
     (tmp_path / "summary.json").write_text('{"world_size": 2}')
     assert trainer.read_summary(tmp_path) == {"world_size": 2}
     assert trainer.verdict(summary(), 2)[1] == (
-        "validation accuracy 0.930 after 3 epochs (chance 0.100), parameters identical on all 2 ranks")
+        "validation accuracy 0.930 after 3 epochs (chance 0.100), parameters identical on all 2 ranks"
+    )
 
 
 FAULTHANDLER = """\
@@ -336,10 +337,12 @@ def test_a_rank_out_of_shared_memory_fails_naming_it_and_the_flag_that_fixes_it(
     outcome = report.judge(log, 1, 9.0, shared_memory=64 * 1024**2)
     assert report.result_line(outcome) == (
         "smoke: failed: rank 0 exited with status 1: out of shared memory (/dev/shm 64 MB, shared by the ranks and "
-        f"their DataLoader workers): give the container more, docker run --shm-size 1g ... ({SHM_FULL})")
+        f"their DataLoader workers): give the container more, docker run --shm-size 1g ... ({SHM_FULL})"
+    )
     assert outcome.ranks[1].problem() == "exited with status 143 after rank 0 failed: Terminated"
     assert report.result_line(report.judge(job_log(2, *RAISED), 1, 9.0, shared_memory=64 * 1024**2)) == (
-        "smoke: failed: rank 1 exited with status 1: RuntimeError: boom")
+        "smoke: failed: rank 1 exited with status 1: RuntimeError: boom"
+    )
 
 
 def test_shared_memorys_size(tmp_path):
@@ -369,5 +372,6 @@ def test_a_user_who_cannot_write_the_report_is_told_the_fix_in_one_line(tmp_path
     assert access.refusal(1000, Path("reports/smoke.xml"), Path("/workdir"), (1001, 1001)) == (
         "smoke: failed: uid 1000 cannot write the JUnit report reports/smoke.xml (/workdir is owned by 1001:1001): "
         "run the container as root, the image's default (no --user), or as the folder's owner, "
-        'docker run --user "$(id -u):$(id -g)" ...')
+        'docker run --user "$(id -u):$(id -g)" ...'
+    )
     assert access.report_problem(tmp_path / "reports" / "smoke.xml") is None

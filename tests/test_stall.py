@@ -20,8 +20,11 @@ from launcher.host.jobstate import ContainerState
 from tests.conftest import StandInTransport, job_spec
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
-COLLECTIVE = (Frame("synchronize", f"{SITE}/horovod/torch/mpi_ops.py", 1037),
-              Frame("allreduce", f"{SITE}/horovod/torch/mpi_ops.py", 240), Frame("main", "/workdir/stall.py", 30))
+COLLECTIVE = (
+    Frame("synchronize", f"{SITE}/horovod/torch/mpi_ops.py", 1037),
+    Frame("allreduce", f"{SITE}/horovod/torch/mpi_ops.py", 240),
+    Frame("main", "/workdir/stall.py", 30),
+)
 OWN_WAIT = (Frame("wait_for_data", "/workdir/stall.py", 14), Frame("main", "/workdir/stall.py", 28))
 LOADER = (Frame("load_batch", "/workdir/data.py", 40), Frame("main", "/workdir/train.py", 12))
 
@@ -31,8 +34,12 @@ def rank(number, node, frames, pid=100):
 
 
 def test_identical_stacks_print_once_with_every_rank_named():
-    found = [rank(0, "node_1", COLLECTIVE), rank(2, "node_2", COLLECTIVE), rank(1, "node_1", OWN_WAIT),
-             rank(3, "node_2", COLLECTIVE)]
+    found = [
+        rank(0, "node_1", COLLECTIVE),
+        rank(2, "node_2", COLLECTIVE),
+        rank(1, "node_1", OWN_WAIT),
+        rank(3, "node_2", COLLECTIVE),
+    ]
     groups = stacks.group(found)
     assert [found.headline() for found in groups] == [
         "ranks 0,2,3 (node_1 pid 100, node_2 pid 102, node_2 pid 103) in synchronize at mpi_ops.py:1037, from main at "
@@ -43,23 +50,28 @@ def test_identical_stacks_print_once_with_every_rank_named():
     assert report.count("synchronize (") == 1 and "    wait_for_data (/workdir/stall.py:14)\n" in report
 
 
-@pytest.mark.parametrize("found, odd", [
-    # The rank outside Horovod is the one the others wait for, even when the groups are the same size.
-    ([rank(0, "a", COLLECTIVE), rank(1, "b", OWN_WAIT)], ["rank 1"]),
-    ([rank(0, "a", COLLECTIVE), rank(1, "b", COLLECTIVE), rank(2, "c", OWN_WAIT)], ["rank 2"]),
-    # None inside Horovod: the smaller groups.
-    ([rank(0, "a", LOADER), rank(1, "a", LOADER), rank(2, "b", OWN_WAIT)], ["rank 2"]),
-    # All alike: every rank.
-    ([rank(0, "a", COLLECTIVE), rank(1, "b", COLLECTIVE)], ["ranks 0,1"]),
-])
+@pytest.mark.parametrize(
+    "found, odd",
+    [
+        # The rank outside Horovod is the one the others wait for, even when the groups are the same size.
+        ([rank(0, "a", COLLECTIVE), rank(1, "b", OWN_WAIT)], ["rank 1"]),
+        ([rank(0, "a", COLLECTIVE), rank(1, "b", COLLECTIVE), rank(2, "c", OWN_WAIT)], ["rank 2"]),
+        # None inside Horovod: the smaller groups.
+        ([rank(0, "a", LOADER), rank(1, "a", LOADER), rank(2, "b", OWN_WAIT)], ["rank 2"]),
+        # All alike: every rank.
+        ([rank(0, "a", COLLECTIVE), rank(1, "b", COLLECTIVE)], ["ranks 0,1"]),
+    ],
+)
 def test_the_odd_ranks_out(found, odd):
     assert [group.numbers for group in stacks.odd_ones_out(stacks.group(found))] == odd
 
 
 def test_the_summary_names_the_odd_rank_and_where_the_others_wait():
     text = stacks.summary([rank(0, "node_1", COLLECTIVE), rank(1, "node_2", OWN_WAIT)])
-    assert text == ("rank 1 (node_2 pid 101) in wait_for_data at stall.py:14 while rank 0 in synchronize at "
-                    "mpi_ops.py:1037, from main at stall.py:30")
+    assert text == (
+        "rank 1 (node_2 pid 101) in wait_for_data at stall.py:14 while rank 0 in synchronize at "
+        "mpi_ops.py:1037, from main at stall.py:30"
+    )
 
 
 def test_a_rank_without_a_stack_says_why():
@@ -69,9 +81,16 @@ def test_a_rank_without_a_stack_says_why():
 
 
 def test_py_spys_json_gives_the_main_threads_frames_and_survives_the_trip():
-    dump = [{"os_thread_id": 9, "frames": [{"name": "loop", "filename": "/x/bg.py", "line": 3}]},
-            {"os_thread_id": 42, "frames": [{"name": "wait_for_data", "filename": "/workdir/stall.py", "line": 14},
-                                            {"name": "<module>", "filename": "/workdir/stall.py", "line": 40}]}]
+    dump = [
+        {"os_thread_id": 9, "frames": [{"name": "loop", "filename": "/x/bg.py", "line": 3}]},
+        {
+            "os_thread_id": 42,
+            "frames": [
+                {"name": "wait_for_data", "filename": "/workdir/stall.py", "line": 14},
+                {"name": "<module>", "filename": "/workdir/stall.py", "line": 40},
+            ],
+        },
+    ]
     frames = stacks.main_thread_frames(dump, 42)
     assert frames == (Frame("wait_for_data", "/workdir/stall.py", 14), Frame("<module>", "/workdir/stall.py", 40))
     found = [RankStack(1, "node_2", 42, frames)]
@@ -79,54 +98,74 @@ def test_py_spys_json_gives_the_main_threads_frames_and_survives_the_trip():
 
 
 def test_rank_processes_are_found_by_their_rank_variable(tmp_path):
-    for pid, environ in ((10, b"PATH=/bin\0OMPI_COMM_WORLD_RANK=1\0"), (11, b"HOROVOD_RANK=0\0"),
-                         (12, b"PATH=/bin\0"), (13, b"OMPI_COMM_WORLD_RANK=1\0")):  # 13: rank 1's child
+    for pid, environ in (
+        (10, b"PATH=/bin\0OMPI_COMM_WORLD_RANK=1\0"),
+        (11, b"HOROVOD_RANK=0\0"),
+        (12, b"PATH=/bin\0"),
+        (13, b"OMPI_COMM_WORLD_RANK=1\0"),
+    ):  # 13: rank 1's child
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "environ").write_bytes(environ)
     (tmp_path / "self").mkdir()
     assert stacks.rank_processes(tmp_path) == [(0, 11), (1, 10)]
 
 
-@pytest.mark.parametrize("output_age, metrics_age, timeout, stalled", [
-    (30, None, 20, True),
-    (30, 5, 20, False),      # new metrics: progress, though nothing was printed
-    (10, None, 20, False),
-    (999, 999, 0, False),    # 0: no watch
-])
+@pytest.mark.parametrize(
+    "output_age, metrics_age, timeout, stalled",
+    [
+        (30, None, 20, True),
+        (30, 5, 20, False),  # new metrics: progress, though nothing was printed
+        (10, None, 20, False),
+        (999, 999, 0, False),  # 0: no watch
+    ],
+)
 def test_a_job_is_stalled_when_neither_output_nor_metrics_moved(output_age, metrics_age, timeout, stalled):
     assert stall.is_stalled(stall.idle_seconds(output_age, metrics_age), timeout) is stalled
 
 
 def test_horovods_stall_warning_is_picked_out_of_the_output():
     warnings = stall.HorovodWarnings()
-    for line in ["epoch 1/5: loss 0.3\n",
-                 "[2026-12-01 12:00:00.000: W /tmp/horovod/common/stall_inspector.cc:105] One or more tensors were "
-                 "submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for remainder "
-                 "of ranks for more than 10 seconds. This may indicate that different ranks ...\n",
-                 "Missing ranks:\n", "1: [allreduce.after_the_wait]\n", "3!: [allreduce.a, allreduce.b]\n",
-                 "next output\n"]:
+    for line in [
+        "epoch 1/5: loss 0.3\n",
+        "[2026-12-01 12:00:00.000: W /tmp/horovod/common/stall_inspector.cc:105] One or more tensors were "
+        "submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for remainder "
+        "of ranks for more than 10 seconds. This may indicate that different ranks ...\n",
+        "Missing ranks:\n",
+        "1: [allreduce.after_the_wait]\n",
+        "3!: [allreduce.a, allreduce.b]\n",
+        "next output\n",
+    ]:
         assert warnings.feed(line) is (line.startswith(("[2026", "Missing", "1:", "3!:")))
-    assert warnings.current() == ("Horovod: rank 1 missing from allreduce.after_the_wait; rank 3 missing from "
-                                  "allreduce.a, allreduce.b")
+    assert warnings.current() == (
+        "Horovod: rank 1 missing from allreduce.after_the_wait; rank 3 missing from allreduce.a, allreduce.b"
+    )
 
 
 def test_horovods_stall_warning_is_read_through_the_rank_tag():
     warnings = stall.HorovodWarnings()
-    for line in ["[1,0]<stderr>:[2026-12-01 12:00:00.000: W /tmp/horovod/common/stall_inspector.cc:105] One or more "
-                 "tensors were submitted to be reduced\n", "[1,0]<stderr>:Missing ranks:\n",
-                 "[1,0]<stderr>:1: [allreduce.after_the_wait]\n", "[1,1]<stdout>:next output\n"]:
+    for line in [
+        "[1,0]<stderr>:[2026-12-01 12:00:00.000: W /tmp/horovod/common/stall_inspector.cc:105] One or more "
+        "tensors were submitted to be reduced\n",
+        "[1,0]<stderr>:Missing ranks:\n",
+        "[1,0]<stderr>:1: [allreduce.after_the_wait]\n",
+        "[1,1]<stdout>:next output\n",
+    ]:
         assert warnings.feed(line) is ("next" not in line)
     assert warnings.current() == "Horovod: rank 1 missing from allreduce.after_the_wait"
 
 
 def test_status_says_stalled_with_the_odd_ranks_out():
-    record = stall.StallRecord(40, "rank 1 (node_2 pid 88) in wait_for_data at stall.py:14", "Horovod: rank 1 "
-                               "missing from allreduce.x")
+    record = stall.StallRecord(
+        40, "rank 1 (node_2 pid 88) in wait_for_data at stall.py:14", "Horovod: rank 1 missing from allreduce.x"
+    )
     line = jobstate.describe(ContainerState("node_1", True), None, "", [], stall=record.to_json())
-    assert line == ("running: no epoch finished yet; stalled for 40 s: rank 1 (node_2 pid 88) in wait_for_data at "
-                    "stall.py:14; Horovod: rank 1 missing from allreduce.x")
+    assert line == (
+        "running: no epoch finished yet; stalled for 40 s: rank 1 (node_2 pid 88) in wait_for_data at "
+        "stall.py:14; Horovod: rank 1 missing from allreduce.x"
+    )
     assert jobstate.describe(ContainerState("node_1", True), None, "", [], stall=stall.StallRecord().to_json()) == (
-        "running: no epoch finished yet")
+        "running: no epoch finished yet"
+    )
 
 
 WORKERS = [Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2")]
@@ -134,8 +173,14 @@ WORKERS = [Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2")]
 
 @pytest.mark.parametrize("action", ["warn", "fail"])
 def test_the_stall_watch_gathers_the_stacks_once_and_ends_the_job_only_when_asked(action):
-    spec = job_spec(job_id="j", command=("python", "stall.py"), expected_workers=2, workers=tuple(WORKERS),
-                    stall_timeout=1, stall_action=action)
+    spec = job_spec(
+        job_id="j",
+        command=("python", "stall.py"),
+        expected_workers=2,
+        workers=tuple(WORKERS),
+        stall_timeout=1,
+        stall_action=action,
+    )
     # A job that never prints again: rank 0 waits in the collective (node_1), rank 1 in its own code (node_2).
     waiting = {"10.0.0.1": [RankStack(0, "node_1", 50, COLLECTIVE)], "10.0.0.2": [RankStack(1, "node_2", 50, OWN_WAIT)]}
     transport, said = StandInTransport(stacks_of=waiting), []

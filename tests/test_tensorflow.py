@@ -174,4 +174,3 @@ def test_the_benches_compare_horovod_with_tensorflows_strategy_and_each_images_a
     assert [row["size"] for row in rows] == ["4 KB", "64 KB"]
     for image in (TORCH_IMAGE, TF_IMAGE):
         assert all(row[f"{image}|hvd-mpi_busbw"] > 0 for row in rows), rows
-

@@ -82,8 +82,18 @@ def test_the_keras_trainer_trains_across_both_hosts_to_095_with_identical_parame
     assert [rank["host"] for rank in summary["ranks"]] == ["node-1", "node-2"]
     assert_nothing_left(cluster)
     # The containers are gone with the attached job; its output stays in its run folder.
-    logs = launcher(cluster, "logs", "--env-file", str(cluster.env_file()), "--image", TF_IMAGE, "--rank", "0",
-                    "--grep", "epoch 5/5")
+    logs = launcher(
+        cluster,
+        "logs",
+        "--env-file",
+        str(cluster.env_file()),
+        "--image",
+        TF_IMAGE,
+        "--rank",
+        "0",
+        "--grep",
+        "epoch 5/5",
+    )
     assert logs.returncode == 0, logs.stderr
     lines = logs.stdout.splitlines()
     assert lines and all("[rank 0] epoch 5/5:" in line for line in lines), logs.stdout

@@ -25,8 +25,20 @@ VENV_BIN = Path(sys.executable).parent
 TRAINER = ["python", "-m", "app.train"]
 LAUNCHERS = {
     "gloo": ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo"],
-    "mpi": ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-map-by", "slot",
-            "-x", "PATH", "-x", "PYTHONPATH"],
+    "mpi": [
+        "mpirun",
+        "--allow-run-as-root",
+        "-np",
+        "2",
+        "-bind-to",
+        "none",
+        "-map-by",
+        "slot",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONPATH",
+    ],
 }
 
 
@@ -40,12 +52,14 @@ def start_training(launcher: str, run_dir: Path, *args: str, output_flags: bool 
     outputs = ["--metrics-file", str(run_dir / "metrics.jsonl"), "--summary-file", str(run_dir / "summary.json")]
     command = LAUNCHERS[launcher] + TRAINER + (outputs if output_flags else []) + list(args)
     log = open(run_dir / "output.log", "a")
-    return subprocess.Popen(command, cwd=REPO, env=trainer_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, cwd=REPO, env=trainer_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
-def train(launcher: str, run_dir: Path, *args: str, timeout: float = 300,
-          output_flags: bool = True) -> subprocess.CompletedProcess:
+def train(
+    launcher: str, run_dir: Path, *args: str, timeout: float = 300, output_flags: bool = True
+) -> subprocess.CompletedProcess:
     process = start_training(launcher, run_dir, *args, output_flags=output_flags)
     try:
         process.wait(timeout=timeout)
@@ -67,8 +81,16 @@ def test_two_ranks_learn_digits_and_agree(launcher, tmp_path):
     metrics = read_metrics(tmp_path)
     assert [m["epoch"] for m in metrics] == [1, 2, 3, 4, 5]
     for record in metrics:
-        assert set(record) == {"epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_sec",
-                               "world_size", "seconds", "lr"}
+        assert set(record) == {
+            "epoch",
+            "train_loss",
+            "val_loss",
+            "val_accuracy",
+            "samples_per_sec",
+            "world_size",
+            "seconds",
+            "lr",
+        }
         assert record["world_size"] == 2 and record["samples_per_sec"] > 0 and record["seconds"] > 0
     assert metrics[-1]["val_accuracy"] >= 0.90, metrics
     assert metrics[-1]["val_loss"] < metrics[0]["val_loss"]
@@ -82,8 +104,9 @@ def test_two_ranks_learn_digits_and_agree(launcher, tmp_path):
 def test_run_dir_holds_tensorboard_events_curves_and_metrics(tmp_path):
     run_dir = tmp_path / "runs" / "first"
     started = time.monotonic()
-    result = train("gloo", tmp_path, "--dataset", "digits", "--epochs", "2", "--run-dir", str(run_dir),
-                   output_flags=False)
+    result = train(
+        "gloo", tmp_path, "--dataset", "digits", "--epochs", "2", "--run-dir", str(run_dir), output_flags=False
+    )
     print(f"2 ranks, 2 epochs with --run-dir: {time.monotonic() - started:.1f} s")
     assert result.returncode == 0, result.stdout
     assert [m["epoch"] for m in read_metrics(run_dir)] == [1, 2]
@@ -106,8 +129,9 @@ def test_run_dir_holds_tensorboard_events_curves_and_metrics(tmp_path):
 
 def test_resume_after_interrupted_run_continues_from_next_epoch(tmp_path):
     checkpoints = tmp_path / "ckpt"
-    process = start_training("mpi", tmp_path, "--dataset", "digits", "--epochs", "40",
-                             "--checkpoint-dir", str(checkpoints))
+    process = start_training(
+        "mpi", tmp_path, "--dataset", "digits", "--epochs", "40", "--checkpoint-dir", str(checkpoints)
+    )
     deadline = time.monotonic() + 240
     while not (checkpoints / "latest.pt").exists():
         assert process.poll() is None, (tmp_path / "output.log").read_text()
@@ -122,8 +146,17 @@ def test_resume_after_interrupted_run_continues_from_next_epoch(tmp_path):
     saved_epoch = torch.load(checkpoints / "latest.pt", weights_only=True)["epoch"]
     assert 1 <= saved_epoch < 40
 
-    result = train("mpi", tmp_path, "--dataset", "digits", "--epochs", str(saved_epoch + 3),
-                   "--checkpoint-dir", str(checkpoints), "--resume")
+    result = train(
+        "mpi",
+        tmp_path,
+        "--dataset",
+        "digits",
+        "--epochs",
+        str(saved_epoch + 3),
+        "--checkpoint-dir",
+        str(checkpoints),
+        "--resume",
+    )
     assert result.returncode == 0, result.stdout
     assert f"resuming from {checkpoints / 'latest.pt'} after epoch {saved_epoch}" in result.stdout
     records = read_metrics(tmp_path)
@@ -161,9 +194,29 @@ def test_elastic_mode_trains_under_horovodrun_with_host_discovery(tmp_path):
     discovery = tmp_path / "hosts.sh"
     discovery.write_text("#!/bin/sh\necho localhost:2\n")
     discovery.chmod(0o755)
-    command = ["horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
-               str(discovery), "--network-interface", "lo", *TRAINER, "--elastic", "--dataset", "digits",
-               "--epochs", "3", "--commit-every", "5", "--run-dir", str(tmp_path / "run")]
+    command = [
+        "horovodrun",
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--max-np",
+        "2",
+        "--host-discovery-script",
+        str(discovery),
+        "--network-interface",
+        "lo",
+        *TRAINER,
+        "--elastic",
+        "--dataset",
+        "digits",
+        "--epochs",
+        "3",
+        "--commit-every",
+        "5",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     result = subprocess.run(command, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

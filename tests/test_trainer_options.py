@@ -23,44 +23,73 @@ START_OPTIONS = ["--nodes", "--gpus", "--gpus-per-node", "--slots", "--push-imag
 EXPORT_OPTIONS = ["--name", "--workers", "--gpus-per-node", "--slots", "--env", "--output", "-o"]
 
 
-@pytest.mark.parametrize("words, options, expected", [
-    (["--gpu", "2"], START_OPTIONS,
-     "--gpu is neither a launcher option nor one of the bundled trainer's; did you mean the launcher's --gpus "
-     "(before any `--`)?"),
-    (["--gpu=2"], START_OPTIONS, "did you mean the launcher's --gpus (before any `--`)?"),
-    (["--gpu", "2"], EXPORT_OPTIONS, "did you mean the launcher's --gpus-per-node (before any `--`)?"),
-    (["--push", "--epochs", "2"], START_OPTIONS, "did you mean the launcher's --push-image (before any `--`)?"),
-    (["--batchsize", "64"], START_OPTIONS, "--batchsize is neither a launcher option nor one of the bundled "
-     "trainer's; did you mean the trainer's --batch-size?"),
-    (["--batchsize", "64"], [], "the bundled trainer has no option --batchsize; did you mean the trainer's "
-     "--batch-size?"),
-    (["--frobnicate"], START_OPTIONS, "--frobnicate is neither a launcher option nor one of the bundled trainer's: "
-     "check its spelling, or drop it"),
-    (["--nodes", "c"], START_OPTIONS, "--nodes is an option of the launcher, not of the bundled trainer: put it "
-     "before the `--`"),
-    (["--epochs", "x"], START_OPTIONS, "the bundled trainer's options: argument --epochs: invalid int value: 'x'"),
-    (["--epochs"], START_OPTIONS, "the bundled trainer's options: argument --epochs: expected one argument"),
-    (["--e", "3"], START_OPTIONS, "the bundled trainer's options: ambiguous option: --e could match --epochs, "
-     "--elastic"),
-    (["--epochs", "0"], START_OPTIONS, "the bundled trainer's options: --epochs must be at least 1 (got 0)"),
-    (["--dataset", "cifar"], START_OPTIONS, "the bundled trainer's options: unknown dataset 'cifar'"),
-    (["--resume"], START_OPTIONS, "the bundled trainer's options: --resume needs --checkpoint-dir"),
-    (["--epochs", "2", "train.py"], START_OPTIONS,
-     "the bundled trainer takes options only, not 'train.py': a command of your own comes first after `--`"),
-])
+@pytest.mark.parametrize(
+    "words, options, expected",
+    [
+        (
+            ["--gpu", "2"],
+            START_OPTIONS,
+            "--gpu is neither a launcher option nor one of the bundled trainer's; did you mean the launcher's --gpus "
+            "(before any `--`)?",
+        ),
+        (["--gpu=2"], START_OPTIONS, "did you mean the launcher's --gpus (before any `--`)?"),
+        (["--gpu", "2"], EXPORT_OPTIONS, "did you mean the launcher's --gpus-per-node (before any `--`)?"),
+        (["--push", "--epochs", "2"], START_OPTIONS, "did you mean the launcher's --push-image (before any `--`)?"),
+        (
+            ["--batchsize", "64"],
+            START_OPTIONS,
+            "--batchsize is neither a launcher option nor one of the bundled "
+            "trainer's; did you mean the trainer's --batch-size?",
+        ),
+        (
+            ["--batchsize", "64"],
+            [],
+            "the bundled trainer has no option --batchsize; did you mean the trainer's --batch-size?",
+        ),
+        (
+            ["--frobnicate"],
+            START_OPTIONS,
+            "--frobnicate is neither a launcher option nor one of the bundled trainer's: "
+            "check its spelling, or drop it",
+        ),
+        (
+            ["--nodes", "c"],
+            START_OPTIONS,
+            "--nodes is an option of the launcher, not of the bundled trainer: put it before the `--`",
+        ),
+        (["--epochs", "x"], START_OPTIONS, "the bundled trainer's options: argument --epochs: invalid int value: 'x'"),
+        (["--epochs"], START_OPTIONS, "the bundled trainer's options: argument --epochs: expected one argument"),
+        (
+            ["--e", "3"],
+            START_OPTIONS,
+            "the bundled trainer's options: ambiguous option: --e could match --epochs, --elastic",
+        ),
+        (["--epochs", "0"], START_OPTIONS, "the bundled trainer's options: --epochs must be at least 1 (got 0)"),
+        (["--dataset", "cifar"], START_OPTIONS, "the bundled trainer's options: unknown dataset 'cifar'"),
+        (["--resume"], START_OPTIONS, "the bundled trainer's options: --resume needs --checkpoint-dir"),
+        (
+            ["--epochs", "2", "train.py"],
+            START_OPTIONS,
+            "the bundled trainer takes options only, not 'train.py': a command of your own comes first after `--`",
+        ),
+    ],
+)
 def test_options_the_trainer_would_refuse_are_one_line_naming_the_option_and_the_fix(words, options, expected):
     problem = trainer_problem((*TRAINER, *words), options)
     assert problem is not None and expected in problem
     assert "\n" not in problem
 
 
-@pytest.mark.parametrize("words", [
-    [],
-    ["--dataset", "digits", "--epochs", "5", "--lr", "0.05", "--fp16-allreduce"],
-    ["--epoch", "3"],  # an abbreviation the trainer's argparse takes
-    ["--run-dir", "/shared/runs/r1", "--resume"],  # --run-dir gives --resume its checkpoints
-    ["--help"],
-])
+@pytest.mark.parametrize(
+    "words",
+    [
+        [],
+        ["--dataset", "digits", "--epochs", "5", "--lr", "0.05", "--fp16-allreduce"],
+        ["--epoch", "3"],  # an abbreviation the trainer's argparse takes
+        ["--run-dir", "/shared/runs/r1", "--resume"],  # --run-dir gives --resume its checkpoints
+        ["--help"],
+    ],
+)
 def test_options_the_trainer_takes_pass(words):
     assert trainer_problem((*TRAINER, *words), START_OPTIONS) is None
 
@@ -73,11 +102,14 @@ def test_folders_are_the_nodes_not_this_machines(tmp_path):
     assert not (tmp_path / "no").exists()
 
 
-@pytest.mark.parametrize("command", [
-    ("python", "train.py", "--gpu", "2", "--epochs", "x"),
-    ("torchrun", "--nproc-per-node", "2", "train.py"),
-    ("bash", "-c", "python -m app.train --gpu 2"),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("python", "train.py", "--gpu", "2", "--epochs", "x"),
+        ("torchrun", "--nproc-per-node", "2", "train.py"),
+        ("bash", "-c", "python -m app.train --gpu 2"),
+    ],
+)
 def test_a_command_of_the_users_own_is_left_as_it_is(command):
     assert trainer_problem(command, START_OPTIONS) is None
 
@@ -103,7 +135,12 @@ def reached(monkeypatch, tmp_path) -> list:
     """What reached the nodes' side of `launcher start` (launch.launch, launch.dry_run): their settings."""
     monkeypatch.chdir(tmp_path)  # no .env of the checkout's
     calls: list = []
-    monkeypatch.setattr(cli.launch, "launch", lambda settings, **_: calls.append(settings) or 0)
+
+    def launched(settings, **_) -> int:
+        calls.append(settings)
+        return 0
+
+    monkeypatch.setattr(cli.launch, "launch", launched)
     monkeypatch.setattr(cli.launch, "dry_run", lambda settings, **_: calls.append(settings))
     monkeypatch.setattr(cli, "stop_on_signals", lambda: None)
     return calls
@@ -115,12 +152,18 @@ def one_error_line(output: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--gpu", "2"], "error: --gpu is neither a launcher option nor one of the bundled trainer's; did you mean the "
-     "launcher's --gpus (before any `--`)?"),
-    (["--", "--epochs", "x"], "error: the bundled trainer's options: argument --epochs: invalid int value: 'x'"),
-    (["--dry-run", "--", "--epochs", "-1"], "error: the bundled trainer's options: --epochs must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--gpu", "2"],
+            "error: --gpu is neither a launcher option nor one of the bundled trainer's; did you mean the "
+            "launcher's --gpus (before any `--`)?",
+        ),
+        (["--", "--epochs", "x"], "error: the bundled trainer's options: argument --epochs: invalid int value: 'x'"),
+        (["--dry-run", "--", "--epochs", "-1"], "error: the bundled trainer's options: --epochs must be at least 1"),
+    ],
+)
 def test_start_refuses_before_any_node_is_contacted(reached, args, expected):
     result = CliRunner().invoke(app, ["start", "--nodes", "a,b", *args])
     assert result.exit_code == 2
@@ -128,11 +171,14 @@ def test_start_refuses_before_any_node_is_contacted(reached, args, expected):
     assert reached == []
 
 
-@pytest.mark.parametrize("args, command", [
-    (["--", "python", "train.py", "--gpu", "2"], ("python", "train.py", "--gpu", "2")),
-    (["--", "--dataset", "digits", "--epochs", "5"], (*TRAINER, "--dataset", "digits", "--epochs", "5")),
-    (["--epochs", "5"], (*TRAINER, "--epochs", "5")),  # trainer options alone, no `--`, as before
-])
+@pytest.mark.parametrize(
+    "args, command",
+    [
+        (["--", "python", "train.py", "--gpu", "2"], ("python", "train.py", "--gpu", "2")),
+        (["--", "--dataset", "digits", "--epochs", "5"], (*TRAINER, "--dataset", "digits", "--epochs", "5")),
+        (["--epochs", "5"], (*TRAINER, "--epochs", "5")),  # trainer options alone, no `--`, as before
+    ],
+)
 def test_start_passes_the_users_command_and_good_trainer_options_on(reached, args, command):
     for extra in ([], ["--dry-run"]):
         result = CliRunner().invoke(app, ["start", "--nodes", "a,b", *extra, *args])
@@ -148,11 +194,17 @@ def test_start_help_still_answers():
 EXPORT = ["export", "mpijob", "--name", "digits", "--workers", "2", "--image", "registry.example.com/horovod-stack:1"]
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--gpu", "2"], "error: --gpu is neither a launcher option nor one of the bundled trainer's; did you mean the "
-     "launcher's --gpus-per-node (before any `--`)?"),
-    (["--", "--epochs", "x"], "error: the bundled trainer's options: argument --epochs: invalid int value: 'x'"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--gpu", "2"],
+            "error: --gpu is neither a launcher option nor one of the bundled trainer's; did you mean the "
+            "launcher's --gpus-per-node (before any `--`)?",
+        ),
+        (["--", "--epochs", "x"], "error: the bundled trainer's options: argument --epochs: invalid int value: 'x'"),
+    ],
+)
 def test_export_mpijob_refuses_without_writing_a_document(tmp_path, args, expected):
     out = tmp_path / "job.yaml"
     result = CliRunner().invoke(app, [*EXPORT, "-o", str(out), *args])
@@ -163,10 +215,13 @@ def test_export_mpijob_refuses_without_writing_a_document(tmp_path, args, expect
     assert printed.exit_code == 2 and printed.stdout == ""
 
 
-@pytest.mark.parametrize("words, command", [
-    (["--dataset", "digits", "--epochs", "5"], (*TRAINER, "--dataset", "digits", "--epochs", "5")),
-    (["python", "train.py", "--gpu", "2"], ("python", "train.py", "--gpu", "2")),
-])
+@pytest.mark.parametrize(
+    "words, command",
+    [
+        (["--dataset", "digits", "--epochs", "5"], (*TRAINER, "--dataset", "digits", "--epochs", "5")),
+        (["python", "train.py", "--gpu", "2"], ("python", "train.py", "--gpu", "2")),
+    ],
+)
 def test_export_mpijob_writes_good_trainer_options_and_a_users_command_as_given(words, command):
     result = CliRunner().invoke(app, [*EXPORT, "--", *words])
     assert result.exit_code == 0, result.output

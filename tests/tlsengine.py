@@ -45,8 +45,25 @@ def issue(ca: Path, folder: Path, name: str, extensions: str, trusted_ca: Path |
     folder.mkdir(parents=True)
     (folder / "extensions.cnf").write_text(extensions + "\n")
     openssl(folder, "req", *new_key_args("key.pem"), "-out", "request.csr", "-subj", f"/CN={name}")
-    openssl(folder, "x509", "-req", "-in", "request.csr", "-CA", str(ca / "ca.pem"), "-CAkey", str(ca / "ca-key.pem"),
-            "-set_serial", "1", "-days", "1", "-out", "cert.pem", "-extfile", "extensions.cnf")
+    openssl(
+        folder,
+        "x509",
+        "-req",
+        "-in",
+        "request.csr",
+        "-CA",
+        str(ca / "ca.pem"),
+        "-CAkey",
+        str(ca / "ca-key.pem"),
+        "-set_serial",
+        "1",
+        "-days",
+        "1",
+        "-out",
+        "cert.pem",
+        "-extfile",
+        "extensions.cnf",
+    )
     (folder / "ca.pem").write_bytes(((trusted_ca or ca) / "ca.pem").read_bytes())
     return folder
 

@@ -3,10 +3,9 @@ its callbacks, as Horovod's examples/tensorflow2/tensorflow2_keras_mnist.py does
 
 import os
 
+import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
-import horovod.tensorflow.keras as hvd
-
 from same_weights import check
 
 assert os.environ.get("TF_USE_LEGACY_KERAS") == "1", "run with TF_USE_LEGACY_KERAS=1 (Keras 2 through tf_keras)"
@@ -19,11 +18,24 @@ rng = np.random.default_rng(hvd.rank())
 x, y = rng.normal(size=(64, 8)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
 rates = []
 seen = tf.keras.callbacks.LambdaCallback(
-    on_train_batch_end=lambda batch, logs: rates.append(float(np.array(model.optimizer.learning_rate))))
-history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
-    hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
-    hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(), warmup_epochs=1), seen])
+    on_train_batch_end=lambda batch, logs: rates.append(float(np.array(model.optimizer.learning_rate)))
+)
+history = model.fit(
+    x,
+    y,
+    batch_size=16,
+    epochs=2,
+    verbose=0,
+    callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvd.callbacks.MetricAverageCallback(),
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(), warmup_epochs=1),
+        seen,
+    ],
+)
 if not rates[0] < rates[-1] == np.float32(0.01 * hvd.size()):  # warmed up from lr / size to lr in epoch 1
     raise SystemExit(f"LearningRateWarmupCallback: the rate went {rates}, not up to {0.01 * hvd.size()}")
 metrics = [value for values in history.history.values() for value in values]
-check("Keras 2 (tf_keras), model.fit with DistributedOptimizer", [v.numpy() for v in model.variables] + [metrics, rates])
+check(
+    "Keras 2 (tf_keras), model.fit with DistributedOptimizer", [v.numpy() for v in model.variables] + [metrics, rates]
+)

@@ -5,19 +5,21 @@ and the first batch's broadcast."""
 
 import os
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-import horovod.tensorflow as hvd
-
 from same_weights import check
 
 assert os.environ.get("TF_USE_LEGACY_KERAS") == "1", "run with TF_USE_LEGACY_KERAS=1 (Keras 2 through tf_keras)"
 hvd.init()
 tf.random.set_seed(1234 + hvd.rank())
-mnist_model = tf.keras.Sequential([
-    tf.keras.layers.Conv2D(4, [3, 3], activation="relu", input_shape=(12, 12, 1)),
-    tf.keras.layers.Flatten(),
-    tf.keras.layers.Dense(10, activation="softmax")])
+mnist_model = tf.keras.Sequential(
+    [
+        tf.keras.layers.Conv2D(4, [3, 3], activation="relu", input_shape=(12, 12, 1)),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(10, activation="softmax"),
+    ]
+)
 loss = tf.losses.SparseCategoricalCrossentropy()
 opt = tf.optimizers.SGD(0.01 * hvd.size(), momentum=0.9)
 rng = np.random.default_rng(hvd.rank())
@@ -31,7 +33,7 @@ def training_step(images, labels, first_batch):
         loss_value = loss(labels, mnist_model(images, training=True))
     tape = hvd.DistributedGradientTape(tape)
     grads = tape.gradient(loss_value, mnist_model.trainable_variables)
-    opt.apply_gradients(zip(grads, mnist_model.trainable_variables))
+    opt.apply_gradients(zip(grads, mnist_model.trainable_variables, strict=True))
     if first_batch:
         hvd.broadcast_variables(mnist_model.variables, root_rank=0)
         hvd.broadcast_variables(opt.variables(), root_rank=0)

@@ -2,9 +2,9 @@
 does it: a KerasState with CommitStateCallback, UpdateBatchStateCallback and UpdateEpochStateCallback. Each epoch says
 its number and the world size; the last line, the epoch reached and the world size it ended at."""
 
-import numpy as np
-import keras
 import horovod.tensorflow.keras as hvd
+import keras
+import numpy as np
 
 EPOCHS = 8
 
@@ -16,17 +16,29 @@ rng = np.random.default_rng(0)
 x = rng.normal(size=(2048, 8)).astype("float32")
 y = (x @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(2048, 1))).astype("float32")
 state = hvd.elastic.KerasState(model, batch=0, epoch=0)
-said = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: print(
-    f"epoch {state.epoch}/{EPOCHS} at world size {hvd.size()}: loss {logs['loss']:.4f}", flush=True))
+said = keras.callbacks.LambdaCallback(
+    on_epoch_end=lambda epoch, logs: print(
+        f"epoch {state.epoch}/{EPOCHS} at world size {hvd.size()}: loss {logs['loss']:.4f}", flush=True
+    )
+)
 
 
 @hvd.elastic.run
 def train(state):
     # Keras counts this call's epochs from 0; UpdateEpochStateCallback adds the epochs done before the reset.
-    model.fit(x, y, batch_size=8, epochs=EPOCHS - state.epoch, verbose=0, callbacks=[
-        hvd.elastic.CommitStateCallback(state, batches_per_commit=10),
-        hvd.elastic.UpdateBatchStateCallback(state),
-        hvd.elastic.UpdateEpochStateCallback(state), said])
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=EPOCHS - state.epoch,
+        verbose=0,
+        callbacks=[
+            hvd.elastic.CommitStateCallback(state, batches_per_commit=10),
+            hvd.elastic.UpdateBatchStateCallback(state),
+            hvd.elastic.UpdateEpochStateCallback(state),
+            said,
+        ],
+    )
 
 
 train(state)

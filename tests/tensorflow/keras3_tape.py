@@ -2,11 +2,10 @@
 model.trainable_variables, hvd.broadcast_variables over the model's and the optimizer's variables, a @tf.function
 step. Ranks start from different weights and see different data; they must end identical."""
 
+import horovod.tensorflow as hvd
+import keras
 import numpy as np
 import tensorflow as tf
-import keras
-import horovod.tensorflow as hvd
-
 from same_weights import check
 
 hvd.init()
@@ -26,7 +25,9 @@ def step(x, y):
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
     tape = hvd.DistributedGradientTape(tape)
-    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    optimizer.apply_gradients(
+        zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables, strict=True)
+    )
     return loss
 
 

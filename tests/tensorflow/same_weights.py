@@ -1,8 +1,8 @@
 """What every check here ends with: each rank's weights (and optimizer slots) gathered on rank 0 and compared; rank 0
 prints one line and every rank exits 1 where they differ, so a smoke run of the check fails."""
 
-import numpy as np
 import horovod.tensorflow as hvd
+import numpy as np
 
 
 def check(name: str, arrays: list) -> None:

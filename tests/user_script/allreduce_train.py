@@ -35,8 +35,9 @@ def main() -> int:
         raise RuntimeError(f"user script failed on purpose on rank {rank}")
 
     model = torch.nn.Linear(8, 1)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                         named_parameters=model.named_parameters())
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     generator = torch.Generator().manual_seed(rank)
     weights = torch.arange(8, dtype=torch.float32).unsqueeze(1) / 8
@@ -48,10 +49,13 @@ def main() -> int:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    print(f"user-script rank {rank} of {size} on {socket.gethostname()} ({hvd.cross_size()} hosts, "
-          f"{hvd.local_size()} rank(s) on this one): allreduce "
-          f"sum {total:.0f} ok, "
-          f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+    print(
+        f"user-script rank {rank} of {size} on {socket.gethostname()} ({hvd.cross_size()} hosts, "
+        f"{hvd.local_size()} rank(s) on this one): allreduce "
+        f"sum {total:.0f} ok, "
+        f"loss {losses[0]:.4f} -> {losses[-1]:.4f}",
+        flush=True,
+    )
     return args.exit_status
 
 

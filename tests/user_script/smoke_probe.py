@@ -1,5 +1,6 @@
 """A user's script for the smoke role's tests: each rank says whether it runs over Gloo (hvd.gloo_enabled()), whether
-it sees CUDA, which uid it runs as and with which capabilities (CapEff, NoNewPrivs from /proc/self/status), allreduces, writes a file of its own in the current folder (the checkout, to
+it sees CUDA, which uid it runs as and with which capabilities (CapEff, NoNewPrivs from /proc/self/status),
+allreduces, writes a file of its own in the current folder (the checkout, to
 check who owns what the run leaves), and raises on the rank it is told to while the others wait for it in a
 second allreduce.
 
@@ -26,8 +27,11 @@ def main() -> None:
     args = parser.parse_args()
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    print(f"probe rank {rank} of {size}: gloo_enabled={hvd.gloo_enabled()} mpi_enabled={hvd.mpi_enabled()} "
-          f"cuda_available={torch.cuda.is_available()} uid={os.getuid()} {privileges()}", flush=True)
+    print(
+        f"probe rank {rank} of {size}: gloo_enabled={hvd.gloo_enabled()} mpi_enabled={hvd.mpi_enabled()} "
+        f"cuda_available={torch.cuda.is_available()} uid={os.getuid()} {privileges()}",
+        flush=True,
+    )
     total = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum, name="probe_sum").item()
     assert total == size * (size + 1) / 2, total
     out = Path("probe-output") / f"rank-{rank}.txt"
