@@ -31,7 +31,7 @@ from launcher.host.engines import Connect, Container, NodeEngine, connecting_lin
 from launcher.host.follow import WorkerWatch, follow_job
 from launcher.host.handover import copy_workdir, hand_over_trust
 from launcher.host.nodechecks import check_nodes
-from launcher.host.plan import ClusterPlan, Node
+from launcher.host.plan import ClusterPlan, Node, nodes_of
 from launcher.host.rootcause import LaunchError, root_cause
 from launcher.host.settings import LaunchSettings
 from launcher.host.signals import signals_ignored
@@ -48,7 +48,7 @@ def connect_all(settings: LaunchSettings, say: Say, connect: Connect = NodeDrive
         say(f"{node.name}: engine reachable at {node.engine_url}")
         return engine
 
-    nodes = ClusterPlan.of(settings, cluster_id="-").nodes
+    nodes = nodes_of(settings)
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         futures = [pool.submit(reach, node) for node in nodes]
     errors = [future.exception() for future in futures if future.exception()]

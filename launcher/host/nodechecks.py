@@ -39,8 +39,8 @@ def engine_facts(settings: LaunchSettings, engine: NodeEngine) -> NodeFacts:
 
 def host_facts(plan: ClusterPlan, engine: NodeEngine, facts: NodeFacts) -> NodeFacts:
     """The node as its workers will see it, from short-lived containers of the image (which must be there): its
-    NICs, addresses and port, what every node's name resolves to there, the GPUs and the --mount folders. (The plan
-    is the settings' alone: what the checks find is not known yet.)"""
+    NICs, addresses and port, what every node's name resolves to there, the GPUs and the --mount folders. (What the
+    checks find is not in the plan yet.)"""
     settings = plan.settings
     node = engine.node
     names = tuple(other.name for other in plan.nodes)
@@ -95,10 +95,10 @@ def check_nodes(
         review(preflight.check_cluster(settings, present))
     else:
         facts = ensure_image_everywhere(settings, engines, facts, say)
-    unchecked = ClusterPlan.of(settings, cluster_id="-")
+    plan = ClusterPlan.of(settings)  # the launch's one plan: its cluster ID now, what the checks find below
     checked = on_each(
         list(zip(engines, facts, strict=True)),
-        lambda engine_fact: host_facts(unchecked, *engine_fact) if engine_fact[1].image_id else engine_fact[1],
+        lambda engine_fact: host_facts(plan, *engine_fact) if engine_fact[1].image_id else engine_fact[1],
     )
     for fact in checked:
         if fact.image_id is None:
@@ -106,7 +106,7 @@ def check_nodes(
         else:
             review(preflight.host_findings(settings, fact))
     review(preflight.naming_findings(settings, checked))
-    plan = ClusterPlan.of(settings, found=preflight.found_in(settings, checked))
+    plan = replace(plan, found=preflight.found_in(settings, checked))
     job = settings.job
     for fact in checked:
         if fact.view is None:

@@ -143,6 +143,20 @@ class Found:
     listed: every address."""
 
 
+def nodes_of(settings: LaunchSettings) -> tuple[Node, ...]:
+    """Every node the settings name, as the launcher reaches it: the job's (rank 0 first), then the spares."""
+    return tuple(
+        Node(
+            name,
+            settings.engine_url(name),
+            settings.node_slots.get(name),
+            settings.connect_timeout,
+            settings.engine_tls.get(name),
+        )
+        for name in settings.all_nodes
+    )
+
+
 @dataclass(frozen=True)
 class ClusterPlan:
     """One cluster: the settings, its ID (names, labels, run folder) and what the node checks found."""
@@ -159,17 +173,7 @@ class ClusterPlan:
     @property
     def nodes(self) -> tuple[Node, ...]:
         """Every node that gets a worker: the job's (rank 0 first), then the spares."""
-        settings = self.settings
-        return tuple(
-            Node(
-                name,
-                settings.engine_url(name),
-                settings.node_slots.get(name),
-                settings.connect_timeout,
-                settings.engine_tls.get(name),
-            )
-            for name in settings.all_nodes
-        )
+        return nodes_of(self.settings)
 
     @property
     def job_nodes(self) -> tuple[Node, ...]:
