@@ -11,7 +11,7 @@ import sys
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -31,6 +31,12 @@ app = typer.Typer(
 )
 EXTRA_WORDS = {"allow_extra_args": True, "ignore_unknown_options": True}
 """start and export pass the words they do not take on to the job, as its command."""
+
+# The options every command that reaches the nodes takes, declared once.
+Nodes = Annotated[str | None, typer.Option(help=flags.NODES)]
+Hostfile = Annotated[Path | None, typer.Option(help=flags.HOSTFILE)]
+EnvFile = Annotated[Path | None, typer.Option(help=flags.ENV_FILE)]
+InsecureEngine = Annotated[bool, typer.Option("--insecure-engine", help=flags.INSECURE)]
 
 
 def echo_to_stderr(line: str) -> None:
@@ -85,15 +91,15 @@ def engines_of(settings: LaunchSettings) -> list[NodeEngine]:
 @app.command(context_settings=EXTRA_WORDS)
 def start(
     ctx: typer.Context,
-    nodes: str | None = typer.Option(None, help=flags.NODES),
-    hostfile: Path | None = typer.Option(None, help=flags.HOSTFILE),
+    nodes: Nodes = None,
+    hostfile: Hostfile = None,
     slots: int | None = typer.Option(None, help=flags.SLOTS),
     gpus: str | None = typer.Option(None, "--gpus", "--gpus-per-node", help=flags.GPUS),
     image: str | None = typer.Option(None, help=flags.START["image"]),
     ssh_port: int | None = typer.Option(None, help=flags.START["ssh_port"]),
     network_interface: str | None = typer.Option(None, help=flags.NIC),
-    env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
-    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
+    env_file: EnvFile = None,
+    insecure_engine: InsecureEngine = False,
     push_image: bool = typer.Option(False, help=flags.START["push_image"]),
     detach: bool = typer.Option(False, help=flags.START["detach"]),
     keep_running: bool = typer.Option(False, help=flags.START["keep_running"]),
@@ -132,7 +138,35 @@ def start(
     closed terminal remove the cluster on every node (exit 130, 143, 129); if this process dies outright, the job
     goes on, every container stops when it ends, and `launcher status` says how it ended.
     """
-    given = dict(locals())  # every flag as given, by name: flags.start_settings says what each turns into
+    given = flags.StartFlags(
+        slots=slots,
+        gpus=gpus,
+        image=image,
+        ssh_port=ssh_port,
+        network_interface=network_interface,
+        push_image=push_image,
+        detach=detach,
+        keep_running=keep_running,
+        workdir=workdir,
+        env=tuple(env or ()),
+        secret=tuple(secret or ()),
+        elastic=elastic,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        restart_workers=restart_workers,
+        max_restarts=max_restarts,
+        spares=spares,
+        device=tuple(device or ()),
+        debug=debug,
+        mount=tuple(mount or ()),
+        stall_timeout=stall_timeout,
+        stall_action=stall_action,
+        time_limit=time_limit,
+        no_ptrace=no_ptrace,
+        timeline=timeline,
+        autotune=autotune,
+        ranks=ranks,
+    )
     command = command_of(ctx)
     settings = settings_from(
         env_file,
@@ -161,11 +195,11 @@ def start(
 
 @app.command()
 def stop(
-    nodes: str | None = typer.Option(None, help=flags.NODES),
-    hostfile: Path | None = typer.Option(None, help=flags.HOSTFILE),
+    nodes: Nodes = None,
+    hostfile: Hostfile = None,
     cluster: str | None = typer.Option(None, help="Cluster ID (default: every cluster of this stack)."),
-    env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
-    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
+    env_file: EnvFile = None,
+    insecure_engine: InsecureEngine = False,
 ) -> None:
     """Remove the stack's containers on the nodes, running or ended.
 
@@ -178,10 +212,10 @@ def stop(
 
 @app.command()
 def status(
-    nodes: str | None = typer.Option(None, help=flags.NODES),
-    hostfile: Path | None = typer.Option(None, help=flags.HOSTFILE),
-    env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
-    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
+    nodes: Nodes = None,
+    hostfile: Hostfile = None,
+    env_file: EnvFile = None,
+    insecure_engine: InsecureEngine = False,
 ) -> None:
     """Each cluster's job (running: epoch, accuracy, throughput; succeeded; failed, with its cause) and containers.
 
@@ -194,14 +228,14 @@ def status(
 
 @app.command()
 def results(
-    nodes: str | None = typer.Option(None, help=flags.NODES),
-    hostfile: Path | None = typer.Option(None, help=flags.HOSTFILE),
+    nodes: Nodes = None,
+    hostfile: Hostfile = None,
     cluster: str | None = typer.Option(None, help="Whose run (its cluster ID; default: the newest run)."),
     to: Path = typer.Option(Path("results"), help="Folder to copy the run folder into (made if missing)."),
     checkpoints: bool = typer.Option(True, help="Copy checkpoints/ too (--no-checkpoints leaves them there)."),
     image: str | None = typer.Option(None, help=flags.READING_IMAGE),
-    env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
-    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
+    env_file: EnvFile = None,
+    insecure_engine: InsecureEngine = False,
 ) -> None:
     """Copy a run's folder (metrics.jsonl, summary.json, curves.png, tb/, checkpoints/) from its node to this
     machine, through the Docker API; the cluster may be running, ended or removed.
@@ -222,12 +256,12 @@ def results(
 
 @app.command()
 def stacks(
-    nodes: str | None = typer.Option(None, help=flags.NODES),
-    hostfile: Path | None = typer.Option(None, help=flags.HOSTFILE),
+    nodes: Nodes = None,
+    hostfile: Hostfile = None,
     cluster: str | None = typer.Option(None, help="Cluster ID (default: the running one)."),
     native: bool = typer.Option(False, help="Native (C/C++) frames too, e.g. inside Horovod's or NCCL's code."),
-    env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
-    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
+    env_file: EnvFile = None,
+    insecure_engine: InsecureEngine = False,
 ) -> None:
     """Every rank's Python stack now, on every node (py-spy), identical stacks printed once: where a hung job hangs.
 
@@ -244,8 +278,8 @@ def stacks(
 
 @app.command()
 def logs(
-    nodes: str | None = typer.Option(None, help=flags.NODES),
-    hostfile: Path | None = typer.Option(None, help=flags.HOSTFILE),
+    nodes: Nodes = None,
+    hostfile: Hostfile = None,
     node: str | None = typer.Option(None, help=flags.LOGS["node"]),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
     tail: int | None = typer.Option(
@@ -258,8 +292,8 @@ def logs(
     grep: str | None = typer.Option(None, help=flags.LOGS["grep"]),
     tee: Path | None = typer.Option(None, help=flags.LOGS["tee"]),
     image: str | None = typer.Option(None, help=flags.READING_IMAGE),
-    env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
-    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
+    env_file: EnvFile = None,
+    insecure_engine: InsecureEngine = False,
 ) -> None:
     """Show a worker's output; on rank 0's node, the training job's output too (also after the job ended).
 
@@ -282,14 +316,14 @@ def logs(
 
 @app.command("doctor")
 def doctor_command(
-    nodes: str | None = typer.Option(None, help=flags.NODES),
-    hostfile: Path | None = typer.Option(None, help=flags.HOSTFILE),
+    nodes: Nodes = None,
+    hostfile: Hostfile = None,
     image: str | None = typer.Option(None, help=flags.DOCTOR["image"]),
     ssh_port: int | None = typer.Option(None, help=flags.DOCTOR["ssh_port"]),
     gpus: str | None = typer.Option(None, "--gpus", "--gpus-per-node", help=flags.DOCTOR["gpus"]),
     network_interface: str | None = typer.Option(None, help=flags.NIC),
-    env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
-    insecure_engine: bool = typer.Option(False, "--insecure-engine", help=flags.INSECURE),
+    env_file: EnvFile = None,
+    insecure_engine: InsecureEngine = False,
     links: bool = typer.Option(False, help=flags.DOCTOR["links"]),
     gradient_mb: float | None = typer.Option(None, help=flags.DOCTOR["gradient_mb"]),
     link_seconds: float | None = typer.Option(None, help=flags.DOCTOR["link_seconds"]),
@@ -362,7 +396,7 @@ def export(
     elastic: bool = typer.Option(False, help=flags.EXPORT["elastic"]),
     min_workers: int | None = typer.Option(None, help=flags.EXPORT["min_workers"]),
     network_interface: str | None = typer.Option(None, help=flags.EXPORT["network_interface"]),
-    env_file: Path | None = typer.Option(None, help=flags.ENV_FILE),
+    env_file: EnvFile = None,
     output: Path | None = typer.Option(None, "--output", "-o", help=flags.EXPORT["output"]),
 ) -> None:
     """Write the job as a document another scheduler runs: the same image, command and Horovod defaults.
@@ -370,7 +404,32 @@ def export(
     Example: launcher export mpijob --name digits --workers 2 --gpus-per-node 2 --image registry.example.com/
     horovod-stack:1 -o digits.yaml -- --dataset digits --epochs 5; then kubectl apply -f digits.yaml
     """
-    given = dict(locals())  # every flag as given, by name: flags.export_request says what each turns into
+    given = flags.ExportFlags(
+        name=name,
+        workers=workers,
+        slots=slots,
+        gpus_per_node=gpus_per_node,
+        image=image,
+        namespace=namespace,
+        shared_claim=shared_claim,
+        env=tuple(env or ()),
+        secret=tuple(secret or ()),
+        cpu=cpu,
+        memory=memory,
+        pod_security=pod_security,
+        ptrace=ptrace,
+        rdma=rdma,
+        run_as_user=run_as_user,
+        schedule_timeout=schedule_timeout,
+        deadline=deadline,
+        scheduler=scheduler,
+        queue=queue,
+        priority_class=priority_class,
+        suspend=suspend,
+        elastic=elastic,
+        min_workers=min_workers,
+        network_interface=network_interface,
+    )
     from launcher.k8s import mpijob, mpijob_request  # PyYAML, only here
 
     command = command_of(ctx)

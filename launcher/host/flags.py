@@ -5,7 +5,9 @@ Pure: the command line (launcher/cli.py) declares the flags with these texts and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from launcher.core.nics import NIC_SETTING
@@ -138,44 +140,74 @@ EXPORT = {
 
 NCCL_DEBUG = "NCCL_DEBUG=INFO"
 """--debug: what every rank is given."""
-SAME_NAME_JOB_FLAGS = (
-    "network_interface",
-    "ssh_port",
-    "stall_timeout",
-    "stall_action",
-    "time_limit",
-    "elastic",
-    "max_restarts",
-)
-"""start's flags that set the JobOptions field of their own name, as given."""
 
 
-def start_settings(given: Mapping[str, Any], command: tuple[str, ...]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StartFlags:
+    """`launcher start`'s own flags as given (None or False where not given: .env or the default decides), typed from
+    the command line to the settings; the nodes, the hostfile and the engines' flags are NodeFlags."""
+
+    slots: int | None = None
+    gpus: str | None = None
+    image: str | None = None
+    ssh_port: int | None = None
+    network_interface: str | None = None
+    push_image: bool = False
+    detach: bool = False
+    keep_running: bool = False
+    workdir: Path | None = None
+    env: tuple[str, ...] = ()
+    secret: tuple[str, ...] = ()
+    elastic: bool = False
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    restart_workers: bool = False
+    max_restarts: int | None = None
+    spares: str | None = None
+    device: tuple[str, ...] = ()
+    debug: bool = False
+    mount: tuple[str, ...] = ()
+    stall_timeout: int | None = None
+    stall_action: str | None = None
+    time_limit: int | None = None
+    no_ptrace: bool = False
+    timeline: bool = False
+    autotune: bool = False
+    ranks: str | None = None
+
+
+def start_settings(given: StartFlags, command: tuple[str, ...]) -> dict[str, Any]:
     """resolve_settings's keyword arguments (less the nodes, the hostfile and the engines' own) from `launcher
-    start`'s flags as given, by name; None where a flag was not given (.env or the default decides)."""
+    start`'s flags; None where a flag was not given (.env or the default decides)."""
     return {
-        "spares": given["spares"],
-        "slots": given["slots"],
-        "gpus": given["gpus"],
-        "image": given["image"],
-        "devices": tuple(given["device"] or ()),
-        "push_image": given["push_image"],
-        "detach": given["detach"],
-        "keep_running": given["keep_running"],
-        "ranks": given["ranks"],
+        "spares": given.spares,
+        "slots": given.slots,
+        "gpus": given.gpus,
+        "image": given.image,
+        "devices": given.device,
+        "push_image": given.push_image,
+        "detach": given.detach,
+        "keep_running": given.keep_running,
+        "ranks": given.ranks,
         "job": {
-            **{name: given[name] for name in SAME_NAME_JOB_FLAGS},
+            "network_interface": given.network_interface,
+            "ssh_port": given.ssh_port,
+            "stall_timeout": given.stall_timeout,
+            "stall_action": given.stall_action,
+            "time_limit": given.time_limit,
+            "elastic": given.elastic,
+            "max_restarts": given.max_restarts,
             "command": command,
-            "env": (*(given["env"] or ()), *([NCCL_DEBUG] if given["debug"] else [])),
-            "secrets": tuple(given["secret"] or ()),
-            "elastic_min_workers": given["min_nodes"],
-            "elastic_max_workers": given["max_nodes"],
-            "restart_workers": given["restart_workers"],
-            "workdir": str(given["workdir"]) if given["workdir"] else None,
-            "mounts": tuple(given["mount"] or ()),
-            "ptrace": False if given["no_ptrace"] else None,
-            "timeline": given["timeline"] or None,
-            "autotune": given["autotune"] or None,
+            "env": (*given.env, *([NCCL_DEBUG] if given.debug else [])),
+            "secrets": given.secret,
+            "elastic_min_workers": given.min_nodes,
+            "elastic_max_workers": given.max_nodes,
+            "restart_workers": given.restart_workers,
+            "workdir": str(given.workdir) if given.workdir else None,
+            "mounts": given.mount,
+            "ptrace": False if given.no_ptrace else None,
+            "timeline": given.timeline or None,
+            "autotune": given.autotune or None,
         },
     }
 
@@ -189,20 +221,50 @@ EXPORT_JOB = {
     "ptrace": "ptrace",
 }
 """export mpijob's flags that set a job option, and the JobOptions field each sets."""
-EXPORT_NOT_WHERE = ("ctx", "kind", "env_file", "output", "image", "secret", *EXPORT_JOB)
-"""export mpijob's flags that are not an MpiJobRequest field of their own name: the command line's own, the job's,
-and those export_request words itself. Every other flag sets the field of its name, as given."""
+EXPORT_NOT_WHERE = ("image", "secret", *EXPORT_JOB)
+"""export mpijob's flags that are not an MpiJobRequest field of their own name: the job's, and those export_request
+words itself. Every other flag sets the field of its name, as given."""
 
 
-def export_request(
-    given: Mapping[str, Any], command: tuple[str, ...], env_image: Callable[[], str | None]
-) -> dict[str, Any]:
-    """mpijob_request.request's keyword arguments from `launcher export mpijob`'s flags as given, by name;
-    `env_image` reads IMAGE in .env, for want of --image (the .env file is read only then)."""
-    job = {option: given[flag] for flag, option in EXPORT_JOB.items()}
+@dataclass(frozen=True)
+class ExportFlags:
+    """`launcher export mpijob`'s flags that make the document, as given, typed from the command line to the
+    request (mpijob_request.request's keywords)."""
+
+    name: str
+    workers: int
+    slots: int | None = None
+    gpus_per_node: int = 0
+    image: str | None = None
+    namespace: str | None = None
+    shared_claim: str | None = None
+    env: tuple[str, ...] = ()
+    secret: tuple[str, ...] = ()
+    cpu: str | None = None
+    memory: str | None = None
+    pod_security: str | None = None
+    ptrace: bool = False
+    rdma: bool = False
+    run_as_user: str | None = None
+    schedule_timeout: int | None = None
+    deadline: int | None = None
+    scheduler: str | None = None
+    queue: str | None = None
+    priority_class: str | None = None
+    suspend: bool = False
+    elastic: bool = False
+    min_workers: int | None = None
+    network_interface: str | None = None
+
+
+def export_request(given: ExportFlags, command: tuple[str, ...], env_image: Callable[[], str | None]) -> dict[str, Any]:
+    """mpijob_request.request's keyword arguments from `launcher export mpijob`'s flags; `env_image` reads IMAGE in
+    .env, for want of --image (the .env file is read only then)."""
+    flags = {field.name: getattr(given, field.name) for field in fields(given)}
+    job = {option: flags[flag] for flag, option in EXPORT_JOB.items()}
     return {
-        **{name: value for name, value in given.items() if name not in EXPORT_NOT_WHERE},
-        "job": {**job, "command": command, "env": tuple(given["env"] or ())},
-        "image": given["image"] or env_image(),
-        "secret_refs": tuple(given["secret"] or ()),
+        **{name: value for name, value in flags.items() if name not in EXPORT_NOT_WHERE},
+        "job": {**job, "command": command, "env": given.env},
+        "image": given.image or env_image(),
+        "secret_refs": given.secret,
     }
