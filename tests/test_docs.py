@@ -12,8 +12,11 @@ setting in a `.env`-style line of a code block (`KEY=value` alone), in `KEY=valu
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -239,3 +242,103 @@ def test_a_made_up_option_or_key_is_reported():
         "line 13: MISSING_KEY is not a key of .env.example or a variable of compose's files",
         "line 14: OTHER_MISSING is not a key of .env.example or a variable of compose's files",
     ]
+
+
+# --- a host the set-up does not serve -------------------------------------------------------------------------
+SCRIPTS = REPO / "scripts"
+DOCKER_INSTALL_URL = "https://docs.docker.com/engine/install/"
+OS_RELEASES = {
+    "ubuntu-24.04": 'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\nID=ubuntu\nID_LIKE=debian\n',
+    "debian-13": 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nNAME="Debian GNU/Linux"\nVERSION_ID="13"\nID=debian\n',
+    "debian-12": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n',
+}
+# What the engine set-up would run to install, unpack or start anything: each stands in, records its call and fails.
+SET_UP_COMMANDS = ("apt-get", "apt", "dpkg", "dpkg-deb", "dockerd", "containerd", "setsid", "debootstrap")
+
+
+def stand_in_host(tmp_path: Path, os_release: str | None, uid: int) -> tuple[dict[str, str], Path]:
+    """An environment whose host is the given os-release (None: no such file) and user id, with no Docker engine
+    answering; the commands that install or start anything only record that they were called. No root needed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    real_id = shutil.which("id")
+    stand_ins = {
+        "docker": f'echo "docker $*" >> {calls}\n'
+        "echo 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?' >&2\n"
+        "exit 1\n",
+        "id": f'if [ "$1" = -u ]; then echo {uid}; else exec {real_id} "$@"; fi\n',
+        **{command: f'echo "{command} $*" >> {calls}\nexit 1\n' for command in SET_UP_COMMANDS},
+    }
+    for name, body in stand_ins.items():
+        script = bin_dir / name
+        script.write_text("#!/bin/sh\n" + body)
+        script.chmod(0o755)
+    release = tmp_path / "os-release"
+    if os_release is not None:
+        release.write_text(os_release)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOROVOD_STACK_OS_RELEASE": str(release),
+        "ENGINE_ROOT": str(tmp_path / "engine"),
+    }
+    return env, calls
+
+
+def recorded(calls: Path) -> list[str]:
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.mark.parametrize("host, uid, expected", [
+    ("ubuntu-24.04", 0, "this host is Ubuntu 24.04.1 LTS, and scripts/host-setup.sh sets up Debian 12 only"),
+    ("debian-13", 0, "this host is Debian GNU/Linux 13 (trixie), and scripts/host-setup.sh sets up Debian 12 only"),
+    (None, 0, "this host is a system without "),
+    ("debian-12", 1000, "scripts/host-setup.sh sets up this Debian 12 host only as root"),
+    ("debian-12", 0, ""),
+])
+def test_the_set_up_names_a_host_it_does_not_serve(tmp_path, host, uid, expected):
+    env, calls = stand_in_host(tmp_path, OS_RELEASES.get(host or ""), uid)
+    result = subprocess.run([SCRIPTS / "host-setup.sh", "host-problem"], capture_output=True, text=True, env=env,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(expected) and bool(result.stdout.strip()) == bool(expected), result.stdout
+    assert recorded(calls) == []
+
+
+@pytest.mark.parametrize("host, uid", [("ubuntu-24.04", 0), ("debian-13", 0), ("debian-12", 1000)])
+def test_the_first_command_on_a_host_it_does_not_serve_ends_at_once_in_one_line(tmp_path, host, uid):
+    """`scripts/compose-up.sh` as root on Ubuntu (or Debian 13, or as a user on Debian 12) with no engine answering:
+    one line naming the problem and Docker Engine's install page, exit 1, nothing installed, unpacked or started."""
+    env, calls = stand_in_host(tmp_path, OS_RELEASES[host], uid)
+    result = subprocess.run([SCRIPTS / "compose-up.sh"], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("build-images: no Docker engine to build with (docker info: Cannot connect"), lines[0]
+    assert "install Docker Engine with Compose 2.17 or newer and buildx" in lines[0]
+    assert DOCKER_INSTALL_URL in lines[0]
+    assert recorded(calls) == ["docker info -f {{.ServerVersion}}"]  # asked, and nothing else run
+    assert not (tmp_path / "engine").exists() and not (tmp_path / "engine.partial").exists()
+
+
+def test_the_set_up_itself_refuses_a_host_it_does_not_serve(tmp_path):
+    env, calls = stand_in_host(tmp_path, OS_RELEASES["ubuntu-24.04"], 0)
+    for mode in ("engine", "packages", "all"):
+        result = subprocess.run([SCRIPTS / "host-setup.sh", mode], capture_output=True, text=True, env=env, timeout=60)
+        assert result.returncode == 1
+        assert result.stdout == "" and len(result.stderr.splitlines()) == 1, result.stderr
+        assert "Ubuntu 24.04.1 LTS" in result.stderr and DOCKER_INSTALL_URL in result.stderr
+    assert recorded(calls) == []
+
+
+def test_on_the_host_it_serves_the_same_stand_ins_reach_the_engine_set_up(tmp_path):
+    """The control: Debian 12, root, the same stand-ins and no engine, and the build goes on to set one up (its dry
+    run says so), so the refusals above come from the host check, not from the stand-ins."""
+    env, calls = stand_in_host(tmp_path, OS_RELEASES["debian-12"], 0)
+    result = subprocess.run([SCRIPTS / "build-images.sh", "--dry-run"], capture_output=True, text=True, env=env,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "would set up the engine (scripts/host-setup.sh engine)" in result.stdout
+    assert recorded(calls) == ["docker info -f {{.ServerVersion}}"]
