@@ -244,6 +244,198 @@ def test_a_made_up_option_or_key_is_reported():
     ]
 
 
+# --- the front door: the README's budget and order, links, the quick start's scripts, the words users read ---------
+README = REPO / "README.md"
+README_LINES = 200
+README_WIDTH = 120
+PARAGRAPH_LINES = 8
+README_ORDER = ["Quick start", "One host", "Several hosts", "Your own script", "In CI", "What was tested", "More"]
+GLOSSARY = ["node", "worker", "rank", "slot", "spare", "cluster ID", "job agent"]
+SHORTHAND = re.compile(r"\b(?:doors?|rooms?|lifelines?|test hosts?|offline path|online path)\b", re.IGNORECASE)
+LINK = re.compile(r"\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def prose(text: str) -> str:
+    """The text with its fenced code blocks and inline code spans blanked (line numbers kept)."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            lines.append("")
+        else:
+            lines.append("" if fenced else line)
+    return re.sub(r"`[^`]*`", lambda span: re.sub(r"[^\n]", " ", span.group(0)), "\n".join(lines))
+
+
+def headings(text: str) -> list[str]:
+    return [match.group(2) for line in prose(text).splitlines() if (match := HEADING.match(line))]
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors for a Markdown file's headings: lower case, punctuation dropped, spaces as hyphens, a repeated
+    one numbered."""
+    seen: dict[str, int] = {}
+    found = set()
+    for line in text.splitlines():
+        match = HEADING.match(line)
+        if not match or line.startswith("    "):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match.group(2).strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def fenced_headings_removed(text: str) -> str:
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        lines.append("" if fenced else line)
+    return "\n".join(lines)
+
+
+def link_problems(path: Path, text: str) -> list[str]:
+    """Every relative link of a Markdown file that names no file, or an anchor its target lacks."""
+    problems = []
+    cleaned = prose(text)
+    for match in LINK.finditer(cleaned):
+        target = match.group(1)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        line = cleaned.count("\n", 0, match.start()) + 1
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve()
+        if file_part and not linked.exists():
+            problems.append(f"{path.name}:{line}: {target}: no such file")
+        elif anchor and (
+            (file_part and linked.suffix != ".md")
+            or anchor not in anchors(fenced_headings_removed(linked.read_text() if file_part else text))
+        ):
+            problems.append(f"{path.name}:{line}: {target}: no such anchor")
+    return problems
+
+
+def paragraphs(text: str) -> list[tuple[int, int]]:
+    """(first line, line count) of every prose paragraph and list item, outside code, tables and headings."""
+    found: list[tuple[int, int]] = []
+    current: list[int] = []
+    fenced = False
+
+    def close() -> None:
+        if current:
+            found.append((current[0], len(current)))
+            current.clear()
+
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            close()
+        elif fenced or not line.strip() or HEADING.match(line) or line.lstrip().startswith("|"):
+            close()
+        else:
+            if re.match(r"\s*(?:[-*]|\d+\.)\s", line):
+                close()
+            current.append(number)
+    close()
+    return found
+
+
+def section(text: str, title: str) -> str:
+    """A `## title` section's text, up to the next `## ` heading."""
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def help_texts() -> dict[str, str]:
+    """Every text `--help` shows: the group's and each command's help, and each option's."""
+    group = typer.main.get_command(app)
+    group_context = group.context_class(group, info_name="launcher")
+    texts = {"launcher": group.help or ""}
+    for name, command in group.commands.items():
+        context = command.context_class(command, info_name=name, parent=group_context)
+        texts[f"launcher {name}"] = command.help or ""
+        for param in command.get_params(context):
+            texts[f"launcher {name} {'/'.join(param.opts)}"] = getattr(param, "help", None) or ""
+    return texts
+
+
+def test_the_readme_keeps_its_budget():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines, over {README_LINES}: move detail to docs/"
+    wide = [f"line {number}: {len(line)}" for number, line in enumerate(lines, 1) if len(line) > README_WIDTH]
+    assert wide == [], f"README.md lines over {README_WIDTH} characters"
+
+
+def test_the_readme_reads_in_order():
+    """What it is, the launch path's picture, then quick start, one host, several hosts, your own script, CI, what
+    was tested, the docs."""
+    text = README.read_text()
+    sections = [heading for heading in headings(text) if heading in README_ORDER]
+    assert sections == README_ORDER
+    assert text.index("```mermaid") < text.index("## Quick start")
+    picture = text[text.index("```mermaid") : text.index("```", text.index("```mermaid") + 3)]
+    for step in ("launcher start", "docker compose up", "worker", "job agent", "mpirun", "ranks", "exit status"):
+        assert step in picture, step
+
+
+def test_the_readme_defines_the_words_it_uses():
+    table = README.read_text().split("## Quick start")[0]
+    defined = {row.split("|")[1].strip() for row in table.splitlines() if row.startswith("| ")}
+    assert set(GLOSSARY) <= defined
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(doc):
+    assert link_problems(doc, doc.read_text()) == []
+
+
+def test_a_broken_link_or_anchor_is_reported(tmp_path):
+    (tmp_path / "other.md").write_text("# Other\n\n## A `code` heading, with punctuation!\n\n## Again\n\n## Again\n")
+    page = tmp_path / "page.md"
+    text = (
+        "[fine](other.md) [fine](other.md#a-code-heading-with-punctuation) [fine](other.md#again-1)\n"
+        "[gone](missing.md) [no anchor](other.md#nowhere) [self](#page) [web](https://example.com/x#y)\n"
+        "`[not a link](missing-in-code.md)`\n\n```md\n[in a block](missing-in-block.md)\n```\n# Page\n"
+    )
+    assert link_problems(page, text) == [
+        "page.md:2: missing.md: no such file",
+        "page.md:2: other.md#nowhere: no such anchor",
+    ]
+
+
+def test_no_paragraph_in_the_docs_runs_over_eight_lines():
+    long = [
+        f"{doc.relative_to(REPO)}:{first} ({count} lines)"
+        for doc in DOCS
+        for first, count in paragraphs(doc.read_text())
+        if count > PARAGRAPH_LINES
+    ]
+    assert long == []
+    assert paragraphs("one\ntwo\n\n- a\n  b\n- c\n\n```\nx\n```\n| t |\n") == [(1, 2), (4, 2), (6, 1)]
+
+
+def test_every_script_the_quick_start_names_exists_and_is_executable():
+    quick_start = section(README.read_text(), "Quick start")
+    scripts = set(re.findall(r"(?<![\w/.-])scripts/[\w.-]+\.sh\b", quick_start))
+    assert {"scripts/compose-up.sh", "scripts/test.sh"} <= scripts  # the two commands users and CI run
+    for script in sorted(scripts):
+        path = REPO / script
+        assert path.is_file(), f"{script} is named in the quick start but does not exist"
+        assert os.access(path, os.X_OK), f"{script} is not executable"
+
+
+def test_the_words_users_read_are_the_fields():
+    """No "door", "room", "lifeline", "test hosts" or "offline path" in the README, docs/, .env.example or --help."""
+    readable = {str(doc.relative_to(REPO)): doc.read_text() for doc in [*DOCS, REPO / ".env.example"]}
+    readable |= help_texts()
+    found = [f"{where}: {match.group(0)!r}" for where, text in readable.items() for match in SHORTHAND.finditer(text)]
+    assert found == []
+    assert SHORTHAND.findall("both doors, two rooms, its lifeline, the test hosts, the offline path") != []
+
+
 # --- a host the set-up does not serve -------------------------------------------------------------------------
 SCRIPTS = REPO / "scripts"
 DOCKER_INSTALL_URL = "https://docs.docker.com/engine/install/"
