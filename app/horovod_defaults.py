@@ -9,6 +9,6 @@ from __future__ import annotations
 
 HOROVOD_DEFAULTS: dict[str, str] = {"OMPI_MCA_mpi_yield_when_idle": "1", "NCCL_DEBUG": "WARN"}
 """Open MPI yields the core while it waits, instead of spinning against the rank's own compute threads (Horovod's
-background thread polls MPI every cycle; measured with `python -m app.bench peers`, README "Performance"). NCCL
+background thread polls MPI every cycle; measured with `python -m app.bench peers`, docs/performance.md). NCCL
 says only what goes wrong; `launcher start --debug` (or NCCL_DEBUG=INFO in the job's environment) asks for its
 topology and transport lines."""

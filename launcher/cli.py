@@ -197,7 +197,9 @@ def start(
 def stop(
     nodes: Nodes = None,
     hostfile: Hostfile = None,
-    cluster: str | None = typer.Option(None, help="Cluster ID (default: every cluster of this stack)."),
+    cluster: str | None = typer.Option(
+        None, help="Cluster ID, as `launcher status` shows it (default: every cluster of this stack)."
+    ),
     env_file: EnvFile = None,
     insecure_engine: InsecureEngine = False,
 ) -> None:
@@ -230,7 +232,9 @@ def status(
 def results(
     nodes: Nodes = None,
     hostfile: Hostfile = None,
-    cluster: str | None = typer.Option(None, help="Whose run (its cluster ID; default: the newest run)."),
+    cluster: str | None = typer.Option(
+        None, help="Whose run (its cluster ID, as `launcher status` shows it; default: the newest run)."
+    ),
     to: Path = typer.Option(Path("results"), help="Folder to copy the run folder into (made if missing)."),
     checkpoints: bool = typer.Option(True, help="Copy checkpoints/ too (--no-checkpoints leaves them there)."),
     image: str | None = typer.Option(None, help=flags.READING_IMAGE),
@@ -258,7 +262,9 @@ def results(
 def stacks(
     nodes: Nodes = None,
     hostfile: Hostfile = None,
-    cluster: str | None = typer.Option(None, help="Cluster ID (default: the running one)."),
+    cluster: str | None = typer.Option(
+        None, help="Cluster ID, as `launcher status` shows it (default: the running one)."
+    ),
     native: bool = typer.Option(False, help="Native (C/C++) frames too, e.g. inside Horovod's or NCCL's code."),
     env_file: EnvFile = None,
     insecure_engine: InsecureEngine = False,
@@ -329,8 +335,8 @@ def doctor_command(
     link_seconds: float | None = typer.Option(None, help=flags.DOCTOR["link_seconds"]),
     compute_ms: float | None = typer.Option(None, help=flags.DOCTOR["compute_ms"]),
 ) -> None:
-    """Check every node: engine reachable, same image everywhere, GPUs visible, SSH port free, NIC there, clock skew;
-    with --links, the links between them and what they mean for an allreduce.
+    """Check every node: engine reachable, same image everywhere, SSH port free, NIC there, names, clock skew; with
+    --gpus, the GPUs too; with --links, the links between them and what they mean for an allreduce.
 
     Example: launcher doctor --nodes node_1,node_2 --network-interface ens5 --links
     """

@@ -13,9 +13,10 @@
 #            (WHEELHOUSE) filled once with wheels for the image's Python (CPython 3.11, manylinux, the engine's
 #            architecture) whatever the host's Python is, plus the Horovod sdist; the build then needs no index.
 # A Docker engine that answers, with Compose v2 and buildx, is used as it is; only where none does is one set up
-# (scripts/host-setup.sh engine: Debian 12, root). Either way this machine's CA bundle (CA_BUNDLE), if any,
-# reaches pip as a build secret, mounted for pip's steps only and never stored in a layer. Rebuilds are cached
-# by their inputs: Docker's layer cache, plus a BuildKit cache for the Horovod wheel.
+# (scripts/host-setup.sh engine: Debian 12, root; any other host is told in one line to install Docker Engine).
+# Either way this machine's CA bundle (CA_BUNDLE), if any, reaches pip as a build secret, mounted for pip's steps
+# only and never stored in a layer. Rebuilds are cached by their inputs: Docker's layer cache, plus a BuildKit cache
+# for the Horovod wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each image: its Dockerfile target, its tag, its requirement files (docker/requirements-NAME.txt, in the order of
@@ -49,16 +50,19 @@ case "${1:-}" in
   *) echo "usage: $0 [tensorflow] [--dry-run | wheels]" >&2; exit 2 ;;
 esac
 
+# The engine to build with: the one that answers, or, only on a host scripts/host-setup.sh serves (Debian 12, root,
+# apt), one it sets up. Any other host ends here in one line naming the fix, before anything is installed.
 ensure_engine() {
-  local problem
+  local problem unserved
   problem=$(scripts/host-setup.sh engine-problem)
   if [ -z "$problem" ]; then
     log "using the Docker engine $(docker version -f '{{.Server.Version}}') as it is (no host set-up)"
     return
   fi
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    fail "$problem. Install Docker Engine with Compose v2 and buildx (a user in the docker group may run it);
-on a Debian 12 host, scripts/host-setup.sh engine (as root) sets one up."
+  unserved=$(scripts/host-setup.sh host-problem)
+  if [ -n "$unserved" ]; then
+    fail "no Docker engine to build with ($problem); $unserved: install Docker Engine with Compose 2.17 or newer \
+and buildx (https://docs.docker.com/engine/install/; a user in the docker group may run it), then run this again"
   fi
   if [ "$dry_run" = 1 ]; then
     log "$problem: would set up the engine (scripts/host-setup.sh engine)"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The quick-start job as a containerized cluster on this host:
 #   scripts/compose-up.sh [cpu|gpu]        (default cpu)
-# Needs only a Docker engine with Compose v2 (any distribution; a user in the docker group will do): it builds
-# the image (scripts/build-images.sh; minutes the first time, seconds after), installing nothing on the host;
-# only where no engine answers does build-images.sh set one up (Debian 12, root). Then it runs exactly
+# Needs only Docker Engine with Compose 2.17 or newer and buildx (any distribution; a user in the docker group
+# will do): it builds the image (scripts/build-images.sh; minutes the first time, seconds after), installing
+# nothing on the host. Only where no engine answers does build-images.sh set one up, and only on Debian 12 as root
+# (scripts/host-setup.sh engine); any other host ends there in one line: install Docker Engine. Then it runs
 #   docker compose up                                        (gpu: -f compose.yaml -f compose.gpu.yaml)
-# which starts the workers and the launcher, trains, and returns when training ends, every container stopped.
-# Then removes the stopped containers (the shared volume with metrics and checkpoints stays) and exits with the
-# job's status (plain `up` itself exits 0 whatever the job did).
+# which starts the workers and the launcher, trains, and returns when training ends, every container stopped;
+# then `docker compose down` (the stopped containers go; the shared volume with metrics and checkpoints stays),
+# and it exits with the job's status (plain `up` itself exits 0 whatever the job did).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-cpu}" in

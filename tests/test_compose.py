@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -219,16 +220,21 @@ def test_users_script_runs_from_workdir_with_its_exit_status(engine, compose_run
     assert project_containers(engine, run.project, status="running") == []
 
 
+def compose_secrets_example() -> str:
+    """The compose.secrets.yaml docs/compose.md shows (a code block inside a list item, hence indented)."""
+    doc = (REPO / "docs" / "compose.md").read_text()
+    start = doc.index("```yaml\n  services:\n    launcher:\n      secrets:") + len("```yaml\n")
+    return textwrap.dedent(doc[start : doc.index("```", start)])
+
+
 def test_a_compose_secret_reaches_every_rank_and_no_command_line_or_inspect(engine, compose_run):
-    """The README's compose.secrets.yaml: the value comes from the shell's environment through Compose's own secret,
-    every rank gets it, and neither the output nor any container's configuration holds it."""
+    """docs/compose.md's compose.secrets.yaml: the value comes from the shell's environment through Compose's own
+    secret, every rank gets it, and neither the output nor any container's configuration holds it."""
     value = f"sk-compose-{uuid.uuid4().hex}"
     run = compose_run(
         TRAIN_COMMAND="python secret_digest.py WANDB_API_KEY --hold 0", WORKDIR=str(USER_SCRIPT), WANDB_API_KEY=value
     )
-    readme = (REPO / "README.md").read_text()
-    example = readme[readme.index("```yaml\nservices:\n  launcher:\n    secrets:") + len("```yaml\n") :]
-    (run.workdir / "compose.secrets.yaml").write_text(example[: example.index("```")])
+    (run.workdir / "compose.secrets.yaml").write_text(compose_secrets_example())
     result = run.compose("-f", "compose.yaml", "-f", "compose.secrets.yaml", "up", "--exit-code-from", "launcher")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
@@ -281,7 +287,7 @@ def test_users_script_missing_from_workdir_is_named_before_mpirun(engine, compos
 
 
 def test_derived_image_with_the_users_code_runs_through_compose(engine, compose_run, tmp_path):
-    """The other way to bring code: an image FROM horovod-stack:latest that COPYs it (README)."""
+    """The other way to bring code: an image FROM horovod-stack:latest that COPYs it (docs/compose.md)."""
     (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\nCOPY allreduce_train.py /opt/user-code/\n")
     shutil.copy(USER_SCRIPT / "allreduce_train.py", tmp_path)
     tag = f"hst-derived:{uuid.uuid4().hex[:8]}"

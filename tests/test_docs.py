@@ -12,8 +12,11 @@ setting in a `.env`-style line of a code block (`KEY=value` alone), in `KEY=valu
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,6 +48,7 @@ EXPECTED_SOON = {"start": {"--gpus"}, "doctor": {"--gpus"}}
 def cli_options() -> dict[str, set[str]]:
     """Each command's options (with --no-... forms and the --help every command has); '' is the group's own."""
     group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
     group_context = group.context_class(group, info_name="launcher")
     commands = {"": {opt for param in group.get_params(group_context) for opt in param.opts}}
     for name, command in group.commands.items():
@@ -154,8 +158,9 @@ def key_uses(text: str) -> list[tuple[int, str]]:
         except ValueError:
             return
         keys = []
-        while words and ASSIGNMENT.match(words[0]):
-            keys.append(ASSIGNMENT.match(words.pop(0)).group(1))
+        while words and (assignment := ASSIGNMENT.match(words[0])):
+            keys.append(assignment.group(1))
+            words.pop(0)
         if words[:2] == ["docker", "compose"]:
             uses.extend((number, key) for key in keys)
 
@@ -239,3 +244,301 @@ def test_a_made_up_option_or_key_is_reported():
         "line 13: MISSING_KEY is not a key of .env.example or a variable of compose's files",
         "line 14: OTHER_MISSING is not a key of .env.example or a variable of compose's files",
     ]
+
+
+# --- the front door: the README's budget and order, links, the quick start's scripts, the words users read ---------
+README = REPO / "README.md"
+README_LINES = 200
+README_WIDTH = 120
+PARAGRAPH_LINES = 8
+README_ORDER = ["Quick start", "One host", "Several hosts", "Your own script", "In CI", "What was tested", "More"]
+GLOSSARY = ["node", "worker", "rank", "slot", "spare", "cluster ID", "job agent"]
+SHORTHAND = re.compile(r"\b(?:doors?|rooms?|lifelines?|test hosts?|offline path|online path)\b", re.IGNORECASE)
+LINK = re.compile(r"\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def prose(text: str) -> str:
+    """The text with its fenced code blocks and inline code spans blanked (line numbers kept)."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            lines.append("")
+        else:
+            lines.append("" if fenced else line)
+    return re.sub(r"`[^`]*`", lambda span: re.sub(r"[^\n]", " ", span.group(0)), "\n".join(lines))
+
+
+def headings(text: str) -> list[str]:
+    return [match.group(2) for line in prose(text).splitlines() if (match := HEADING.match(line))]
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors for a Markdown file's headings: lower case, punctuation dropped, spaces as hyphens, a repeated
+    one numbered."""
+    seen: dict[str, int] = {}
+    found = set()
+    for line in text.splitlines():
+        match = HEADING.match(line)
+        if not match or line.startswith("    "):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match.group(2).strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def fenced_headings_removed(text: str) -> str:
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        lines.append("" if fenced else line)
+    return "\n".join(lines)
+
+
+def link_problems(path: Path, text: str) -> list[str]:
+    """Every relative link of a Markdown file that names no file, or an anchor its target lacks."""
+    problems = []
+    cleaned = prose(text)
+    for match in LINK.finditer(cleaned):
+        target = match.group(1)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        line = cleaned.count("\n", 0, match.start()) + 1
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve()
+        if file_part and not linked.exists():
+            problems.append(f"{path.name}:{line}: {target}: no such file")
+        elif anchor and (
+            (file_part and linked.suffix != ".md")
+            or anchor not in anchors(fenced_headings_removed(linked.read_text() if file_part else text))
+        ):
+            problems.append(f"{path.name}:{line}: {target}: no such anchor")
+    return problems
+
+
+def paragraphs(text: str) -> list[tuple[int, int]]:
+    """(first line, line count) of every prose paragraph and list item, outside code, tables and headings."""
+    found: list[tuple[int, int]] = []
+    current: list[int] = []
+    fenced = False
+
+    def close() -> None:
+        if current:
+            found.append((current[0], len(current)))
+            current.clear()
+
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            close()
+        elif fenced or not line.strip() or HEADING.match(line) or line.lstrip().startswith("|"):
+            close()
+        else:
+            if re.match(r"\s*(?:[-*]|\d+\.)\s", line):
+                close()
+            current.append(number)
+    close()
+    return found
+
+
+def section(text: str, title: str) -> str:
+    """A `## title` section's text, up to the next `## ` heading."""
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def help_texts() -> dict[str, str]:
+    """Every text `--help` shows: the group's and each command's help, and each option's."""
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    group_context = group.context_class(group, info_name="launcher")
+    texts = {"launcher": group.help or ""}
+    for name, command in group.commands.items():
+        context = command.context_class(command, info_name=name, parent=group_context)
+        texts[f"launcher {name}"] = command.help or ""
+        for param in command.get_params(context):
+            texts[f"launcher {name} {'/'.join(param.opts)}"] = getattr(param, "help", None) or ""
+    return texts
+
+
+def test_the_readme_keeps_its_budget():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines, over {README_LINES}: move detail to docs/"
+    wide = [f"line {number}: {len(line)}" for number, line in enumerate(lines, 1) if len(line) > README_WIDTH]
+    assert wide == [], f"README.md lines over {README_WIDTH} characters"
+
+
+def test_the_readme_reads_in_order():
+    """What it is, the launch path's picture, then quick start, one host, several hosts, your own script, CI, what
+    was tested, the docs."""
+    text = README.read_text()
+    sections = [heading for heading in headings(text) if heading in README_ORDER]
+    assert sections == README_ORDER
+    assert text.index("```mermaid") < text.index("## Quick start")
+    picture = text[text.index("```mermaid") : text.index("```", text.index("```mermaid") + 3)]
+    for step in ("launcher start", "docker compose up", "worker", "job agent", "mpirun", "ranks", "exit status"):
+        assert step in picture, step
+
+
+def test_the_readme_defines_the_words_it_uses():
+    table = README.read_text().split("## Quick start")[0]
+    defined = {row.split("|")[1].strip() for row in table.splitlines() if row.startswith("| ")}
+    assert set(GLOSSARY) <= defined
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(doc):
+    assert link_problems(doc, doc.read_text()) == []
+
+
+def test_a_broken_link_or_anchor_is_reported(tmp_path):
+    (tmp_path / "other.md").write_text("# Other\n\n## A `code` heading, with punctuation!\n\n## Again\n\n## Again\n")
+    page = tmp_path / "page.md"
+    text = (
+        "[fine](other.md) [fine](other.md#a-code-heading-with-punctuation) [fine](other.md#again-1)\n"
+        "[gone](missing.md) [no anchor](other.md#nowhere) [self](#page) [web](https://example.com/x#y)\n"
+        "`[not a link](missing-in-code.md)`\n\n```md\n[in a block](missing-in-block.md)\n```\n# Page\n"
+    )
+    assert link_problems(page, text) == [
+        "page.md:2: missing.md: no such file",
+        "page.md:2: other.md#nowhere: no such anchor",
+    ]
+
+
+def test_no_paragraph_in_the_docs_runs_over_eight_lines():
+    long = [
+        f"{doc.relative_to(REPO)}:{first} ({count} lines)"
+        for doc in DOCS
+        for first, count in paragraphs(doc.read_text())
+        if count > PARAGRAPH_LINES
+    ]
+    assert long == []
+    assert paragraphs("one\ntwo\n\n- a\n  b\n- c\n\n```\nx\n```\n| t |\n") == [(1, 2), (4, 2), (6, 1)]
+
+
+def test_every_script_the_quick_start_names_exists_and_is_executable():
+    quick_start = section(README.read_text(), "Quick start")
+    scripts = set(re.findall(r"(?<![\w/.-])scripts/[\w.-]+\.sh\b", quick_start))
+    assert {"scripts/compose-up.sh", "scripts/test.sh"} <= scripts  # the two commands users and CI run
+    for script in sorted(scripts):
+        path = REPO / script
+        assert path.is_file(), f"{script} is named in the quick start but does not exist"
+        assert os.access(path, os.X_OK), f"{script} is not executable"
+
+
+def test_the_words_users_read_are_the_fields():
+    """No "door", "room", "lifeline", "test hosts" or "offline path" in the README, docs/, .env.example or --help."""
+    readable = {str(doc.relative_to(REPO)): doc.read_text() for doc in [*DOCS, REPO / ".env.example"]}
+    readable |= help_texts()
+    found = [f"{where}: {match.group(0)!r}" for where, text in readable.items() for match in SHORTHAND.finditer(text)]
+    assert found == []
+    assert SHORTHAND.findall("both doors, two rooms, its lifeline, the test hosts, the offline path") != []
+
+
+# --- a host the set-up does not serve -------------------------------------------------------------------------
+SCRIPTS = REPO / "scripts"
+DOCKER_INSTALL_URL = "https://docs.docker.com/engine/install/"
+OS_RELEASES = {
+    "ubuntu-24.04": 'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\nID=ubuntu\nID_LIKE=debian\n',
+    "debian-13": 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nNAME="Debian GNU/Linux"\nVERSION_ID="13"\nID=debian\n',
+    "debian-12": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n',
+}
+# What the engine set-up would run to install, unpack or start anything: each stands in, records its call and fails.
+SET_UP_COMMANDS = ("apt-get", "apt", "dpkg", "dpkg-deb", "dockerd", "containerd", "setsid", "debootstrap")
+
+
+def stand_in_host(tmp_path: Path, os_release: str | None, uid: int) -> tuple[dict[str, str], Path]:
+    """An environment whose host is the given os-release (None: no such file) and user id, with no Docker engine
+    answering; the commands that install or start anything only record that they were called. No root needed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    real_id = shutil.which("id")
+    stand_ins = {
+        "docker": f'echo "docker $*" >> {calls}\n'
+        "echo 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?' >&2\n"
+        "exit 1\n",
+        "id": f'if [ "$1" = -u ]; then echo {uid}; else exec {real_id} "$@"; fi\n',
+        **{command: f'echo "{command} $*" >> {calls}\nexit 1\n' for command in SET_UP_COMMANDS},
+    }
+    for name, body in stand_ins.items():
+        script = bin_dir / name
+        script.write_text("#!/bin/sh\n" + body)
+        script.chmod(0o755)
+    release = tmp_path / "os-release"
+    if os_release is not None:
+        release.write_text(os_release)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOROVOD_STACK_OS_RELEASE": str(release),
+        "ENGINE_ROOT": str(tmp_path / "engine"),
+    }
+    return env, calls
+
+
+def recorded(calls: Path) -> list[str]:
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.mark.parametrize(
+    "host, uid, expected",
+    [
+        ("ubuntu-24.04", 0, "this host is Ubuntu 24.04.1 LTS, and scripts/host-setup.sh sets up Debian 12 only"),
+        ("debian-13", 0, "this host is Debian GNU/Linux 13 (trixie), and scripts/host-setup.sh sets up Debian 12 only"),
+        (None, 0, "this host is a system without "),
+        ("debian-12", 1000, "scripts/host-setup.sh sets up this Debian 12 host only as root"),
+        ("debian-12", 0, ""),
+    ],
+)
+def test_the_set_up_names_a_host_it_does_not_serve(tmp_path, host, uid, expected):
+    env, calls = stand_in_host(tmp_path, OS_RELEASES.get(host or ""), uid)
+    result = subprocess.run(
+        [SCRIPTS / "host-setup.sh", "host-problem"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(expected) and bool(result.stdout.strip()) == bool(expected), result.stdout
+    assert recorded(calls) == []
+
+
+@pytest.mark.parametrize("host, uid", [("ubuntu-24.04", 0), ("debian-13", 0), ("debian-12", 1000)])
+def test_the_first_command_on_a_host_it_does_not_serve_ends_at_once_in_one_line(tmp_path, host, uid):
+    """`scripts/compose-up.sh` as root on Ubuntu (or Debian 13, or as a user on Debian 12) with no engine answering:
+    one line naming the problem and Docker Engine's install page, exit 1, nothing installed, unpacked or started."""
+    env, calls = stand_in_host(tmp_path, OS_RELEASES[host], uid)
+    result = subprocess.run([SCRIPTS / "compose-up.sh"], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("build-images: no Docker engine to build with (docker info: Cannot connect"), lines[0]
+    assert "install Docker Engine with Compose 2.17 or newer and buildx" in lines[0]
+    assert DOCKER_INSTALL_URL in lines[0]
+    assert recorded(calls) == ["docker info -f {{.ServerVersion}}"]  # asked, and nothing else run
+    assert not (tmp_path / "engine").exists() and not (tmp_path / "engine.partial").exists()
+
+
+def test_the_set_up_itself_refuses_a_host_it_does_not_serve(tmp_path):
+    env, calls = stand_in_host(tmp_path, OS_RELEASES["ubuntu-24.04"], 0)
+    for mode in ("engine", "packages", "all"):
+        result = subprocess.run([SCRIPTS / "host-setup.sh", mode], capture_output=True, text=True, env=env, timeout=60)
+        assert result.returncode == 1
+        assert result.stdout == "" and len(result.stderr.splitlines()) == 1, result.stderr
+        assert "Ubuntu 24.04.1 LTS" in result.stderr and DOCKER_INSTALL_URL in result.stderr
+    assert recorded(calls) == []
+
+
+def test_on_the_host_it_serves_the_same_stand_ins_reach_the_engine_set_up(tmp_path):
+    """The control: Debian 12, root, the same stand-ins and no engine, and the build goes on to set one up (its dry
+    run says so), so the refusals above come from the host check, not from the stand-ins."""
+    env, calls = stand_in_host(tmp_path, OS_RELEASES["debian-12"], 0)
+    result = subprocess.run(
+        [SCRIPTS / "build-images.sh", "--dry-run"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "would set up the engine (scripts/host-setup.sh engine)" in result.stdout
+    assert recorded(calls) == ["docker info -f {{.ServerVersion}}"]

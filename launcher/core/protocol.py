@@ -91,7 +91,7 @@ SECRETS_FILE = f"{CLUSTER_PRIVATE_DIR}/secrets.json"
 is; the agent reads it and removes it before the job runs."""
 COMPOSE_SECRETS_DIR = "/run/secrets"
 """Where Compose puts a service's `secrets:`, a file per secret: in the launcher service, each file named like a
-variable is a secret setting of the job (README, docs/compose.md)."""
+variable is a secret setting of the job (docs/multi-host.md, docs/compose.md)."""
 SECRET_SHOWN = "***"
 """What stands for a secret's value wherever the stack shows one (NAME=***)."""
 HOSTKEYS_DIR = "/cluster/hostkeys"

@@ -13,7 +13,10 @@ from typing import Any
 from launcher.core.nics import NIC_SETTING
 from launcher.core.protocol import LINK_SECONDS
 
-NODES = "Comma-separated hosts, rank 0 first, each HOST or HOST:RANKS as horovodrun's -H (default: NODES in .env)."
+NODES = (
+    "Comma-separated hosts, rank 0 first, each HOST or HOST:SLOTS (its ranks) as horovodrun's -H (default: NODES in "
+    ".env)."
+)
 HOSTFILE = "Open MPI hostfile listing the nodes instead of --nodes: one `HOST slots=N` line each, rank 0 first."
 NIC = (
     "The nodes' NIC for Open MPI, NCCL and Gloo: a name every node has (eth0), or a subnet (10.0.0.0/24) where "
@@ -49,7 +52,7 @@ START = {
     "needs --network-interface.",
     "min_nodes": "With --elastic: the fewest nodes the job goes on with (default 1). With --max-restarts: the fewest "
     "nodes a restart may run on (default: all; a lost node's worker is waited for).",
-    "spares": "Comma-separated hosts kept in reserve, HOST or HOST:RANKS: each gets a worker, started and checked as "
+    "spares": "Comma-separated hosts kept in reserve, HOST or HOST:SLOTS: each gets a worker, started and checked as "
     "the nodes' are, out of the hostfile until a restart (--max-restarts) puts it in a lost node's place; `launcher "
     "status` lists them as role=spare (default: SPARES in .env).",
     "max_restarts": "A fixed-size job that loses a node is started again this many times at most by its agent, "

@@ -243,7 +243,7 @@ class LaunchSettings:
             raise SettingsError(
                 f"--workdir {folder} holds {size / 1024**2:.0f} MB, more than the "
                 f"{WORKDIR_LIMIT_BYTES // 1024**2} MB copied to every node: put data in SHARED_DIR, or bake "
-                "the code into an image FROM horovod-stack:latest (README)"
+                "the code into an image FROM horovod-stack:latest (docs/compose.md, Running jobs)"
             )
 
     def _check_engine(self, node: str) -> None:
