@@ -32,8 +32,9 @@ from launcher.core.protocol import (
     lost_driver_message,
     parse_job_end,
 )
-from tests.conftest import Clock, job_spec
-from tests.conftest import StandInTransport as Transport
+from tests.conftest import job_spec
+from tests.standins import Clock
+from tests.standins import StandInTransport as Transport
 
 W1, W2 = Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2")
 

@@ -15,7 +15,8 @@ from launcher.agent.job import Agent
 from launcher.core.job import horovod_outputs
 from launcher.core.options import JobOptions, SettingsError, switch
 from launcher.host.settings import resolve_settings
-from tests.conftest import Clock, StandInTransport, job_spec, plan_of
+from tests.conftest import job_spec, plan_of
+from tests.standins import Clock, StandInTransport
 from tests.test_launcher_plan import compose_spec
 
 RUN = "/shared/runs/c0ffee00"

@@ -13,8 +13,8 @@ from launcher.core.options import SettingsError
 from launcher.host import images, nodechecks
 from launcher.host.engines import NodeError, pull_failure
 from launcher.host.settings import resolve_settings
-from tests.conftest import StandInEngine as Engine
 from tests.conftest import launch_settings
+from tests.standins import StandInEngine as Engine
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 

@@ -34,8 +34,9 @@ from launcher.core.protocol import (
 from launcher.host import workdir
 from launcher.host.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
 from launcher.host.settings import engine_override_key, load_env_file, parse_gpus, resolve_settings
-from tests.conftest import container, launch_settings
+from tests.conftest import launch_settings
 from tests.conftest import plan_of as make_plan
+from tests.standins import container
 
 
 @pytest.mark.parametrize(

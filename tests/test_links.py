@@ -33,7 +33,8 @@ from launcher.host.links import (
     slowest,
     unreachable_line,
 )
-from tests.conftest import StandInEngine, launch_settings
+from tests.conftest import launch_settings
+from tests.standins import StandInEngine
 
 REPO = Path(__file__).resolve().parents[1]
 ADDRESSES = (("lo", "127.0.0.1/8"), ("ens5", "10.0.0.2/24"), ("docker0", "172.17.0.1/16"), ("eno1", "192.168.1.5/24"))

@@ -12,7 +12,7 @@ import pytest
 from launcher.core.protocol import JOB_LOG, JOB_STATUS
 from launcher.host import clusters, streams
 from launcher.host.plan import Node
-from tests.conftest import container
+from tests.standins import container
 
 
 def chunked(data: bytes, size: int = 7) -> list[bytes]:

@@ -28,7 +28,8 @@ from launcher.core.options import JobOptions, SettingsError, job_command
 from launcher.core.pod_contract import PodArgs
 from launcher.core.protocol import CLUSTER_KEY, HOSTKEYS_DIR, MPIJOB_HOSTFILE, MPIJOB_SSH_AUTH_DIR
 from launcher.k8s import mpijob, mpijob_request, podsecurity, resources
-from tests.conftest import JOB_OPTIONS, StandInTransport, job_spec
+from tests.conftest import JOB_OPTIONS, job_spec
+from tests.standins import StandInTransport
 
 SCHEMA = Path(__file__).parent / "k8s" / "mpijob-v2beta1.schema.json"
 """The operator's CRD schema, kept with the tests (tests/k8s/README.md); the workplace's reference copy is below."""

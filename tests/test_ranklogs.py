@@ -13,7 +13,7 @@ from launcher.core import ranktag
 from launcher.core.options import SettingsError
 from launcher.host import follow, ranklogs
 from launcher.host.plan import Node
-from tests.conftest import container
+from tests.standins import container
 
 
 @pytest.mark.parametrize(

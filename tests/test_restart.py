@@ -14,8 +14,9 @@ from launcher.core.job import JobSpec, Worker
 from launcher.core.options import SPELLINGS, JobOptions, SettingsError
 from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, JOB_STATUS, RESTART_VARIABLE, JobEnd, parse_job_end
 from launcher.host import jobstate
-from tests.conftest import Clock, job_spec, launch_settings
-from tests.conftest import StandInTransport as Transport
+from tests.conftest import job_spec, launch_settings
+from tests.standins import Clock
+from tests.standins import StandInTransport as Transport
 
 W1, W2, W3 = Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2"), Worker("node_3", "10.0.0.3")
 LAUNCHER = SPELLINGS["launcher"]

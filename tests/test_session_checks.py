@@ -11,7 +11,8 @@ from launcher.host import doctor, launch, nodechecks, preflight
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import NodeFacts, Severity
 from launcher.host.rootcause import LaunchError
-from tests.conftest import StandInEngine, connect_to, container, launch_settings
+from tests.conftest import launch_settings
+from tests.standins import StandInEngine, connect_to, container
 
 HOSTS = {"node_1": "10.0.0.1", "node_2": "10.0.0.2"}
 

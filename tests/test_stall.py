@@ -17,7 +17,8 @@ from launcher.core.job import Worker
 from launcher.core.protocol import JOB_STALL
 from launcher.host import jobstate
 from launcher.host.jobstate import ContainerState
-from tests.conftest import StandInTransport, job_spec
+from tests.conftest import job_spec
+from tests.standins import StandInTransport
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
 COLLECTIVE = (

@@ -1,5 +1,5 @@
 """The job agent's side effects, behind a Transport: files in its own container, ssh to the workers, the job's
-process. SshTransport is the real one; the unit tests use a stand-in (tests/conftest.py), so every decision of the
+process. SshTransport is the real one; the unit tests use a stand-in (tests/standins.py), so every decision of the
 agent (launcher/agent/job.py) is tested without containers.
 """
 

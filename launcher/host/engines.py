@@ -2,7 +2,7 @@
 logs, stacks and results ask of a node), the records it answers in (a Container, a worker's Loss) and the one error it
 raises (a NodeError: what happened, as a Failure; the node; one line with the fix). Its Docker SDK implementation is
 NodeDriver (launcher/host/docker_driver.py), the only code that touches a docker-py object; tests use a stand-in of
-NodeEngine (tests/conftest.py). The order of a launch lives in launch.py.
+NodeEngine (tests/standins.py). The order of a launch lives in launch.py.
 """
 
 from __future__ import annotations
