@@ -613,8 +613,11 @@ def world_sizes(cluster: Cluster, metrics: str) -> list[int]:
 
 
 def test_elastic_job_takes_a_restarted_worker_back(cluster, measured):
-    """--restart-workers: the launcher starts node_2's killed worker again and it rejoins (2 -> 1 -> 2)."""
-    run = BackgroundLaunch(cluster, *elastic_args(cluster, "elastic-rejoin.jsonl", "--restart-workers"))
+    """--restart-workers --worker-restarts 2: the launcher starts node_2's killed worker again and it rejoins
+    (2 -> 1 -> 2)."""
+    run = BackgroundLaunch(
+        cluster, *elastic_args(cluster, "elastic-rejoin.jsonl", "--restart-workers", "--worker-restarts", "2")
+    )
     run.wait_for("epoch 2/20:")
     killed = kill_worker(cluster, "node_2")
     run.wait_for("world size 2 -> 1", timeout=120)
@@ -623,7 +626,7 @@ def test_elastic_job_takes_a_restarted_worker_back(cluster, measured):
     status, output, stderr = run.finish()
     assert status == 0, stderr[-3000:] + output[-3000:]
     assert "node_2: its worker container stopped (killed); the elastic job goes on without it" in stderr
-    assert "node_2: worker started again" in stderr
+    assert "node_2: worker started again (restart 1 of at most 2, --worker-restarts)" in stderr
     sizes = world_sizes(cluster, "elastic-rejoin.jsonl")
     changes = [size for i, size in enumerate(sizes) if i == 0 or size != sizes[i - 1]]
     assert changes == [2, 1, 2], sizes

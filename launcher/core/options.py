@@ -237,6 +237,8 @@ class JobOptions:
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
     restart_workers: bool = option(False, flag="--restart-workers")
     """Elastic: a lost worker's container is started again and rejoins at the next discovery."""
+    worker_restarts: int = option(5, flag="--worker-restarts", key="WORKER_RESTARTS")
+    """With restart_workers: how often each node's worker is started again at most."""
     max_restarts: int = option(0, flag="--max-restarts", key="MAX_RESTARTS", compose="MAX_RESTARTS")
     """A fixed-size job that lost a node is started again this many times at most, by its agent, from the newest
     checkpoint in the shared folder (launcher/core/restart.py); with elastic_min_workers (--min-nodes) on fewer
@@ -368,6 +370,9 @@ class JobOptions:
         if self.max_restarts < 0:
             count = say.of("max_restarts", self.max_restarts)
             return [f"{count} is neither 0 (off) nor a positive count; {say.fix_for('max_restarts')}"]
+        if self.worker_restarts < 1 and "worker_restarts" in say.names:
+            count = say.of("worker_restarts", self.worker_restarts)
+            return [f"{count} is not 1 or more; {say.fix_for('worker_restarts')}"]
         given = ["elastic_min_workers"] if self.elastic_min_workers is not None and not self.max_restarts else []
         given += ["elastic_max_workers"] if self.elastic_max_workers is not None else []
         given += ["restart_workers"] if self.restart_workers else []

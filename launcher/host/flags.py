@@ -62,6 +62,8 @@ START = {
     "max_nodes": "With --elastic: the most nodes that train at once (default: all).",
     "restart_workers": "With --elastic: start a lost node's worker again; it rejoins at the next host discovery (not "
     "with --detach).",
+    "worker_restarts": "With --restart-workers: how often each node's worker is started again at most (default: "
+    "WORKER_RESTARTS in .env, else 5).",
     "device": "A host device for every worker, HOST[:CONTAINER] (repeatable; default: DEVICES in .env), e.g. "
     "/dev/infiniband so NCCL uses RDMA instead of sockets.",
     "debug": "NCCL_DEBUG=INFO for every rank: NCCL's topology and transports (default: WARN, errors only).",
@@ -165,6 +167,7 @@ class StartFlags:
     min_nodes: int | None = None
     max_nodes: int | None = None
     restart_workers: bool = False
+    worker_restarts: int | None = None
     max_restarts: int | None = None
     spares: str | None = None
     device: tuple[str, ...] = ()
@@ -206,6 +209,7 @@ def start_settings(given: StartFlags, command: tuple[str, ...]) -> dict[str, Any
             "elastic_min_workers": given.min_nodes,
             "elastic_max_workers": given.max_nodes,
             "restart_workers": given.restart_workers,
+            "worker_restarts": given.worker_restarts,
             "workdir": str(given.workdir) if given.workdir else None,
             "mounts": given.mount,
             "ptrace": False if given.no_ptrace else None,

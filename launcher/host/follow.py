@@ -57,8 +57,6 @@ class WorkerWatch(threading.Thread):
     without it) and, with restart, starts its container again: same host key and cluster key, so it rejoins at
     the next host discovery. It opens its own engine connections; the main thread's stream the job's output."""
 
-    MAX_RESTARTS = 5
-
     def __init__(
         self,
         plan: ClusterPlan,
@@ -68,6 +66,7 @@ class WorkerWatch(threading.Thread):
     ) -> None:
         super().__init__(name="worker-watch", daemon=True)
         self.plan, self.restart, self.say, self.connect = plan, plan.settings.job.restart_workers, say, connect
+        self.limit = plan.settings.job.worker_restarts
         self.container_ids = {node.name: c.id for node, c in zip(plan.nodes[1:], containers[1:], strict=True)}
         self.lost: dict[str, str] = {}
         """Nodes whose worker is down right now, and why."""
@@ -94,12 +93,12 @@ class WorkerWatch(threading.Thread):
         if name not in self.lost:
             self.say(f"{name}: {loss}; the elastic job goes on without it")
         self.lost[name] = str(loss)
-        if self.restart and not loss.removed and self.restarts.get(name, 0) < self.MAX_RESTARTS:
+        if self.restart and not loss.removed and self.restarts.get(name, 0) < self.limit:
             self.restarts[name] = self.restarts.get(name, 0) + 1
             engine.start_again(container_id)
             self.say(
                 f"{name}: worker started again (restart {self.restarts[name]} of at most "
-                f"{self.MAX_RESTARTS}); it rejoins at the next host discovery"
+                f"{self.limit}, --worker-restarts); it rejoins at the next host discovery"
             )
 
     def stop(self) -> None:
