@@ -134,6 +134,7 @@ class EndedNode:
     def __init__(self, name: str, runs: dict[str, tuple[int, dict[str, bytes]]]) -> None:
         self.node = Node(name, f"ssh://{name}")
         self.runs = runs
+        self.entries_asked = 0
 
     def cluster_containers(self, cluster_id=None):
         return []
@@ -142,6 +143,7 @@ class EndedNode:
         return [(name, modified) for name, (modified, _) in self.runs.items()]
 
     def run_entries(self, image, shared_dir, name):
+        self.entries_asked += 1
         return sorted(self.runs[name][1])
 
     def run_archive(self, image, shared_dir, name):
@@ -157,7 +159,7 @@ class EndedNode:
 
 def test_after_the_containers_are_gone_the_newest_runs_kept_output_is_shown_with_a_note():
     log = b"".join(b"[1,%d]<stdout>:epoch %d\n" % (rank, epoch) for epoch in range(1, 400) for rank in (0, 1))
-    node_1 = EndedNode("node_1", {"old": (100, {"job.log": b"old\n"}), "nolog": (300, {"metrics.jsonl": b"{}"})})
+    node_1 = EndedNode("node_1", {"old": (100, {"job.log": b"old\n"})})
     node_2 = EndedNode("node_2", {"c1": (200, {"job.log": log, "summary.json": b"{}"})})
     own, job, kept = clusters.logs([node_1, node_2], None, False, None, "horovod-stack:latest", "horovod-stack-shared")
     assert list(own) == [] and b"".join(job) == log
@@ -169,11 +171,21 @@ def test_after_the_containers_are_gone_the_newest_runs_kept_output_is_shown_with
     assert b"".join(last) == b"[1,1]<stdout>:epoch 399\n"
 
 
-def test_with_no_container_and_no_kept_output_logs_say_where_an_ended_jobs_output_goes():
+@pytest.mark.parametrize(
+    "runs, newest",
+    [
+        ({}, ""),
+        ({"nolog": (300, {"metrics.jsonl": b"{}"}), "old": (100, {"job.log": b"old\n"})},
+         " (the newest run, nolog on node_1, kept none)"),
+    ],
+)  # fmt: skip
+def test_with_no_container_and_no_kept_output_logs_say_where_an_ended_jobs_output_goes(runs, newest):
+    node = EndedNode("node_1", runs)
     with pytest.raises(clusters.ClusterError) as missing:
-        clusters.logs([EndedNode("node_1", {})], None, False, None, "horovod-stack:latest", "horovod-stack-shared")
+        clusters.logs([node], None, False, None, "horovod-stack:latest", "horovod-stack-shared")
     assert str(missing.value) == (
-        "node_1: no container of the stack there, and no run folder with a job's output in the shared folder "
-        "(horovod-stack-shared): an ended job's output is kept there as runs/CLUSTER/job.log until that volume is "
-        "removed (`launcher results` copies a run folder to this machine)"
+        "node_1: no container of the stack there, and no job's output in the shared folder (horovod-stack-shared)"
+        f"{newest}: an ended job's output is kept there as runs/CLUSTER/job.log until that volume is removed "
+        "(`launcher results` copies a run folder to this machine)"
     )
+    assert node.entries_asked <= 1  # one run's entries at most, however many runs the folder holds

@@ -120,7 +120,12 @@ def logs(
     rank0 = engines[0]
     engine = next(engine for engine in engines if engine.node.name == node) if node else rank0
     if not rank0.cluster_containers():
-        return iter(()), kept_job_log(engines, image, shared_dir, tail), kept_note(engines, image, shared_dir)
+        run, holder = last_run(engines, image, shared_dir)
+        note = (
+            f"the job's containers are gone: its output as run {run.name} kept it "
+            f"({run.node}: runs/{run.name}/{KEPT_JOB_LOG} in {shared_dir}); the workers' own output went with them"
+        )
+        return iter(()), kept_job_log(holder, image, shared_dir, run, tail), note
 
     def own() -> Iterator[bytes]:
         yield from engine.logs(stack_container(engine).id)
@@ -137,36 +142,27 @@ def logs(
 
 
 def last_run(engines: list[NodeEngine], image: str, shared_dir: str) -> tuple[results.Run, NodeEngine]:
-    """The newest run folder in the nodes' shared folder that kept its job's output, and the engine of its node; one
-    ClusterError saying where the output went when there is none."""
-    runs = [run for run in results.runs_on(engines, image, shared_dir) if kept(engines, image, shared_dir, run)]
-    if not runs:
+    """The newest run folder in the nodes' shared folder, which kept its job's output, and the engine of its node;
+    one ClusterError saying where an ended job's output goes when there is none such."""
+    runs = results.runs_on(engines, image, shared_dir)
+    run = results.choose(runs, None) if runs else None
+    holder = next((engine for engine in engines if run and engine.node.name == run.node), None)
+    if run is None or holder is None or KEPT_JOB_LOG not in holder.run_entries(image, shared_dir, run.name):
+        newest = f" (the newest run, {run.name} on {run.node}, kept none)" if run else ""
         raise ClusterError(
-            f"{engines[0].node.name}: no container of the stack there, and no run folder with a job's output in the "
-            f"shared folder ({shared_dir}): an ended job's output is kept there as runs/CLUSTER/{KEPT_JOB_LOG} until "
-            "that volume is removed (`launcher results` copies a run folder to this machine)"
+            f"{engines[0].node.name}: no container of the stack there, and no job's output in the shared folder "
+            f"({shared_dir}){newest}: an ended job's output is kept there as runs/CLUSTER/{KEPT_JOB_LOG} until that "
+            "volume is removed (`launcher results` copies a run folder to this machine)"
         )
-    run = results.choose(runs, None)
-    return run, next(engine for engine in engines if engine.node.name == run.node)
+    return run, holder
 
 
-def kept(engines: list[NodeEngine], image: str, shared_dir: str, run: results.Run) -> bool:
-    engine = next(engine for engine in engines if engine.node.name == run.node)
-    return KEPT_JOB_LOG in engine.run_entries(image, shared_dir, run.name)
-
-
-def kept_job_log(engines: list[NodeEngine], image: str, shared_dir: str, tail: int | None) -> Iterator[bytes]:
-    run, engine = last_run(engines, image, shared_dir)
+def kept_job_log(
+    engine: NodeEngine, image: str, shared_dir: str, run: results.Run, tail: int | None
+) -> Iterator[bytes]:
+    """The job's output its run folder kept, streamed (its last `tail` lines when given)."""
     chunks = streams.file_in_archive(engine.run_archive(image, shared_dir, f"{run.name}/{KEPT_JOB_LOG}"))
     yield from chunks if tail is None else [streams.tail_lines(chunks, tail)]
-
-
-def kept_note(engines: list[NodeEngine], image: str, shared_dir: str) -> str:
-    run, _ = last_run(engines, image, shared_dir)
-    return (
-        f"the job's containers are gone: its output as run {run.name} kept it "
-        f"({run.node}: runs/{run.name}/{KEPT_JOB_LOG} in {shared_dir}); the workers' own output went with them"
-    )
 
 
 def stack_container(engine: NodeEngine) -> Container:
