@@ -17,16 +17,17 @@ figures for different rank counts compare with each other and with the link's ow
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import shlex
-import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from app.bench import ranks as launch
-from app.bench.report import write_report
+from app.bench.report import slowest_rank_median, write_report
 from app.horovod_defaults import HOROVOD_DEFAULTS
 
 DEFAULT_SIZES = ["4K", "16K", "64K", "256K", "1M", "4M", "16M", "64M", "256M"]
@@ -92,18 +93,12 @@ def rank_main(argv: list[str]) -> None:
     seconds = []
     for size in args.sizes:
         tensor = torch.empty(size // 4)
-        timings = []
-        for index in range(2 + iterations_for(size, args.short)):  # two warm-up calls
-            tensor.fill_(1.0)
-            started = time.perf_counter()
-            allreduce(tensor, f"allreduce.{size}")
-            if index >= 2:
-                timings.append(time.perf_counter() - started)
+        call = functools.partial(allreduce, tensor, f"allreduce.{size}")
+        timings, _ = timed_calls(call, size, args.short, reset=functools.partial(tensor.fill_, 1.0))
         if not bool((tensor == peer.size).all()):
             raise RuntimeError(f"{args.peer}: wrong allreduce sum for {size} bytes")
-        per_rank = peer.gather(timings)
-        seconds.append(statistics.median(max(values) for values in zip(*per_rank, strict=False)))
-        del tensor
+        seconds.append(slowest_rank_median(peer.gather(timings)))
+        del tensor, call  # the partial holds the tensor too
     peer.finish(args.result, {"sizes": args.sizes, "seconds": seconds})
 
 
@@ -117,20 +112,30 @@ def tensorflow_rank_main(args: argparse.Namespace) -> None:
     hvd.init()
     seconds = []
     for size in args.sizes:
-        tensor = tf.ones(size // 4)
-        timings = []
-        for index in range(2 + iterations_for(size, args.short)):  # two warm-up calls
-            started = time.perf_counter()
-            total = hvd.allreduce(tensor, op=hvd.Sum, name=f"allreduce.{size}")
-            if index >= 2:
-                timings.append(time.perf_counter() - started)
+        call = functools.partial(hvd.allreduce, tf.ones(size // 4), op=hvd.Sum, name=f"allreduce.{size}")
+        timings, total = timed_calls(call, size, args.short)
         if not bool(tf.reduce_all(total == hvd.size())):
             raise RuntimeError(f"{args.peer}: wrong allreduce sum for {size} bytes")
-        per_rank = hvd.allgather_object(timings)
-        seconds.append(statistics.median(max(values) for values in zip(*per_rank, strict=False)))
+        seconds.append(slowest_rank_median(hvd.allgather_object(timings)))
     if hvd.rank() == 0:
         Path(args.result).write_text(json.dumps({"sizes": args.sizes, "seconds": seconds}))
     hvd.shutdown()
+
+
+def timed_calls(
+    call: Callable[[], object], size: int, short: bool, reset: Callable[[], object] | None = None
+) -> tuple[list[float], object]:
+    """`call`'s seconds, each after `reset` (not timed), over iterations_for(size) calls after two warm-up calls;
+    and what the last call returned."""
+    timings, result = [], None
+    for index in range(2 + iterations_for(size, short)):
+        if reset is not None:
+            reset()
+        started = time.perf_counter()
+        result = call()
+        if index >= 2:
+            timings.append(time.perf_counter() - started)
+    return timings, result
 
 
 def has_torch() -> bool:

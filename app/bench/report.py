@@ -43,6 +43,11 @@ def markdown_table(columns: Sequence[Column], rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def slowest_rank_median(per_rank: Sequence[Sequence[float]]) -> float:
+    """Each rank's timings of the same steps: the median over steps of the slowest rank's time."""
+    return statistics.median(max(step) for step in zip(*per_rank, strict=False))
+
+
 def median_spread(values: Sequence[float]) -> tuple[float, float, float]:
     """(median, min, max) of a non-empty sample."""
     return statistics.median(values), min(values), max(values)

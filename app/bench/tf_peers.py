@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from app.bench import ranks as launch
-from app.bench.report import median_spread, write_report
+from app.bench.report import median_spread, slowest_rank_median, write_report
 from app.horovod_defaults import HOROVOD_DEFAULTS
 
 PEERS = {"hvd-tf": "Horovod (MPI)", "mwms": "MultiWorkerMirroredStrategy"}
@@ -161,7 +161,7 @@ def run_peer(peer: str, ranks: int, model: str, batch: int, short: bool) -> floa
         if any(codes) or not all(file.exists() for file in files):
             raise RuntimeError(f"{peer} job on {model} failed (exit {codes}):\n" + log.read_text()[-3000:])
         per_rank = [json.loads(file.read_text()) for file in files]
-    return statistics.median(max(step) for step in zip(*per_rank, strict=True))
+    return slowest_rank_median(per_rank)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -129,6 +129,12 @@ class Restart:
         """One line of RECORDS_FILE."""
         return json.dumps({**asdict(self), "workers": list(self.workers)}) + "\n"
 
+    @classmethod
+    def from_record(cls, text: str) -> Restart:
+        """record()'s line read back (ValueError, TypeError or KeyError for anything else)."""
+        data = json.loads(text)
+        return cls(**{**data, "workers": tuple(data["workers"])})
+
 
 def last_restart(records: str | None) -> str | None:
     """The last restart's line, from JOB_RESTARTS's records (for `launcher status` while the job runs); None before
@@ -136,8 +142,7 @@ def last_restart(records: str | None) -> str | None:
     found = None
     for text in (records or "").splitlines():
         try:
-            data = json.loads(text)
-            found = Restart(**{**data, "workers": tuple(data["workers"])}).line()
-        except (json.JSONDecodeError, TypeError, KeyError):
+            found = Restart.from_record(text).line()
+        except (ValueError, TypeError, KeyError):
             continue
     return found
