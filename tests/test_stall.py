@@ -184,7 +184,16 @@ def test_the_stall_watch_gathers_the_stacks_once_and_ends_the_job_only_when_aske
     )
     # A job that never prints again: rank 0 waits in the collective (node_1), rank 1 in its own code (node_2).
     waiting = {"10.0.0.1": [RankStack(0, "node_1", 50, COLLECTIVE)], "10.0.0.2": [RankStack(1, "node_2", 50, OWN_WAIT)]}
-    transport, said = StandInTransport(stacks_of=waiting), []
+    said: list[str] = []
+
+    class Transport(StandInTransport):
+        stall_while_stacks_taken: list[str | None] = []
+
+        def ssh(self, address: str, command: str, timeout: float, stdin: str = "") -> tuple[int, str]:
+            self.stall_while_stacks_taken.append(self.files.get(JOB_STALL))
+            return super().ssh(address, command, timeout, stdin)
+
+    transport = Transport(stacks_of=waiting)
     watch = StallWatch(Agent(spec, transport, say=said.append), WORKERS)  # type: ignore[arg-type]
     watch.start()
     assert transport.ended.wait(3) is (action == "fail")
@@ -192,6 +201,8 @@ def test_the_stall_watch_gathers_the_stacks_once_and_ends_the_job_only_when_aske
     assert [address for address, _ in transport.commands] == ["10.0.0.1", "10.0.0.2"]  # once, not every round
     assert "python -m launcher.agent.stacks collect --node node_2" in transport.commands[1][1]
     assert any(line.startswith("rank 1 (node_2 pid 50) in wait_for_data at stall.py:14") for line in said)
+    # `launcher status` says "stalled" while the stacks are taken, not only after.
+    assert stall.StallRecord.from_json(transport.stall_while_stacks_taken[0]) == stall.StallRecord(999)
     record = stall.StallRecord.from_json(transport.files[JOB_STALL])
     assert record.idle_seconds == 999 and record.where.startswith("rank 1 (node_2 pid 50) in wait_for_data")
     if action == "fail":

@@ -129,7 +129,15 @@ class StallWatch(JobWatch):
     def run(self) -> None:
         spec, transport = self.agent.spec, self.agent.transport
         metrics = f"{spec.run_dir}/metrics.jsonl" if spec.run_dir else None
-        where, written = "", None
+        where = ""
+        written: stall.StallRecord | None = None  # the first round writes even an empty one: a former run's is over
+
+        def publish(record: stall.StallRecord) -> None:
+            nonlocal written
+            if record != written:  # None at first
+                transport.write(JOB_STALL, record.to_json() + "\n")
+                written = record
+
         while not self.done.wait(min(STALL_POLL_SECONDS, max(1.0, spec.options.stall_timeout / 4))):
             try:
                 idle = stall.idle_seconds(transport.output_age(), transport.file_age(metrics) if metrics else None)
@@ -138,11 +146,11 @@ class StallWatch(JobWatch):
                         self.agent.say(f"the job shows progress again after a stall of {idle:.0f} s or more")
                     where = ""
                 elif not where:
+                    # Said at once: taking every rank's stack can take a while on a busy node, and `launcher status`
+                    # should not wait for it to say that the job stalled.
+                    publish(stall.StallRecord(int(idle), "", transport.horovod_warning()))
                     where = self.stalled(idle) or "no rank's stack could be taken"
-                record = stall.StallRecord(int(idle) if where else 0, where, transport.horovod_warning())
-                if record != written:
-                    transport.write(JOB_STALL, record.to_json() + "\n")
-                    written = record
+                publish(stall.StallRecord(int(idle) if where else 0, where, transport.horovod_warning()))
             except Exception as error:  # noqa: BLE001  the job goes on; the next round tries again
                 self.agent.say(f"stall watch: {type(error).__name__}: {error}")
 
