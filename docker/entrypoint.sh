@@ -34,7 +34,8 @@
 # launcher/core/protocol.py. Worker settings (environment): SSH_PORT; WORKER_ADDRESS (the name this worker's host
 # key is published under; default: its address); SSH_LISTEN (comma-separated addresses sshd listens on; default:
 # every address); EXIT_WITH_JOB=1 (the multi-host launcher's rank 0: the container
-# exits with the job's status).
+# exits with the job's status); RESTART_ON_FAILURE=1 (a launcher's worker that its engine starts again after it
+# failed, --restart-workers: one that stopped by itself stays stopped).
 #
 # How a worker ends: the agent holds an ssh "lifeline" to it (python -m launcher.agent lifeline). When the job ends
 # the agent sends the job-end message down it; when the agent dies instead (its container killed, a reboot), the
@@ -66,7 +67,14 @@ run_worker() {
   mkdir -p "$keydir"
   echo "$SSH_PORT" > "$keydir/port"  # for the healthcheck, which runs often and needs no Python
   [ -f "$keydir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$keydir/host_ed25519"
-  rm -f "$JOB_END_FILE" "$WORKER_CLAIMED"  # a restarted container waits for a new claim
+  if [ "${RESTART_ON_FAILURE:-0}" = 1 ] && [ -f "$JOB_END_FILE" ]; then
+    # Its engine's restart policy (the launcher's --restart-workers) is for a container that failed (a crash, an
+    # out-of-memory kill), which leaves no such file; this one stopped by itself (its job ended, its driver went
+    # away, no job claimed it), so it stays stopped.
+    log "started again after it stopped by itself ($(cat "$JOB_END_FILE")); staying stopped"
+    exit 0
+  fi
+  rm -f "$JOB_END_FILE" "$WORKER_CLAIMED"  # a container started again (by hand, compose) waits for a new claim
   if [ -n "$operator_keys" ]; then
     address="${WORKER_ADDRESS:-$(hostname)}"  # the pod's name; the agent reaches it by its DNS name
     install -m 600 "$operator_keys/authorized_keys" "$keydir/authorized_keys"
@@ -97,6 +105,7 @@ run_worker() {
     fi
     if [ "$claim_timeout" != 0 ] && [ ! -e "$WORKER_CLAIMED" ] && [ $((SECONDS - started)) -ge "$claim_timeout" ]; then
       ended="${LOST_PREFIX}no job claimed this worker within $claim_timeout s"
+      echo "$ended" > "$JOB_END_FILE"
       log "${ended#"$LOST_PREFIX"}; stopping"
       kill -TERM "$sshd" 2>/dev/null
       break

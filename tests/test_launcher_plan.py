@@ -540,7 +540,6 @@ def test_compose_builds_the_elastic_command_line_from_the_same_plan():
         ({"network_interface": None}, "elastic training needs the NIC the workers reach each other on"),
         ({"elastic_min_workers": None, "elastic": False, "restart_workers": True}, "add --elastic"),
         ({"elastic_min_workers": None, "elastic": False, "elastic_max_workers": 2}, "--max-nodes is for elastic jobs"),
-        ({"restart_workers": True, "detach": True}, "--restart-workers needs the launcher to stay attached"),
     ],
 )
 def test_bad_elastic_settings_are_refused(overrides, message):
@@ -608,6 +607,28 @@ def test_worker_container_requests(overrides, gpu, ulimits, devices):
     assert GPU_WORKER_ULIMITS == {"stack": 64 * 1024**2, "memlock": -1}
     assert container.volumes == {"horovod-stack-shared": "/shared"}
     assert container.environment == plan.worker_environment(plan.nodes[1])
+
+
+@pytest.mark.parametrize(
+    "overrides, restarts",
+    [
+        ({}, [0, 0, 0]),
+        ({"elastic": True, "network_interface": "ens5"}, [0, 0, 0]),
+        # The engines restart the workers, not the launcher: attached or detached alike. Rank 0's container holds the
+        # elastic driver; it is never started again.
+        ({"elastic": True, "network_interface": "ens5", "restart_workers": True}, [0, 5, 5]),
+        ({"elastic": True, "network_interface": "ens5", "restart_workers": True, "detach": True}, [0, 5, 5]),
+        ({"elastic": True, "network_interface": "ens5", "restart_workers": True, "worker_restarts": 2}, [0, 2, 2]),
+    ],
+)
+def test_a_failed_worker_is_started_again_by_its_nodes_engine_with_restart_workers(overrides, restarts):
+    plan = make_plan(nodes=("a", "b", "c"), **overrides)
+    containers = [plan.worker_container(node) for node in plan.nodes]
+    assert [container.restarts for container in containers] == restarts
+    assert [container.environment.get("RESTART_ON_FAILURE") for container in containers] == [
+        "1" if count else None for count in restarts
+    ]
+    assert ("a failed worker started again" in plan.describe()) is (max(restarts) > 0)
 
 
 @pytest.mark.parametrize(

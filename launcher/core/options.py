@@ -236,9 +236,10 @@ class JobOptions:
     elastic_timeout: int = option(ELASTIC_TIMEOUT_SECONDS, key="ELASTIC_TIMEOUT", compose="ELASTIC_TIMEOUT")
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
     restart_workers: bool = option(False, flag="--restart-workers")
-    """Elastic: a lost worker's container is started again and rejoins at the next discovery."""
+    """Elastic: a worker container that failed is started again by its node's engine (a restart policy: no launcher
+    needed) and rejoins at the next discovery."""
     worker_restarts: int = option(5, flag="--worker-restarts", key="WORKER_RESTARTS")
-    """With restart_workers: how often each node's worker is started again at most."""
+    """With restart_workers: how often each node's engine starts its failed worker again at most."""
     max_restarts: int = option(0, flag="--max-restarts", key="MAX_RESTARTS", compose="MAX_RESTARTS")
     """A fixed-size job that lost a node is started again this many times at most, by its agent, from the newest
     checkpoint in the shared folder (launcher/core/restart.py); with elastic_min_workers (--min-nodes) on fewer

@@ -354,6 +354,7 @@ class NodeDriver:
                 devices=list(spec.devices) or None,
                 hostname=spec.hostname,
                 extra_hosts=spec.extra_hosts or None,
+                restart_policy={"Name": "on-failure", "MaximumRetryCount": spec.restarts} if spec.restarts else None,
                 detach=True,
             )
         except APIError as error:
@@ -361,10 +362,6 @@ class NodeDriver:
                 self.node.name, f"the worker container did not start ({first_line(error)})", Failure.REFUSED
             ) from None
         return self._record(container)
-
-    def start_again(self, container_id: str) -> None:
-        """Starts a stopped container again, as it was (same files, same host key)."""
-        self._get(container_id).start()
 
     def put_files(self, container_id: str, path: str, archive: bytes) -> None:
         if not self.client.api.put_archive(container_id, path, archive):

@@ -60,8 +60,8 @@ START = {
     "HOROVOD_STACK_RESTART and HOROVOD_STACK_CHECKPOINT_DIR); a failure of the script itself, once at most "
     "(default: MAX_RESTARTS in .env, else 0: never).",
     "max_nodes": "With --elastic: the most nodes that train at once (default: all).",
-    "restart_workers": "With --elastic: start a lost node's worker again; it rejoins at the next host discovery (not "
-    "with --detach).",
+    "restart_workers": "With --elastic: a worker container that fails (a crash, the kernel's out-of-memory kill) is "
+    "started again by its node's Docker engine and rejoins at the next host discovery, attached or --detach.",
     "worker_restarts": "With --restart-workers: how often each node's worker is started again at most (default: "
     "WORKER_RESTARTS in .env, else 5).",
     "device": "A host device for every worker, HOST[:CONTAINER] (repeatable; default: DEVICES in .env), e.g. "

@@ -1,7 +1,7 @@
 """An attached job, followed from this machine once its agent has started: the agent's log streamed from rank 0's
 container until the job ends (follow_job: the job's output, or only --ranks', and the agent's own lines apart), and,
-for an elastic job, its other workers watched while it runs (WorkerWatch: one that stops is named and, with
---restart-workers, started again).
+for an elastic job, its other workers watched while it runs (WorkerWatch: one that stops is named; with
+--restart-workers its node's engine starts it again, launcher/host/plan.py's WorkerContainer.restarts).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def follow_job(
 
 
 class WorkerWatch(threading.Thread):
-    """An attached elastic job's eye on the workers other than rank 0's: says when one stops (the job goes on
-    without it) and, with restart, starts its container again: same host key and cluster key, so it rejoins at
-    the next host discovery. It opens its own engine connections; the main thread's stream the job's output."""
+    """An attached elastic job's eye on the workers other than rank 0's: says why one stopped (killed, out of
+    memory, removed: what the engines see and the agent cannot), and keeps the nodes lost now for the root cause. It
+    opens its own engine connections; the main thread's stream the job's output."""
 
     def __init__(
         self,
@@ -65,12 +65,10 @@ class WorkerWatch(threading.Thread):
         connect: Connect = NodeDriver.connect,
     ) -> None:
         super().__init__(name="worker-watch", daemon=True)
-        self.plan, self.restart, self.say, self.connect = plan, plan.settings.job.restart_workers, say, connect
-        self.limit = plan.settings.job.worker_restarts
+        self.plan, self.say, self.connect = plan, say, connect
         self.container_ids = {node.name: c.id for node, c in zip(plan.nodes[1:], containers[1:], strict=True)}
         self.lost: dict[str, str] = {}
         """Nodes whose worker is down right now, and why."""
-        self.restarts: dict[str, int] = {}
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -93,13 +91,6 @@ class WorkerWatch(threading.Thread):
         if name not in self.lost:
             self.say(f"{name}: {loss}; the elastic job goes on without it")
         self.lost[name] = str(loss)
-        if self.restart and not loss.removed and self.restarts.get(name, 0) < self.limit:
-            self.restarts[name] = self.restarts.get(name, 0) + 1
-            engine.start_again(container_id)
-            self.say(
-                f"{name}: worker started again (restart {self.restarts[name]} of at most "
-                f"{self.limit}, --worker-restarts); it rejoins at the next host discovery"
-            )
 
     def stop(self) -> None:
         self.done.set()

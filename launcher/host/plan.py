@@ -125,6 +125,11 @@ class WorkerContainer:
     """Its own host name (worker_host_names), not the host's."""
     extra_hosts: dict[str, str]
     """Every worker's host name -> its node's address, in the container's /etc/hosts."""
+    restarts: int = 0
+    """How often the node's engine starts the container again after it failed (crashed, or was killed by a signal
+    such as the kernel's out-of-memory kill): Docker's on-failure restart policy, so the restarts need neither the
+    launcher nor rank 0's container (--restart-workers, --worker-restarts). 0: never. A container stopped by hand
+    (`docker stop`, `docker kill`) is not started again."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,8 @@ class ClusterPlan:
             environment["SSH_LISTEN"] = ",".join(listen)
         if node == self.rank0:
             environment["EXIT_WITH_JOB"] = "1"  # rank 0's container stops with the job's exit status
+        elif self.settings.job.restart_workers:
+            environment["RESTART_ON_FAILURE"] = "1"  # started again by its engine only after it failed
         return environment
 
     def gpu_request(self, node: Node) -> GpuRequest | None:
@@ -230,13 +237,13 @@ class ClusterPlan:
     def worker_container(self, node: Node) -> WorkerContainer:
         """Everything the worker container on `node` is started with (the engine passes it to Docker)."""
         settings = self.settings
-        gpu = self.gpu_request(node)
+        gpu, environment = self.gpu_request(node), self.worker_environment(node)
         host_names, addresses = worker_host_names(settings.all_nodes), dict(self.found.addresses)
         return WorkerContainer(
             image=settings.image,
             name=self.container_name(node),
             labels=self.labels(node),
-            environment=self.worker_environment(node),
+            environment=environment,
             shm_size=settings.shm_size,
             volumes={settings.shared_dir: SHARED_MOUNT},
             binds=settings.job.binds,
@@ -248,6 +255,7 @@ class ClusterPlan:
             devices=tuple(device if ":" in device else f"{device}:{device}" for device in settings.devices),
             hostname=host_names[node.name],
             extra_hosts={host_names[name]: address for name, address in addresses.items()},
+            restarts=settings.job.worker_restarts if "RESTART_ON_FAILURE" in environment else 0,
         )
 
     def mpi_host(self, node: Node) -> str:
@@ -349,6 +357,7 @@ class ClusterPlan:
         elastic = (
             f", elastic: at least {job.min_workers} of {job.elastic_max_workers or len(self.nodes)} "
             f"nodes (waits {job.elastic_timeout} s below that)"
+            + (f", a failed worker started again {job.worker_restarts} time(s) at most" if job.restart_workers else "")
             if job.elastic
             else ""
         )

@@ -187,10 +187,6 @@ class LaunchSettings:
         problem = self.job.workers_problem(len(self.nodes))
         if problem:
             raise SettingsError(problem)
-        if self.job.restart_workers and self.detach:
-            raise SettingsError(
-                "--restart-workers needs the launcher to stay attached (it restarts the workers): drop --detach"
-            )
         if self.job.workdir is not None:
             self._check_workdir(Path(self.job.workdir))
         most = sum(self.ranks_on(node) for node in self.all_nodes)
