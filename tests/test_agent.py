@@ -4,6 +4,7 @@ test_launcher_multihost.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import threading
@@ -167,10 +168,15 @@ def test_an_elastic_job_drops_a_silent_worker_from_host_discovery_and_goes_on(tm
     assert agent.discover(transport, marker_dir=str(tmp_path)) == ["172.18.0.2:1"]
 
 
-def test_a_lost_worker_is_claimed_again_only_as_a_new_worker():
+@pytest.mark.parametrize(
+    "restart_workers, said_after",
+    [(False, ""), (True, " (its engine's restart 1 of at most 5, --worker-restarts)")],
+)
+def test_a_lost_worker_is_claimed_again_only_as_a_new_worker(restart_workers, said_after):
     """The old worker on a node that comes back is not taken back (it stops by itself); a new one there is."""
     clock = Clock()
     job = compose.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "1", "NETWORK_INTERFACE": "eth0"}, [])
+    job = dataclasses.replace(job, options=dataclasses.replace(job.options, restart_workers=restart_workers))
     transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 0}, resolves=["172.18.0.2", "172.18.0.3"])
     said: list[str] = []
     subject = Agent(job, transport, say=said.append, clock=clock, sleep=clock.sleep)
@@ -185,7 +191,7 @@ def test_a_lost_worker_is_claimed_again_only_as_a_new_worker():
     claims.claim_round()
     assert "172.18.0.3" not in subject.lost
     assert transport.lines["172.18.0.3"].alive() and transport.files[JOB_LOST] == ""
-    assert "172.18.0.3: a new worker there is claimed; host discovery lists it again" in said
+    assert f"172.18.0.3: a new worker there is claimed; host discovery lists it again{said_after}" in said
 
 
 def test_secret_settings_reach_mpirun_by_name_and_its_environment_by_value():

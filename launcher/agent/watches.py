@@ -41,6 +41,8 @@ class ElasticClaims(JobWatch):
 
     def __init__(self, agent: WorkerContact) -> None:
         super().__init__(agent, "elastic-claims")
+        self.returns: dict[str, int] = {}
+        """How often each lost worker came back (with --restart-workers, its node's engine started it again)."""
 
     def run(self) -> None:
         while not self.done.wait(ELASTIC_CLAIM_INTERVAL):
@@ -65,10 +67,17 @@ class ElasticClaims(JobWatch):
             and (worker.address not in agent.lost or agent.unclaimed_since_start(worker))
         ]
         agent.claim(joining)
+        options = agent.spec.options
         for worker in joining:
             if worker.address in agent.lost:
                 agent.mark_lost(worker.address, None)
-                agent.say(f"{worker.name}: a new worker there is claimed; host discovery lists it again")
+                self.returns[worker.name] = count = self.returns.get(worker.name, 0) + 1
+                restarted = (
+                    f" (its engine's restart {count} of at most {options.worker_restarts}, --worker-restarts)"
+                    if options.restart_workers
+                    else ""
+                )
+                agent.say(f"{worker.name}: a new worker there is claimed; host discovery lists it again{restarted}")
 
 
 class LifelineWatch(JobWatch):
