@@ -9,6 +9,7 @@ Everything is created here and removed again on every exit path.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import docker
 import psutil
+
+from launcher.core import layers
 
 NIC = "hst0"
 """Each node's one NIC, inside its namespace."""
@@ -227,8 +230,9 @@ class Cluster:
                 time.sleep(0.5)
 
     def start_ssh_front(self, node: TestNode) -> None:
-        """An sshd in the node's namespace whose /var/run/docker.sock is that node's engine, so that
-        ssh://node_1 reaches node_1's dockerd; and an ssh client config that pins its host key."""
+        """An sshd in the node's namespace whose sessions have DOCKER_HOST set to that node's engine, so that
+        ssh://node_1 reaches node_1's dockerd (the socket by its path: an engine restarted by link_image is found
+        again); and an ssh client config that pins its host key."""
         self.ssh_dir = self.root / "ssh"
         self.ssh_dir.mkdir()
         for key in ("host_key", "client_key"):
@@ -248,7 +252,7 @@ class Cluster:
         wrapper.chmod(0o755)
         Path("/run/sshd").mkdir(exist_ok=True)
         sshd = (
-            f"mount --bind {node.socket} /var/run/docker.sock && exec /usr/sbin/sshd -D -e "
+            f"exec /usr/sbin/sshd -D -e -o SetEnv=DOCKER_HOST={node.engine_url} "
             f"-p 22 -o ListenAddress={node.address} -h {self.ssh_dir / 'host_key'} "
             f"-o AuthorizedKeysFile={self.ssh_dir / 'authorized_keys'} -o StrictModes=no "
             f"-o PidFile={self.ssh_dir / 'sshd.pid'} -o PasswordAuthentication=no"
@@ -256,7 +260,7 @@ class Cluster:
         log = open(self.ssh_dir / "sshd.log", "w")
         self.processes.append(
             subprocess.Popen(
-                node.in_namespace("unshare", "--mount", "--propagation", "private", "sh", "-c", sshd),
+                node.in_namespace("sh", "-c", sshd),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -312,36 +316,63 @@ class Cluster:
     def ensure_image(self, image: str, node: TestNode) -> None:
         """The node gets `image` unless it has it already (from an earlier module on these shared hosts)."""
         if not self.has_image(image, node):
-            print(f"\nimage loaded on {node.name} in {self.load_image(image, node):.0f} s")
+            print(f"\n{image} linked into {node.name}'s engine in {self.link_image(image, node):.0f} s")
 
-    def copy_images(self, source: TestNode, target: TestNode) -> float:
-        """Gives `target` every image `source` holds, in seconds and with no more disk: its engine's image store
-        becomes a copy of the source's whose layer files are hard links to the same files. (Image layers are never
-        written to: a container writes a layer of its own, and the engine rewrites its metadata by renaming a new
-        file over the old.) For a test host that needs the image for what a test is about, which is not the copy.
-        Returns the seconds it took."""
-        assert target is not self.nodes[0], "node_1's ssh front holds its engine's socket"
+    def link_image(self, image: str, node: TestNode) -> float:
+        """Gives the node this machine's build of `image` in seconds and with no more disk: its layers' files become
+        hard links to this machine's engine's (overlay2: image layers are never written to; a container writes a
+        layer of its own), its records and tag copies, with the node's engine stopped meanwhile. For a test host that
+        needs the image for what a test is about, which is not how it got there (`--push-image` is tested on its
+        own). Returns the seconds it took."""
         started = time.monotonic()
-        self.stop_engine(target)
-        source_data, target_data = source.root / "data", target.root / "data"
-        for part in ("image", "overlay2"):
-            shutil.rmtree(target_data / part, ignore_errors=True)
-        sh("cp", "-a", str(source_data / "image"), str(target_data))
-        # A running engine's data root is a bind mount of itself, and a hard link cannot cross mounts: the copy runs
-        # in a mount namespace of its own, where those bind mounts are lifted.
-        sh(
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            'for root in "$0" "$1"; do while umount -l "$root" 2>/dev/null; do :; done; done; '
-            'exec cp -a --link "$0/overlay2" "$1"',
-            str(source_data),
-            str(target_data),
-        )
-        self.start_engine(target)
+        host = docker.from_env()
+        source = Path(host.info()["DockerRootDir"])
+        details = host.api.inspect_image(image)
+        self.stop_engine(node)
+        target = node.root / "data"
+        records, target_records = source / "image" / "overlay2", target / "image" / "overlay2"
+        layer_dirs = []
+        for chain in layers.chain_ids(details["RootFS"]["Layers"]):
+            layer = Path("layerdb", "sha256", chain.removeprefix("sha256:"))
+            if not (target_records / layer).exists():
+                (target_records / layer).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(records / layer, target_records / layer, symlinks=True)
+            cache_id = (records / layer / "cache-id").read_text().strip()
+            link = (source / "overlay2" / cache_id / "link").read_text().strip()
+            (target / "overlay2" / "l").mkdir(parents=True, exist_ok=True)
+            if not (target / "overlay2" / "l" / link).is_symlink():
+                (target / "overlay2" / "l" / link).symlink_to(f"../{cache_id}/diff")
+            if not (target / "overlay2" / cache_id).exists():
+                layer_dirs.append(cache_id)
+        image_hex = details["Id"].removeprefix("sha256:")
+        for part in ("content", "metadata"):
+            record = Path("imagedb", part, "sha256", image_hex)
+            if (records / record).exists() and not (target_records / record).exists():
+                (target_records / record).parent.mkdir(parents=True, exist_ok=True)
+                copy = shutil.copytree if (records / record).is_dir() else shutil.copy2
+                copy(records / record, target_records / record)
+        tags_file = target_records / "repositories.json"
+        tags = json.loads(tags_file.read_text()) if tags_file.exists() else {"Repositories": {}}
+        for tag in details["RepoTags"]:
+            tags["Repositories"].setdefault(tag.rsplit(":", 1)[0], {})[tag] = details["Id"]
+        tags_file.write_text(json.dumps(tags))
+        # A running engine's data root is a bind mount of itself, and a hard link cannot cross mounts: the links are
+        # made in a mount namespace of their own, where that bind mount is lifted.
+        if layer_dirs:
+            sh(
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'from="$0" to="$1"; shift; while umount -l "$from" 2>/dev/null; do :; done; '
+                'cd "$from/overlay2" && exec cp -a --link "$@" "$to/overlay2/"',
+                str(source),
+                str(target),
+                *layer_dirs,
+            )
+        self.start_engine(node)
         return time.monotonic() - started
 
     def project_containers(self) -> dict[str, list[str]]:

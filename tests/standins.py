@@ -45,6 +45,8 @@ class StandInEngine:
         fail_after: int | None = None,
         image: str | None = IMAGE_ID,
         host_name: str | None = None,
+        layers: tuple[str, ...] = (),
+        chains: frozenset[str] = frozenset(),
     ) -> None:
         self.node = Node(name, f"ssh://{name}")
         self.reported_host_name = host_name or name.replace("_", "-")
@@ -53,6 +55,8 @@ class StandInEngine:
         """The image's ID on this node; None: it lacks the image."""
         self.chunks, self.fail_after = list(chunks), fail_after
         """The image as this engine's export streams it; a load fails after `fail_after` chunks."""
+        self.layers, self.chains = list(layers), set(chains)
+        """The exported image's layers (diff IDs); the chain IDs of the layers this engine holds."""
         self.loaded: list[bytes] = []
         self.pulled: list[str] = []
         self.saves = 0
@@ -120,6 +124,12 @@ class StandInEngine:
     def save_image(self, image: str) -> Iterator[bytes]:
         self.saves += 1
         yield from self.chunks
+
+    def image_layers(self, image: str) -> list[str]:
+        return self.layers
+
+    def layer_chains(self) -> set[str]:
+        return self.chains
 
     def load_image(self, chunks: Iterator[bytes], image: str) -> None:
         for index, chunk in enumerate(chunks):

@@ -3,11 +3,15 @@ engines; the real ones: test_launcher_multihost.py)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import re
+import tarfile
 import threading
 
 import pytest
 
+from launcher.core import layers
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError
 from launcher.host import images, nodechecks
@@ -135,3 +139,84 @@ def test_only_the_nodes_that_lack_a_registry_image_pull_it():
 )
 def test_pull_failures_name_the_fix(why, fix):
     assert fix in pull_failure("node_2", "reg.example:5000/img:9", why)
+
+
+def image_archive(files: dict[str, bytes]) -> bytes:
+    """An archive laid out as `docker save` writes one (blobs/sha256/<digest>, then its index)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+BASE, CUDA, CODE = "sha256:" + "a" * 64, "sha256:" + "b" * 64, "sha256:" + "c" * 64
+ARCHIVE = {
+    f"blobs/sha256/{'a' * 64}": b"base layer " * 300,
+    f"blobs/sha256/{'b' * 64}": b"cuda layer " * 500,
+    f"blobs/sha256/{'c' * 64}": b"new code",
+    "manifest.json": b'[{"Layers": ["..."]}]',
+}
+
+
+def test_chain_ids_name_a_layer_by_everything_beneath_it():
+    first, second, third = layers.chain_ids([BASE, CUDA, CODE])
+    assert first == BASE  # the bottom layer's chain ID is its diff ID (the image spec's ChainID)
+    assert second == "sha256:" + hashlib.sha256(f"{BASE} {CUDA}".encode()).hexdigest()
+    assert third == "sha256:" + hashlib.sha256(f"{second} {CODE}".encode()).hexdigest()
+    assert layers.chain_ids([CUDA, CODE])[1] != third  # the same layer on another base is another layer
+
+
+@pytest.mark.parametrize(
+    "images_held, left_out",
+    [
+        ([], set()),
+        ([[BASE]], {BASE}),
+        ([[BASE, CUDA]], {BASE, CUDA}),
+        ([[BASE, CUDA, CODE]], {BASE, CUDA, CODE}),
+        ([[CUDA]], set()),  # the CUDA layer as another image's bottom: not on this stack's base
+        ([[CODE], [BASE]], {BASE}),  # the top layer in an image of its own is not this stack's top layer
+    ],
+)
+def test_only_layers_held_with_everything_beneath_them_are_left_out(images_held, left_out):
+    held_chains = {chain for stack in images_held for chain in layers.chain_ids(stack)}
+    assert layers.held_layers([BASE, CUDA, CODE], held_chains) == left_out
+
+
+def test_a_layer_that_occurs_twice_is_left_out_only_if_held_both_times():
+    stack = [BASE, CUDA, BASE]
+    assert layers.held_layers(stack, set(layers.chain_ids(stack[:2]))) == {CUDA}
+    assert layers.held_layers(stack, set(layers.chain_ids(stack))) == {BASE, CUDA}
+
+
+def members(chunks) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
+        return {m.name: archive.extractfile(m).read() for m in archive}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("chunk_size", [7, 512, 4096, 10**6])
+def test_the_archive_without_held_layers_keeps_every_other_file_whole(chunk_size):
+    whole = image_archive(ARCHIVE)
+    chunks = [whole[i : i + chunk_size] for i in range(0, len(whole), chunk_size)]
+    kept = members(layers.without_layers(chunks, {BASE, CUDA}))
+    assert kept == {name: data for name, data in ARCHIVE.items() if "a" * 64 not in name and "b" * 64 not in name}
+    assert members(layers.without_layers(chunks, set())) == ARCHIVE
+    assert list(layers.without_layers(chunks, set())) == chunks  # nothing to leave out: the export as it comes
+
+
+def test_a_push_leaves_out_the_layers_every_node_holds_and_sends_the_rest():
+    whole = image_archive(ARCHIVE)
+    chunks = [whole[i : i + 1000] for i in range(0, len(whole), 1000)]
+    source = Engine("this machine", chunks=chunks, layers=(BASE, CUDA, CODE))
+    both = frozenset(layers.chain_ids([BASE, CUDA]))  # an earlier build: the same base and CUDA, older code
+    targets = [Engine("node_1", chains=both), Engine("node_2", chains=both | {"sha256:" + "d" * 64})]
+    said: list[str] = []
+    images.push_everywhere(source, targets, "img:2", said.append)
+    assert "node_1, node_2: 2 of the 3 layers of img:2 there already (an earlier build's); pushing the others" in said
+    assert [set(members(target.loaded)) for target in targets] == [{f"blobs/sha256/{'c' * 64}", "manifest.json"}] * 2
+    only_base = Engine("node_3", chains=frozenset(layers.chain_ids([BASE])))  # each node gets what all of them lack
+    images.push_everywhere(Engine("this machine", chunks=chunks, layers=(BASE, CUDA, CODE)), [targets[0], only_base],
+                           "img:2", said.append)  # fmt: skip
+    assert set(members(only_base.loaded)) == {f"blobs/sha256/{'b' * 64}", f"blobs/sha256/{'c' * 64}", "manifest.json"}

@@ -1,7 +1,8 @@
 """`launcher` across two real Docker hosts (network namespaces, each with its own dockerd and address).
 
-Runs in file order: node_2 starts without the image, so the first launch is refused and `--push-image` then
-copies it. Each failure case asserts a one-line error, a non-zero exit and no container left on either node.
+Each test finds the nodes as it needs them (fixtures: `bare`, no image anywhere; `cluster`, the image on both nodes,
+hard-linked from this machine's engine) and leaves nothing behind however it ends. Each failure case asserts a
+one-line error, a non-zero exit and no container left on either node.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import docker
 import pytest
 
 from launcher.core.protocol import SILENCE_SECONDS
@@ -44,9 +46,9 @@ def sweep(hosts: Cluster) -> None:
 @pytest.fixture
 def bare(test_hosts: Cluster):
     """The shared test hosts with no image on any node, as a user's first start finds them: the first test refuses
-    them for lacking it, the second pushes it to both nodes at once (one export, two loads). (A push to a spare that
-    lacks it, and a pull from a registry, have test hosts of their own in the other room:
-    tests/test_image_delivery.py.)"""
+    them for lacking it; the second gives them an earlier build and pushes a new one to both at once (one export, two
+    loads, only the new layer). (A push of the whole image to a spare that lacks it, and a pull from a registry, have
+    test hosts of their own in the other room: tests/test_image_delivery.py.)"""
     for node in test_hosts.every_node:
         if test_hosts.has_image(IMAGE, node):  # another module or test put it there
             node.client().images.remove(IMAGE, force=True)
@@ -56,26 +58,21 @@ def bare(test_hosts: Cluster):
 
 @pytest.fixture
 def cluster(test_hosts: Cluster):
-    """The shared test hosts with the image on node_1 and node_2 (in file order, the push test put it there; a test
-    run alone has it loaded here), and nothing of the stack left on any node after the test however it ends, so one
-    failure fails nothing after it."""
-    node_1, node_2 = test_hosts.nodes
-    test_hosts.ensure_image(IMAGE, node_1)
-    if not test_hosts.has_image(IMAGE, node_2):
-        print(f"\nimage store of node_1 copied to node_2 in {test_hosts.copy_images(node_1, node_2):.0f} s")
+    """The shared test hosts with the image on node_1 and node_2 (hard-linked from this machine's engine in seconds:
+    tests/multihost.py's link_image), and nothing of the stack left on any node after the test however it ends, so
+    one failure fails nothing after it."""
+    for node in test_hosts.nodes:
+        test_hosts.ensure_image(IMAGE, node)
     yield test_hosts
     sweep(test_hosts)
 
 
 @pytest.fixture
 def spare(cluster: Cluster):
-    """node_3, holding the image node_1 was pushed: copied from node_1's engine in seconds (tests/multihost.py's
-    copy_images), since a third load of 6.7 GB would add minutes to this room, and the push to a spare is tested on
-    hosts of its own."""
+    """node_3, holding the image (linked as node_1's and node_2's are; the push to a spare is tested on hosts of its
+    own)."""
     node = cluster.spares[0]
-    if not cluster.has_image(IMAGE, node):
-        assert cluster.has_image(IMAGE, cluster.nodes[0]), "node_1 lacks the image: run this module from its start"
-        print(f"\nimage store of node_1 copied to {node.name} in {cluster.copy_images(cluster.nodes[0], node):.0f} s")
+    cluster.ensure_image(IMAGE, node)
     return node
 
 
@@ -125,19 +122,47 @@ def test_node_without_image_is_refused(bare):
     assert_nothing_left(cluster)
 
 
-def test_push_image_then_train_across_both_hosts(bare, measured):
+@pytest.fixture
+def new_build(tmp_path: Path):
+    """A new build of the image: its layers and one more (the user's code changed), removed from this machine after
+    the test."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\nCOPY note.txt /opt/horovod-stack/note.txt\n")
+    (tmp_path / "note.txt").write_text(f"a new build {os.urandom(4).hex()}\n")
+    engine = docker.from_env()
+    image, _ = engine.images.build(path=str(tmp_path), tag=PUSHED_IMAGE, rm=True)
+    yield image
+    engine.images.remove(PUSHED_IMAGE, force=True)
+
+
+PUSHED_IMAGE = "horovod-stack:new-build"
+
+
+def test_push_image_sends_both_hosts_only_the_new_layers_then_trains(bare, new_build, measured):
+    """Both nodes hold an earlier build; `--push-image` of a new one sends them only its new layer, in one export
+    streamed to both loads at once, and the job trains on it."""
     cluster = bare
+    for node in cluster.nodes:
+        cluster.ensure_image(IMAGE, node)
     # Both engines report the host name gpu-server (tests/multihost.py), and node_1 runs two ranks: Open MPI, which
     # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
     started = time.monotonic()
-    result = launcher(cluster, *start_args(cluster, "--push-image", "--nodes", "node_1:2,node_2:1"), *TRAIN)
-    measured(f"launch with push took {time.monotonic() - started:.0f} s")
+    result = launcher(
+        cluster, *start_args(cluster, "--push-image", "--image", PUSHED_IMAGE, "--nodes", "node_1:2,node_2:1"), *TRAIN
+    )
+    measured(f"launch with a push of a new build's layer took {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
     assert "connecting to node_1 (ssh://node_1)" in result.stderr
     assert "node_1: engine reachable at ssh://node_1" in result.stderr
-    # One export from this machine's engine, streamed to both nodes' loads at once.
-    assert re.search(r"node_1, node_2: pushing horovod-stack:latest: (\S+) of \1 GB", result.stderr), result.stderr
-    assert "node_1: image loaded" in result.stderr and "node_2: image loaded" in result.stderr
+    layer_count = len(new_build.attrs["RootFS"]["Layers"])
+    assert (
+        f"node_1, node_2: {layer_count - 1} of the {layer_count} layers of {PUSHED_IMAGE} there already (an earlier "
+        "build's); pushing the others"
+    ) in result.stderr, result.stderr
+    assert re.search(rf"node_1, node_2: pushing {PUSHED_IMAGE}: (\S+) of \1 GB", result.stderr), result.stderr
+    loaded = re.findall(r"(node_\d): image loaded, ([\d.]+) GB", result.stderr)
+    assert [node for node, _ in sorted(loaded)] == ["node_1", "node_2"], result.stderr
+    assert all(float(size) < 0.01 for _, size in loaded), loaded  # the new layer and the image's records
+    assert all(node.client().images.get(PUSHED_IMAGE).id == new_build.id for node in cluster.nodes)
     assert (
         f"node_1, node_2: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, node-2), so "
         "Open MPI tells the nodes apart"
@@ -330,7 +355,7 @@ def test_detached_job_shows_its_latest_epoch_then_winds_down_by_itself_and_says_
         "--dataset",
         "synthetic",
         "--epochs",
-        "40",
+        "15",
     )
     assert detached.returncode == 0, detached.stderr[-3000:]
     assert "every container stops when the job ends" in detached.stderr
@@ -344,7 +369,7 @@ def test_detached_job_shows_its_latest_epoch_then_winds_down_by_itself_and_says_
         assert time.monotonic() < deadline, status.stdout
         time.sleep(1)
     print(f"\n{status.stdout}")
-    assert re.search(r"running: epoch \d+( of 40)?, val accuracy [0-9.]+, \d+ samples/s$", first), first
+    assert re.search(r"running: epoch \d+( of 15)?, val accuracy [0-9.]+, \d+ samples/s$", first), first
     assert [line.split()[-1] for line in status.stdout.splitlines()[1:]] == ["running", "running"]
     containers = wait_until_stopped(cluster)  # the launcher process is long gone: nothing depends on it
     rank0 = next(c for c in containers if c.labels["horovod-stack.role"] == "rank0")
@@ -360,10 +385,10 @@ def test_detached_job_shows_its_latest_epoch_then_winds_down_by_itself_and_says_
 
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
     print(status.stdout)
-    assert "succeeded (exit status 0): epoch 40 of 40, val accuracy" in status.stdout
+    assert "succeeded (exit status 0): epoch 15 of 15, val accuracy" in status.stdout
     assert status.stdout.count("exited (exit status 0)") == 2
     logs = launcher(cluster, "logs", "--env-file", str(cluster.env_file()))
-    assert "epoch 1/40:" in logs.stdout and "parameters identical on all 2 ranks" in logs.stdout
+    assert "epoch 1/15:" in logs.stdout and "parameters identical on all 2 ranks" in logs.stdout
 
 
 def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cluster):

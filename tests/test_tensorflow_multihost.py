@@ -2,10 +2,10 @@
 on both nodes, `doctor`, `status` and `stacks` on that image, and a fixed job that loses a node restarted
 from its TensorFlow checkpoint (--max-restarts).
 
-node_1 is given the image by a `docker save | docker load` and node_2 a hard-linked copy of node_1's image store
-(tests/multihost.py's copy_images): the push itself is the same code for any image and is tested with the PyTorch
-image (tests/test_launcher_multihost.py), while a second 7.4 GB load would cost this machine's disk what it cannot
-spare. Each test stops its own job however it ends; the module removes the image from the test hosts at its end.
+Both nodes are given the image as hard links to this machine's engine's layers (tests/multihost.py's link_image): the
+push itself is the same code for any image and is tested with the PyTorch image (tests/test_launcher_multihost.py),
+while two 7.4 GB loads would cost this machine's disk and minutes it cannot spare. Each test stops its own job however
+it ends; the module removes the image from the test hosts at its end.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(test_hosts: Cluster):
-    node_1, node_2 = test_hosts.nodes
-    test_hosts.ensure_image(TF_IMAGE, node_1)
-    if not test_hosts.has_image(TF_IMAGE, node_2):
-        print(f"\nimage store of node_1 copied to node_2 in {test_hosts.copy_images(node_1, node_2):.0f} s")
+    for node in test_hosts.nodes:
+        test_hosts.ensure_image(TF_IMAGE, node)
     try:
         yield test_hosts
     finally:

@@ -17,6 +17,7 @@ from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, build_of, gpu_problem
+from launcher.core import layers
 from launcher.core.nics import IP_ADDRESSES
 from launcher.core.options import Bind
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
@@ -297,6 +298,23 @@ class NodeDriver:
             yield from self.client.images.get(image).save(chunk_size=8 * 1024 * 1024, named=True)
         finally:
             self.client.api.timeout = saved
+
+    def image_layers(self, image: str) -> list[str]:
+        """The image's layers (diff IDs), bottom first."""
+        return list(self.client.images.get(image).attrs["RootFS"]["Layers"])
+
+    def layer_chains(self) -> set[str]:
+        """The chain IDs of every layer of every image this engine holds (launcher/core/layers.py). Empty where the
+        engine keeps its images in containerd's store, whose load of a partial archive was not tried: there the
+        image is sent whole."""
+        driver_status = dict(tuple(pair) for pair in self.client.info().get("DriverStatus") or [] if len(pair) == 2)
+        if "containerd" in driver_status.get("driver-type", ""):
+            return set()
+        return {
+            chain
+            for summary in self.client.api.images()
+            for chain in layers.chain_ids(self.client.api.inspect_image(summary["Id"])["RootFS"].get("Layers") or [])
+        }
 
     def load_image(self, chunks: Iterator[bytes], image: str) -> None:
         saved = self.client.api.timeout

@@ -38,7 +38,7 @@ INSECURE = (
 START = {
     "image": "Image to run (default horovod-stack:latest).",
     "ssh_port": "Port of the workers' sshd (default 12345).",
-    "push_image": "Copy the image from this machine's engine to nodes that lack it.",
+    "push_image": "Copy the image from this machine's engine to nodes that lack it (only the layers they lack).",
     "detach": "Return once training runs; follow with `launcher logs --follow`; every container stops when the job "
     "ends.",
     "keep_running": "With --detach: keep the containers running after the job ends, for debugging (`launcher stop` "

@@ -1,6 +1,7 @@
 """The same image on every node, before any worker starts: pulled from its registry where IMAGE names one, or copied
 from this machine's engine (--push-image) with one export streamed to every node that lacks it at once, so N nodes
-cost about one copy, not N.
+cost about one copy, not N; the layers every one of them holds already (an earlier build's) are left out of it
+(launcher/core/layers.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from launcher.core import layers
 from launcher.host.engines import NodeEngine, NodeError, on_each
 
 Say = Callable[[str], None]
@@ -46,14 +48,28 @@ def pull_everywhere(engines: list[NodeEngine], image: str, say: Say) -> None:
 
 
 def push_everywhere(source: NodeEngine, targets: list[NodeEngine], image: str, say: Say) -> None:
-    """One `docker save` on this machine, each chunk handed to every target's `docker load` as it comes."""
+    """One `docker save` on this machine, each chunk handed to every target's `docker load` as it comes, without the
+    layers that every target holds already."""
     total = source.image_size(image)
     feeds: dict[str, queue.Queue[bytes | None]] = {t.node.name: queue.Queue(CHUNKS_AHEAD) for t in targets}
     gave_up: set[str] = set()
     export_error: list[BaseException] = []
-    sent = [0]
+    exported, sent = [0], [0]
     progress = Progress(say, "pushing", image)
     names = ", ".join(feeds)
+    diff_ids = source.image_layers(image)
+    left_out = layers.held_layers(diff_ids, set.intersection(*on_each(targets, lambda target: target.layer_chains())))
+    if left_out:
+        say(
+            f"{names}: {len(left_out)} of the {len(set(diff_ids))} layers of {image} there already (an earlier "
+            "build's); pushing the others"
+        )
+
+    def saved() -> Iterator[bytes]:
+        for chunk in source.save_image(image):
+            exported[0] += len(chunk)
+            progress(names, exported[0], total)
+            yield chunk
 
     def hand(name: str, chunk: bytes | None) -> None:
         while name not in gave_up:
@@ -65,11 +81,10 @@ def push_everywhere(source: NodeEngine, targets: list[NodeEngine], image: str, s
 
     def export() -> None:
         try:
-            for chunk in source.save_image(image):
+            for chunk in layers.without_layers(saved(), left_out):
                 if len(gave_up) == len(feeds):
                     return
                 sent[0] += len(chunk)
-                progress(names, sent[0], total)
                 for name in feeds:
                     hand(name, chunk)
         except Exception as error:  # noqa: BLE001  reported once the loads have ended
