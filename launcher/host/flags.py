@@ -62,8 +62,8 @@ START = {
     "max_nodes": "With --elastic: the most nodes that train at once (default: all).",
     "restart_workers": "With --elastic: a worker container that fails (a crash, the kernel's out-of-memory kill) is "
     "started again by its node's Docker engine and rejoins at the next host discovery, attached or --detach.",
-    "worker_restarts": "With --restart-workers: how often each node's worker is started again at most (default: "
-    "WORKER_RESTARTS in .env, else 5).",
+    "worker_restarts": "With --restart-workers: how often each node's engine starts its failed worker again at most "
+    "(default: WORKER_RESTARTS in .env, else 5).",
     "device": "A host device for every worker, HOST[:CONTAINER] (repeatable; default: DEVICES in .env), e.g. "
     "/dev/infiniband so NCCL uses RDMA instead of sockets.",
     "debug": "NCCL_DEBUG=INFO for every rank: NCCL's topology and transports (default: WARN, errors only).",
