@@ -332,6 +332,7 @@ class Cluster:
         target = node.root / "data"
         records, target_records = source / "image" / "overlay2", target / "image" / "overlay2"
         layer_dirs = []
+        (target / "overlay2" / "l").mkdir(parents=True, exist_ok=True)
         for chain in layers.chain_ids(details["RootFS"]["Layers"]):
             layer = Path("layerdb", "sha256", chain.removeprefix("sha256:"))
             if not (target_records / layer).exists():
@@ -339,7 +340,6 @@ class Cluster:
                 shutil.copytree(records / layer, target_records / layer, symlinks=True)
             cache_id = (records / layer / "cache-id").read_text().strip()
             link = (source / "overlay2" / cache_id / "link").read_text().strip()
-            (target / "overlay2" / "l").mkdir(parents=True, exist_ok=True)
             if not (target / "overlay2" / "l" / link).is_symlink():
                 (target / "overlay2" / "l" / link).symlink_to(f"../{cache_id}/diff")
             if not (target / "overlay2" / cache_id).exists():

@@ -223,9 +223,15 @@ class ClusterPlan:
             environment["SSH_LISTEN"] = ",".join(listen)
         if node == self.rank0:
             environment["EXIT_WITH_JOB"] = "1"  # rank 0's container stops with the job's exit status
-        elif self.settings.job.restart_workers:
+        elif self.worker_restarts(node):
             environment["RESTART_ON_FAILURE"] = "1"  # started again by its engine only after it failed
         return environment
+
+    def worker_restarts(self, node: Node) -> int:
+        """How often `node`'s engine starts its failed worker again (--restart-workers): never rank 0's, which holds
+        the elastic driver."""
+        job = self.settings.job
+        return job.worker_restarts if job.restart_workers and node != self.rank0 else 0
 
     def gpu_request(self, node: Node) -> GpuRequest | None:
         """The device request the worker on `node` makes (the same as the GPU check's before a start)."""
@@ -237,13 +243,13 @@ class ClusterPlan:
     def worker_container(self, node: Node) -> WorkerContainer:
         """Everything the worker container on `node` is started with (the engine passes it to Docker)."""
         settings = self.settings
-        gpu, environment = self.gpu_request(node), self.worker_environment(node)
+        gpu = self.gpu_request(node)
         host_names, addresses = worker_host_names(settings.all_nodes), dict(self.found.addresses)
         return WorkerContainer(
             image=settings.image,
             name=self.container_name(node),
             labels=self.labels(node),
-            environment=environment,
+            environment=self.worker_environment(node),
             shm_size=settings.shm_size,
             volumes={settings.shared_dir: SHARED_MOUNT},
             binds=settings.job.binds,
@@ -255,7 +261,7 @@ class ClusterPlan:
             devices=tuple(device if ":" in device else f"{device}:{device}" for device in settings.devices),
             hostname=host_names[node.name],
             extra_hosts={host_names[name]: address for name, address in addresses.items()},
-            restarts=settings.job.worker_restarts if "RESTART_ON_FAILURE" in environment else 0,
+            restarts=self.worker_restarts(node),
         )
 
     def mpi_host(self, node: Node) -> str:
