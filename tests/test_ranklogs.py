@@ -24,6 +24,13 @@ from tests.standins import container
         ("[2]<stdout>:hello", (2, "stdout", "hello")),  # elastic horovodrun
         ("[1,0]<stdout>:", (0, "stdout", "")),
         ("[1,0]<stdout>:[1,1]<stdout>:x", (0, "stdout", "[1,1]<stdout>:x")),  # the rank's own text is left as it is
+        # A line that reached mpirun in pieces: the same rank's tag again before each piece.
+        (
+            "[1,0]<stderr>:[[1,0]<stderr>:2026-12-05 10:31:42[1,0]<stderr>:.5: W\n",
+            (0, "stderr", "[2026-12-05 10:31:42.5: W\n"),
+        ),
+        ("[1,0]<stderr>:1: [allreduce.x][1,0]<stderr>:\n", (0, "stderr", "1: [allreduce.x]\n")),
+        ("[1,0]<stderr>:a[1,0]<stdout>:b\n", (0, "stderr", "a[1,0]<stdout>:b\n")),  # another stream's tag: text
         ("[1,2]<stddiag>:Open MPI's own warning\n", (2, "stddiag", "Open MPI's own warning\n")),
         ("[1,0]<stdout>: epoch 1\n", (0, "stdout", " epoch 1\n")),  # Open MPI 5: a space after the colon
         ("[prterun-gpu-a-4242@1,3]<stderr>: boom", (3, "stderr", " boom")),  # Open MPI 5: the job as a namespace

@@ -5,6 +5,7 @@ test_compose.py.)"""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -155,6 +156,21 @@ def test_horovods_stall_warning_is_read_through_the_rank_tag():
     assert warnings.current() == "Horovod: rank 1 missing from allreduce.after_the_wait"
 
 
+def test_horovods_stall_warning_that_reached_mpirun_in_pieces_is_no_progress():
+    """As the job's log showed it on a busy node: mpirun tags each piece of one line again, inside the line. Read as
+    progress, these lines kept a hung job from ever looking stalled."""
+    warnings = stall.HorovodWarnings()
+    for line in [
+        "[1,0]<stderr>:[[1,0]<stderr>:2026-12-05 10:31:42[1,0]<stderr>:.[1,0]<stderr>:859020[1,0]<stderr>:: "
+        "[1,0]<stderr>:W[1,0]<stderr>: [1,0]<stderr>:/tmp/horovod/common/stall_inspector.cc[1,0]<stderr>::"
+        "[1,0]<stderr>:107[1,0]<stderr>:] [1,0]<stderr>:One or more tensors were submitted to be reduced\n",
+        "[1,0]<stderr>:Missing ranks:\n",
+        "[1,0]<stderr>:1: [allreduce.after_the_wait][1,0]<stderr>:\n",
+    ]:
+        assert warnings.feed(line) is True, line
+    assert warnings.current() == "Horovod: rank 1 missing from allreduce.after_the_wait"
+
+
 def test_status_says_stalled_with_the_odd_ranks_out():
     record = stall.StallRecord(
         40, "rank 1 (node_2 pid 88) in wait_for_data at stall.py:14", "Horovod: rank 1 missing from allreduce.x"
@@ -210,3 +226,26 @@ def test_the_stall_watch_gathers_the_stacks_once_and_ends_the_job_only_when_aske
     else:
         assert watch.cause is None
     assert json.loads(transport.files[JOB_STALL])["horovod"] is None
+
+
+def test_a_stall_that_ends_is_said_with_its_length_not_the_new_outputs_age():
+    spec = job_spec(
+        job_id="j", command=("python", "stall.py"), expected_workers=2, workers=tuple(WORKERS), stall_timeout=1
+    )
+    waiting = {"10.0.0.1": [RankStack(0, "node_1", 50, COLLECTIVE)], "10.0.0.2": [RankStack(1, "node_2", 50, OWN_WAIT)]}
+    said: list[str] = []
+
+    class Transport(StandInTransport):
+        ages = iter([40.0, 41.0])  # then new output: 0.2 s old
+
+        def output_age(self) -> float:
+            return next(self.ages, 0.2)
+
+    watch = StallWatch(Agent(spec, Transport(stacks_of=waiting), say=said.append), WORKERS)  # type: ignore[arg-type]
+    watch.start()
+    deadline = time.monotonic() + 10
+    while not any("progress again" in line for line in said):
+        assert time.monotonic() < deadline, said
+        time.sleep(0.1)
+    watch.stop()
+    assert "the job shows progress again after a stall of 41 s or more" in said

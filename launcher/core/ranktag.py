@@ -3,7 +3,9 @@
 horovodrun's (`[3]<stderr>:`), both written straight before the rank's own text. Open MPI 5 (PRRTE) writes a space
 after the colon and may give the job as a namespace (`[prterun-host-4242@1,3]<stdout>: ...`): its ranks are read
 too, and the space stays with the text (the image's Open MPI 4.1 writes none, and a rank's own leading spaces, as in
-a traceback, are its text). Every reader of a job's output goes through here: which rank wrote a line
+a traceback, are its text). A rank's text that reached mpirun in pieces (a long stderr line written in several writes,
+as Horovod's stall warning on a busy node) carries its tag again before each piece, inside the line: those are taken
+off too. Every reader of a job's output goes through here: which rank wrote a line
 (launcher/host/ranklogs.py, the smoke role), and what the rank wrote, for the parsers of the job's progress, its
 root cause and Horovod's stall warnings. Pure.
 """
@@ -14,14 +16,23 @@ import re
 
 TAG_OUTPUT = "--tag-output"
 """mpirun's flag that tags every line a rank writes (the job's mpirun line carries it: launcher/core/job.py)."""
-RANK_TAG = re.compile(r"^\[(?:[^\[\],<>]+,)?(\d+)\]<(stdout|stderr|stddiag)>:")
+_TAG = r"\[(?:[^\[\],<>]+,)?(\d+)\]<(stdout|stderr|stddiag)>:"
+RANK_TAG = re.compile("^" + _TAG)
 """mpirun's --tag-output prefix ([JOBID,RANK]<stream>:) or horovodrun's ([RANK]<stream>:)."""
+TAG_WITHIN = re.compile(_TAG)
 
 
 def split_tag(line: str) -> tuple[int, str, str] | None:
     """(rank, stream, the rank's own text) of a tagged line; None for a line without a tag."""
     found = RANK_TAG.match(line)
-    return (int(found[1]), found[2], line[found.end() :]) if found else None
+    if not found:
+        return None
+    rank, stream = int(found[1]), found[2]
+
+    def own_piece(tag: re.Match[str]) -> str:  # the same rank and stream again: a piece of the same line
+        return "" if (int(tag[1]), tag[2]) == (rank, stream) else tag[0]
+
+    return rank, stream, TAG_WITHIN.sub(own_piece, line[found.end() :])
 
 
 def tagged_rank(line: str) -> int | None:
