@@ -14,7 +14,7 @@ import pytest
 from launcher.core import layers
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError
-from launcher.host import images, nodechecks
+from launcher.host import images, nodechecks, streams
 from launcher.host.engines import NodeError, pull_failure
 from launcher.host.settings import resolve_settings
 from tests.conftest import launch_settings
@@ -200,10 +200,10 @@ def members(chunks) -> dict[str, bytes]:
 def test_the_archive_without_held_layers_keeps_every_other_file_whole(chunk_size):
     whole = image_archive(ARCHIVE)
     chunks = [whole[i : i + chunk_size] for i in range(0, len(whole), chunk_size)]
-    kept = members(layers.without_layers(chunks, {BASE, CUDA}))
+    kept = members(streams.without_files(chunks, layers.layer_files({BASE, CUDA})))
     assert kept == {name: data for name, data in ARCHIVE.items() if "a" * 64 not in name and "b" * 64 not in name}
-    assert members(layers.without_layers(chunks, set())) == ARCHIVE
-    assert list(layers.without_layers(chunks, set())) == chunks  # nothing to leave out: the export as it comes
+    assert members(streams.without_files(chunks, set())) == ARCHIVE
+    assert list(streams.without_files(chunks, set())) == chunks  # nothing to leave out: the export as it comes
 
 
 def test_a_push_leaves_out_the_layers_every_node_holds_and_sends_the_rest():

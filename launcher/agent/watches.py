@@ -139,7 +139,6 @@ class StallWatch(JobWatch):
         spec, transport = self.agent.spec, self.agent.transport
         metrics = f"{spec.run_dir}/metrics.jsonl" if spec.run_dir else None
         where = ""
-        stalled_for = 0.0
         written: stall.StallRecord | None = None  # the first round writes even an empty one: a former run's is over
 
         def publish(record: stall.StallRecord) -> None:
@@ -152,16 +151,16 @@ class StallWatch(JobWatch):
             try:
                 idle = stall.idle_seconds(transport.output_age(), transport.file_age(metrics) if metrics else None)
                 if not stall.is_stalled(idle, spec.options.stall_timeout):
-                    if where:  # the stall's length as last seen: idle itself starts over with the new output
-                        self.agent.say(f"the job shows progress again after a stall of {stalled_for:.0f} s or more")
+                    if where and written:  # the stall's length as last written: idle starts over with new output
+                        self.agent.say(
+                            f"the job shows progress again after a stall of {written.idle_seconds} s or more"
+                        )
                     where = ""
                 elif not where:
                     # Said at once: taking every rank's stack can take a while on a busy node, and `launcher status`
                     # should not wait for it to say that the job stalled.
                     publish(stall.StallRecord(int(idle), "", transport.horovod_warning()))
                     where = self.stalled(idle) or "no rank's stack could be taken"
-                if where:
-                    stalled_for = idle
                 publish(stall.StallRecord(int(idle) if where else 0, where, transport.horovod_warning()))
             except Exception as error:  # noqa: BLE001  the job goes on; the next round tries again
                 self.agent.say(f"stall watch: {type(error).__name__}: {error}")

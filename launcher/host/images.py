@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from launcher.core import layers
+from launcher.host import streams
 from launcher.host.engines import NodeEngine, NodeError, on_each
 
 Say = Callable[[str], None]
@@ -81,7 +82,7 @@ def push_everywhere(source: NodeEngine, targets: list[NodeEngine], image: str, s
 
     def export() -> None:
         try:
-            for chunk in layers.without_layers(saved(), left_out):
+            for chunk in streams.without_files(saved(), layers.layer_files(left_out)):
                 if len(gave_up) == len(feeds):
                     return
                 sent[0] += len(chunk)

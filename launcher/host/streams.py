@@ -1,6 +1,6 @@
 """Byte streams from the engines (a run folder's archive, a job's log) read as they arrive, never whole in memory:
-a file over an iterator of chunks, the first file of an archive's stream, a stream's tail, and one decoded as text
-for a terminal.
+a file over an iterator of chunks, the first file of an archive's stream, an archive's stream without some of its
+files, a stream's tail, and one decoded as text for a terminal.
 """
 
 from __future__ import annotations
@@ -51,6 +51,27 @@ def file_in_archive(chunks: Iterator[bytes]) -> Iterator[bytes]:
                 yield block
     except tarfile.TarError:
         return
+
+
+def without_files(chunks: Iterable[bytes], left_out: set[str], chunk_size: int = 8 * 1024 * 1024) -> Iterator[bytes]:
+    """A tar stream without the files named in `left_out`, as chunks while it arrives (an image's export without the
+    layers a node holds: launcher/core/layers.py). With nothing to leave out, the chunks as they come."""
+    if not left_out:
+        yield from chunks
+        return
+    with tarfile.open(fileobj=reader(chunks), mode="r|") as archive:
+        for member in archive:
+            if member.name in left_out:
+                continue  # stream mode skips its data
+            yield member.tobuf(tarfile.PAX_FORMAT)
+            content = archive.extractfile(member) if member.isfile() else None
+            if content is None:
+                continue
+            while block := content.read(chunk_size):
+                yield block
+            if member.size % tarfile.BLOCKSIZE:
+                yield b"\0" * (tarfile.BLOCKSIZE - member.size % tarfile.BLOCKSIZE)
+    yield b"\0" * (2 * tarfile.BLOCKSIZE)  # the end of the archive
 
 
 def tail_bytes(chunks: Iterable[bytes], limit: int) -> tuple[bytes, bool]:
