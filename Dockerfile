@@ -47,9 +47,9 @@ RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,targe
 # TF_USE_LEGACY_KERAS=1) with its CUDA 12 wheels, beside PyTorch's image, since the two CUDA stacks (and their NCCLs)
 # cannot share one Python environment:
 #   docker build --target tensorflow -t horovod-stack:tensorflow .      (scripts/build-images.sh tensorflow)
-# Horovod is built with TensorFlow, MPI and Gloo ops (docker/patch-horovod-tensorflow.sh: TensorFlow 2.21 and Keras 3);
-# its NCCL ops are not built against TensorFlow 2.21 yet (docker/install-horovod.sh says why): on GPUs, Horovod's
-# allreduce goes through host memory over MPI or Gloo.
+# Horovod is built with NCCL, MPI and Gloo ops against TensorFlow 2.21 (docker/patch-horovod-tensorflow.sh: TensorFlow
+# 2.21 and Keras 3), linked to the cudart and NCCL of TensorFlow's own wheels; its CUDA kernels are compiled by a CUDA
+# 12.4 nvcc from Debian's archive that never leaves the build stage (docker/cuda-toolkit-12.sh).
 FROM system AS tensorflow-runtime
 ARG PIP_OFFLINE=0
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
@@ -63,14 +63,15 @@ ARG PIP_OFFLINE=0
 RUN apt-get update \
  && apt-get install -y --no-install-recommends g++ make libopenmpi-dev python3-dev \
  && rm -rf /var/lib/apt/lists/*
+# The CUDA 12 compiler folder (docker/cuda-toolkit-12.sh) is made and removed inside this stage: only the wheel leaves.
 COPY docker/install-horovod.sh docker/patch-horovod-source.sh docker/patch-horovod-tensorflow.sh \
-     docker/requirements-build.txt /build/
+     docker/cuda-toolkit-12.sh docker/requirements-cuda12-toolkit.txt docker/requirements-build.txt /build/
 RUN --mount=type=bind,from=wheels,target=/wheels --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=cache,target=/var/cache/horovod-stack/wheels \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
     if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
     pip install -r /build/requirements-build.txt \
- && PYTHON=/opt/venv/bin/python HOROVOD_WHEEL_EXPORT=/dist /build/install-horovod.sh cpu
+ && PYTHON=/opt/venv/bin/python HOROVOD_WHEEL_EXPORT=/dist /build/install-horovod.sh gpu
 
 FROM tensorflow-runtime AS tensorflow
 ARG PIP_OFFLINE=0

@@ -9,11 +9,15 @@ for GPUs would quietly train on the CPU.
 
 The launcher tells which framework an image holds by the image's label (FRAMEWORK_LABEL, set by the Dockerfile; an
 image built FROM one of the stack's inherits it); an image without it is checked as PyTorch's.
+
+What a framework's GPU path needs in every rank's environment is its build's `rank_env`; every door gives every
+build's to every rank of a GPU job (gpu_rank_env), since compose's file and the MPIJob export never read the image's
+label, and each framework reads only its own variables.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from app.frameworks import PYTORCH, TENSORFLOW
@@ -35,6 +39,8 @@ class CudaBuild:
     capability_minimum: tuple[int, int]
     generations: str
     """The GPU generations that compute capability and later are, as vendors name them."""
+    rank_env: tuple[tuple[str, str], ...] = ()
+    """What every rank of a GPU job needs for this framework's GPU path, unless the job's own environment sets it."""
 
     @property
     def capability(self) -> str:
@@ -48,7 +54,17 @@ class CudaBuild:
 
 
 TORCH_BUILD = CudaBuild("torch", "13.0", 580, (7, 5), "Turing and later")
-TENSORFLOW_BUILD = CudaBuild("TensorFlow 2.21", "12.5", 525, (6, 0), "Pascal and later")
+TENSORFLOW_BUILD = CudaBuild(
+    "TensorFlow 2.21",
+    "12.5",
+    525,
+    (6, 0),
+    "Pascal and later",
+    # Memory growth on every GPU the process sees, as Horovod's TensorFlow recipe sets it: without it each process
+    # reserves nearly all of every GPU it maps at start, so a script that pins none leaves the node's other ranks no
+    # memory. TensorFlow's variable outranks a script's own set_memory_growth; "false" turns it off.
+    rank_env=(("TF_FORCE_GPU_ALLOW_GROWTH", "true"),),
+)
 BUILDS = {PYTORCH.name: TORCH_BUILD, TENSORFLOW.name: TENSORFLOW_BUILD}
 """Each framework's build, by app/frameworks.py's Framework.name (FRAMEWORK_LABEL's value)."""
 
@@ -58,11 +74,25 @@ def build_of(image_labels: Mapping[str, str] | None) -> CudaBuild:
     return BUILDS.get((image_labels or {}).get(FRAMEWORK_LABEL, ""), TORCH_BUILD)
 
 
+def gpus_asked(environ: Mapping[str, str]) -> bool:
+    """Whether a door gave this environment's ranks GPUs (GPUS_ASKED set to a yes)."""
+    return environ.get(GPUS_ASKED, "") in ("1", "true", "yes")
+
+
+def gpu_rank_env(user_set: Collection[str]) -> tuple[str, ...]:
+    """KEY=VALUE pairs every rank of a job given GPUs gets: GPUS_ASKED, then every build's rank_env that the job's own
+    environment (the names in `user_set`) does not set. Every build's, whichever the image holds: the doors that
+    build the ranks' environment do not all know the image's framework, and each framework ignores the other's
+    variables (torch reads no TF_*)."""
+    wanted = dict(pair for build in BUILDS.values() for pair in build.rank_env)
+    return (f"{GPUS_ASKED}=1", *(f"{name}={value}" for name, value in wanted.items() if name not in user_set))
+
+
 def cuda_problem(
     environ: Mapping[str, str], cuda_available: bool, no_cuda: bool, build: CudaBuild = TORCH_BUILD
 ) -> str | None:
     """Why this rank must not start: GPUs were asked for, CUDA is not usable and --no-cuda was not given."""
-    if environ.get(GPUS_ASKED, "") not in ("1", "true", "yes") or cuda_available or no_cuda:
+    if not gpus_asked(environ) or cuda_available or no_cuda:
         return None
     return (
         f"GPUs were asked for but CUDA is not available to this rank: {build.needs()}; update the driver "

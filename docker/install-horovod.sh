@@ -46,11 +46,6 @@ if framework_version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/
 elif framework_version=$("$PYTHON" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null); then
   framework=tensorflow
   torch_cuda=""
-  if [ "$ops" = gpu ]; then
-    echo "install-horovod: gpu ops (NCCL) are not built against TensorFlow $framework_version yet (its XLA and stream" \
-      "executor headers moved in TF 2.20: horovod pull request 4302); use cpu (MPI + Gloo ops)." >&2
-    exit 1
-  fi
 else
   echo "install-horovod: neither torch nor tensorflow is importable by $PYTHON; install one first (the build" \
     "compiles against it)." >&2
@@ -60,6 +55,8 @@ py_tag=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_i
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 patches=("$here/patch-horovod-source.sh")
 [ "$framework" = torch ] || patches+=("$here/patch-horovod-$framework.sh")
+# TensorFlow's GPU build compiles with the CUDA 12 folder cuda-toolkit-12.sh makes: its pins key the wheel too.
+[ "$framework:$ops" != tensorflow:gpu ] || patches+=("$here/cuda-toolkit-12.sh" "$here/requirements-cuda12-toolkit.txt")
 patch_hash=$(cat "${patches[@]}" | sha256sum | cut -c1-16)
 key=$(printf '%s\n' "horovod=$HOROVOD_VERSION" "$framework=$framework_version" "python=$py_tag" "ops=$ops" \
       "patch=$patch_hash" | sha256sum | cut -c1-16)
@@ -71,6 +68,17 @@ prepare_cuda_toolkit() {
   # A CUDA build of torch makes Horovod compile its CUDA glue whatever ops are asked for, so it needs a
   # toolkit's headers and cudart even for cpu ops.
   local cuda_home="${HOROVOD_CUDA_HOME:-}"
+  if [ "$framework" = tensorflow ]; then
+    # TensorFlow's wheels are CUDA 12 builds; PyPI has no whole CUDA 12 nvcc: cuda-toolkit-12.sh assembles one in
+    # the build's own folder (Debian's nvcc 12.4, PyPI's 12.4 headers, TensorFlow's own cudart), gone after it.
+    if [ -z "$cuda_home" ]; then
+      cuda_home="$1/cuda-12"
+      "$here/cuda-toolkit-12.sh" make "$cuda_home" "$site_packages"
+    fi
+    # Horovod's kernels for TensorFlow 2.21's GPUs (compute capability 6.0 and newer; app/gpu.py's TENSORFLOW_BUILD),
+    # with PTX for 9.0 that newer GPUs compile at load; Horovod's default is every architecture nvcc knows.
+    export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-60,70,75,80,86,89,90}"
+  fi
   if [ -z "$cuda_home" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
     # Only a toolkit of torch's own CUDA major version (a CUDA 12 toolkit under a CUDA 13 torch does not build).
     local system_cuda
@@ -95,10 +103,11 @@ prepare_cuda_toolkit() {
 }
 
 prepare_nccl() {
-  # One NCCL in the process: build against the NCCL wheel that torch itself loads.
+  # One NCCL in the process: build against the NCCL wheel that the framework itself loads.
   local nccl_home="$site_packages/nvidia/nccl"
   if [ ! -f "$nccl_home/include/nccl.h" ]; then
-    echo "install-horovod: no NCCL next to torch ($nccl_home); gpu ops need torch's CUDA build with nvidia-nccl-cu13." >&2
+    echo "install-horovod: no NCCL next to $framework ($nccl_home); gpu ops need its CUDA build's NCCL wheel" \
+      "(torch: nvidia-nccl-cu13; tensorflow[and-cuda]: nvidia-nccl-cu12)." >&2
     exit 1
   fi
   # The wheel carries only libnccl.so.2; the linker looks for libnccl.so.
@@ -125,7 +134,7 @@ build_wheel() {
   else
     export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1
   fi
-  if [ -n "$torch_cuda" ] || [ "$ops" = gpu ]; then prepare_cuda_toolkit; fi
+  if [ -n "$torch_cuda" ] || [ "$ops" = gpu ]; then prepare_cuda_toolkit "$work"; fi
   if [ "$ops" = gpu ]; then prepare_nccl; fi
   export MAKEFLAGS="-j$(nproc)"
 

@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Builds Horovod 0.28.1's TensorFlow extension against TensorFlow 2.21 (CPU: MPI + Gloo) and makes its
-# TensorFlow/Keras API work with Keras 3 (TF >= 2.16's default `keras`):
+# Builds Horovod 0.28.1's TensorFlow extension against TensorFlow 2.21 (GPU: NCCL + MPI + Gloo; CPU: MPI + Gloo) and
+# makes its TensorFlow/Keras API work with Keras 3 (TF >= 2.16's default `keras`):
 #   patch-horovod-tensorflow.sh SRC_DIR
-# (docker/install-horovod.sh applies it after docker/patch-horovod-source.sh; a second run changes nothing)
-# Build (horovod/tensorflow/xla_mpi_ops.cc):
-# - The XLA ops file includes TF's XLA headers even in a CPU build, where everything it defines sits
-#   under HAVE_GPU. TF 2.21's wheel no longer ships a usable XLA include tree (tensorflow/compiler/xla/*
-#   moved to xla/*, which then needs highwayhash/farmhash headers the wheel lacks: "fatal error:
-#   highwayhash/arch_specific.h"). The whole file is now guarded by HAVE_GPU, so a CPU build compiles it to
-#   nothing. A GPU build against TF >= 2.20 still needs upstream PR 4302's header moves (not done here).
-#   mpi_ops.cc itself builds as is (TF's errors:: helpers only warn as deprecated); the TF target already
-#   builds with C++17 (horovod/tensorflow/CMakeLists.txt sets it for TF >= 2.10), which TF 2.21 needs.
+# (docker/install-horovod.sh applies it after docker/patch-horovod-source.sh; a second run changes nothing, and a
+# source it does not know fails in one line naming the file)
+# Build:
+# - XLA ops (horovod/tensorflow/xla_mpi_ops.cc, used only with HOROVOD_ENABLE_XLA_OPS=1 and jit_compile) are not
+#   built. The file includes TF's XLA headers even in a CPU build, and TF 2.21's wheel keeps them at new paths
+#   (tensorflow/compiler/xla/* moved to xla/*, needing highwayhash and farmhash headers from include/external that
+#   tf.sysconfig does not name, and xla::StatusOr became absl::StatusOr: upstream pull request 4302's moves). The
+#   whole file compiles to nothing; tf.function(jit_compile=True) around a Horovod op fails as it does without them.
+# - The GPU stream (horovod/tensorflow/mpi_ops.cc, 12 calls): Horovod declared
+#   stream_executor::gpu::AsGpuStreamValue itself, which TF 2.21's libraries no longer export, so a GPU build
+#   compiled and then failed to load (undefined symbol). TF 2.21's Stream has platform_specific_handle(), whose
+#   `.stream` is the CUDA stream: a helper reads it instead.
+# - One cudart and one NCCL per process, TensorFlow's: CMake links Horovod's CUDA code with the shared cudart instead
+#   of its default static copy (CMAKE_CUDA_RUNTIME_LIBRARY), so its CUDA calls bind to the CUDA runtime API that
+#   libtensorflow_framework.so.2 exports (TensorFlow's stub over the cudart of its own wheel); it links the NCCL of
+#   TensorFlow's wheel (docker/install-horovod.sh points the build there), found through a RUNPATH of that folder
+#   alone, so a rank needs no LD_LIBRARY_PATH (ranks on other nodes start through ssh).
+# mpi_ops.cc otherwise builds as is (TF's errors:: helpers only warn as deprecated); the TF target already builds with
+# C++17 (horovod/tensorflow/CMakeLists.txt sets it for TF >= 2.10), which TF 2.21 needs.
 # Run time, Keras 3 (upstream issue 4290); the Keras 2 path (TF_USE_LEGACY_KERAS=1 + tf_keras) behaves as before:
 # - Keras 3 variables are not tf.Variables: they have no .ref() and are unhashable, so every place Horovod
 #   keys a dict or set by var.ref() failed ("'Variable' object has no attribute 'ref'" in
@@ -44,12 +54,12 @@ set -euo pipefail
 src="${1:?usage: patch-horovod-tensorflow.sh SRC_DIR}"
 fail() { echo "patch-horovod-tensorflow: $1" >&2; exit 1; }
 
-# 1. XLA ops only in GPU builds.
+# 1. XLA ops in no build.
 xla="$src/horovod/tensorflow/xla_mpi_ops.cc"
-grep -q '^#if TENSORFLOW_VERSION >= 2006000000 && HAVE_GPU' "$xla" ||
-  sed -i 's/^#if TENSORFLOW_VERSION >= 2006000000$/#if TENSORFLOW_VERSION >= 2006000000 \&\& HAVE_GPU  \/\/ horovod-stack: TF XLA headers only for GPU builds/' "$xla"
-grep -q '^#if TENSORFLOW_VERSION >= 2006000000 && HAVE_GPU' "$xla" && [ "$(grep -c '^#if HAVE_GPU' "$xla")" = 1 ] ||
-  fail "the XLA-header guard no longer applies to $xla"
+grep -q '^#if 0  // horovod-stack: XLA ops not built' "$xla" ||
+  sed -i 's|^#if TENSORFLOW_VERSION >= 2006000000$|#if 0  // horovod-stack: XLA ops not built (docker/patch-horovod-tensorflow.sh)|' "$xla"
+grep -q '^#if 0  // horovod-stack: XLA ops not built' "$xla" && ! grep -q '^#if TENSORFLOW_VERSION >= 2006000000$' "$xla" ||
+  fail "the XLA-ops guard no longer applies to $xla"
 
 # 2. Helpers: hashable key, backing tf.Variable, optimizer variables.
 util="$src/horovod/tensorflow/util.py"
@@ -228,3 +238,36 @@ fi
 grep -q '^def _get_hyper' "$kcb" && ! grep -q 'backend\.[gs]et_value(self\.model\.optimizer' "$kcb" &&
   grep -q 'if self.momentum_correction and _momentum_correctable(self.model.optimizer):' "$kcb" ||
   fail "the learning-rate callback change no longer applies to $kcb"
+
+# 9. GPU builds: the stream through platform_specific_handle(); TensorFlow's cudart and NCCL, no static copy.
+ops="$src/horovod/tensorflow/mpi_ops.cc"
+if ! grep -q 'HorovodStackGpuStream' "$ops"; then
+  [ "$(grep -c 'stream_executor::gpu::AsGpuStreamValue(' "$ops")" = 12 ] ||
+    fail "the GPU stream change no longer applies to $ops (expected 12 AsGpuStreamValue calls)"
+  perl -0pi -e 's{// Forward declaration of AsGpuStreamValue\nnamespace stream_executor \{\nnamespace gpu \{\nGpuStreamHandle AsGpuStreamValue\(Stream\* stream\);\n\} // namespace stream_executor\n\} // namespace gpu\n}{}' "$ops"
+  perl -0pi -e 's{(#include "tensorflow/stream_executor/stream.h"\n#endif // TENSORFLOW_VERSION >= 2011000000\n)}{$1// horovod-stack: the CUDA stream of a TensorFlow stream (docker/patch-horovod-tensorflow.sh): TF 2.21 no longer\n// exports the helper Horovod declared for it.\nstatic GpuStreamHandle HorovodStackGpuStream(stream_executor::Stream* stream) {\n  return static_cast<GpuStreamHandle>(stream->platform_specific_handle().stream);\n}\n}' "$ops"
+  sed -i 's/stream_executor::gpu::AsGpuStreamValue(/HorovodStackGpuStream(/' "$ops"
+fi
+! grep -q 'AsGpuStreamValue' "$ops" && [ "$(grep -c 'HorovodStackGpuStream(' "$ops")" = 13 ] ||
+  fail "the GPU stream change no longer applies to $ops"
+
+cmake_top="$src/CMakeLists.txt"
+grep -q '^    set(CMAKE_CUDA_RUNTIME_LIBRARY "Shared")  # horovod-stack' "$cmake_top" ||
+  sed -i 's|^    set(CMAKE_CUDA_RUNTIME_LIBRARY "Static")  # Set to "Static" or "Shared".*$|    set(CMAKE_CUDA_RUNTIME_LIBRARY "Shared")  # horovod-stack: TensorFlow'"'"'s own cudart|' "$cmake_top"
+grep -q '^    set(CMAKE_CUDA_RUNTIME_LIBRARY "Shared")  # horovod-stack' "$cmake_top" && ! grep -q 'CMAKE_CUDA_RUNTIME_LIBRARY "Static"' "$cmake_top" ||
+  fail "the shared-cudart change no longer applies to $cmake_top"
+
+cmake_tf="$src/horovod/tensorflow/CMakeLists.txt"
+if ! grep -q 'horovod-stack (docker/patch-horovod-tensorflow.sh): a RUNPATH of exactly' "$cmake_tf"; then
+  grep -q '^target_link_libraries(${TF_TARGET_LIB} ${LINKER_LIBS} ${TF_LINKER_LIBS})$' "$cmake_tf" ||
+    fail "the RUNPATH change no longer applies to $cmake_tf"
+  cat >>"$cmake_tf" <<'CMAKE'
+# horovod-stack (docker/patch-horovod-tensorflow.sh): a RUNPATH of exactly the folder of TensorFlow's NCCL wheel
+# (site-packages/nvidia/nccl/lib), instead of CMake's build-tree paths (the build's temporary CUDA folder must not be
+# searched at run time). Its CUDA calls need none: libtensorflow_framework.so.2 exports the CUDA runtime's API (the
+# stub through which TensorFlow loads the cudart of its own wheel), and the link takes them from there.
+set_target_properties(${TF_TARGET_LIB} PROPERTIES BUILD_WITH_INSTALL_RPATH TRUE
+                      INSTALL_RPATH "$ORIGIN/../../nvidia/nccl/lib")
+CMAKE
+fi
+grep -q 'horovod-stack (docker/patch-horovod-tensorflow.sh): a RUNPATH of exactly' "$cmake_tf" || fail "the RUNPATH change no longer applies to $cmake_tf"

@@ -16,7 +16,7 @@ The rooms, by folder:
 - launcher/core/, what every side reads: options, job, nics (which NIC is mine here), ranks (ranks per node, and
   which ranks a node runs), protocol, pod_contract (an MPIJob launcher pod's arguments), stall, sshtrust, imageref,
   restart (a lost node's restart), metrics (the trainer's metrics file, read), ranktag (the rank tag on a job's
-  output lines);
+  output lines), legacy_keras (a rank that died of Keras 2 code on Keras 3, and the fix);
 - launcher/agent/, what runs in the containers: the agent (job, and its parts: workers, restarts, watches, records)
   and its transport, compose's door, the MPIJob launcher pod's door (mpijob_pod), stacks, rank_nic, linkprobe;
 - launcher/k8s/, the Kubernetes door's document: the MPIJob, its checked request (mpijob_request), its pods'

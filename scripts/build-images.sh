@@ -25,9 +25,13 @@ if [ "${1:-}" = tensorflow ]; then
   shift
   TARGET=tensorflow IMAGE="${TENSORFLOW_IMAGE:-horovod-stack:tensorflow}"
   REQUIREMENTS=(build tensorflow tools) WHEELHOUSE="${WHEELHOUSE:-/var/cache/horovod-stack/wheelhouse-tensorflow}"
+  # Horovod's NCCL ops for TensorFlow compile with a CUDA 12 folder made of a Debian package and three wheels: the
+  # offline path keeps them in the wheel folder (docker/cuda-toolkit-12.sh fetch; their pins key the folder too).
+  CUDA12_TOOLKIT=(docker/cuda-toolkit-12.sh docker/requirements-cuda12-toolkit.txt)
 else
   TARGET=image IMAGE="${IMAGE:-horovod-stack:latest}"
   REQUIREMENTS=(build cuda-toolkit runtime tools) WHEELHOUSE="${WHEELHOUSE:-/var/cache/horovod-stack/wheelhouse}"
+  CUDA12_TOOLKIT=()
 fi
 BASE_IMAGE="${BASE_IMAGE:-debian:bookworm-slim}"
 LOCAL_BASE_IMAGE="${LOCAL_BASE_IMAGE:-horovod-stack-base:bookworm}"
@@ -115,7 +119,7 @@ fill_wheelhouse() {
   local target wanted marker="${WHEELHOUSE%/}.complete" files=() name
   for name in "${REQUIREMENTS[@]}"; do files+=("docker/requirements-$name.txt"); done
   mapfile -t target < <(wheel_target | tr ' ' '\n')
-  wanted=$({ cat "${files[@]}"; echo "$HOROVOD_SDIST"; echo "${target[*]}"; } | sha256sum | cut -c1-16)
+  wanted=$({ cat "${files[@]}" "${CUDA12_TOOLKIT[@]}"; echo "$HOROVOD_SDIST"; echo "${target[*]}"; } | sha256sum | cut -c1-16)
   if [ "$(cat "$marker" 2>/dev/null)" = "$wanted" ]; then
     log "wheel folder $WHEELHOUSE complete"
     return
@@ -127,6 +131,7 @@ fill_wheelhouse() {
   log "filling $WHEELHOUSE for CPython $IMAGE_PYTHON, manylinux (once; several GB of wheels)"
   python3 -m pip download -q -d "$WHEELHOUSE" "${target[@]}" $(printf -- '-r %s ' "${files[@]}")
   python3 -m pip download -q -d "$WHEELHOUSE" --no-deps --no-binary :all: "$HOROVOD_SDIST"
+  [ "${#CUDA12_TOOLKIT[@]}" = 0 ] || "${CUDA12_TOOLKIT[0]}" fetch "$WHEELHOUSE"
   echo "$wanted" > "$marker"
 }
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from app import gpu
 from launcher.agent import stacks
+from launcher.core import legacy_keras
 from launcher.core.protocol import HOSTKEYS_DIR, JOB_LOST, KNOWN_HOSTS
 from launcher.host.engines import Container, Loss, NodeEngine, NodeError, pull_failure
 from launcher.host.jobstate import ContainerState
@@ -47,12 +48,15 @@ class StandInEngine:
         host_name: str | None = None,
         layers: tuple[str, ...] = (),
         chains: frozenset[str] = frozenset(),
+        labels: dict[str, str] | None = None,
     ) -> None:
         self.node = Node(name, f"ssh://{name}")
         self.reported_host_name = host_name or name.replace("_", "-")
         """What the engine reports as the node's host name (servers cloned from one image share one)."""
         self.image = image
         """The image's ID on this node; None: it lacks the image."""
+        self.labels = labels or {}
+        """The image's labels (app/gpu.py FRAMEWORK_LABEL: which framework's GPU needs its nodes are held to)."""
         self.chunks, self.fail_after = list(chunks), fail_after
         """The image as this engine's export streams it; a load fails after `fail_after` chunks."""
         self.layers, self.chains = list(layers), set(chains)
@@ -88,9 +92,12 @@ class StandInEngine:
         resolved = tuple((name, self.resolves[name]) for name in resolve if name in self.resolves)
         return dataclasses.replace(self.view, resolved=resolved)
 
-    def gpu_problem(self, image: str, request) -> str | None:
+    def image_labels(self, image: str) -> dict[str, str]:
+        return self.labels
+
+    def gpu_problem(self, image: str, request, build: gpu.CudaBuild) -> str | None:
         self.gpu_requests.append(request)
-        return gpu.gpu_problem(self.gpu_query, len(request.device_ids) or request.count)
+        return gpu.gpu_problem(self.gpu_query, len(request.device_ids) or request.count, build)
 
     def missing_bind(self, image: str, binds) -> str | None:
         return None
@@ -210,7 +217,8 @@ class StandInTransport:
     (their lifelines close without a word); the job then runs until the agent ends it, or, once the agent has
     recorded them in JOB_LOST (an elastic job going on without them), exits with `status`. A restart's runs (after
     the first) exit with the statuses in `restarts`, in order (0 once they run out), losing no one; a lost worker
-    in `returns_at` answers again from that time on, as a new worker (its container started again)."""
+    in `returns_at` answers again from that time on, as a new worker (its container started again). The first run
+    prints `output`."""
 
     def __init__(
         self,
@@ -228,6 +236,7 @@ class StandInTransport:
         restarts: tuple[int, ...] = (),
         returns_at: dict[str, float] | None = None,
         stop_asked: bool = False,
+        output: tuple[str, ...] = (),
     ) -> None:
         self.clock, self.up_from, self.resolves = clock or Clock(), up_from, resolves or []
         self.cannot_start, self.status, self.lost_in_job = cannot_start, status, lost_in_job
@@ -236,6 +245,9 @@ class StandInTransport:
         self.secret_values = secret_values or {}
         """What the job's secret settings would be, handed in as the launcher hands them."""
         self.restarts, self.returns_at, self.told_to_stop = list(restarts), returns_at or {}, stop_asked
+        self.output = output
+        """The lines the job's first run prints (tagged with their ranks, as mpirun writes them)."""
+        self.keras = legacy_keras.Watch()
         self.removed: list[str] = []
         self.ran_with: dict[str, str] = {}
         """The environment the job's process got besides the agent's own."""
@@ -303,8 +315,11 @@ class StandInTransport:
     def run(self, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> int:
         self.ran.append(argv)
         self.ran_with = dict(env or {})
+        self.keras = legacy_keras.Watch(argv)
         if len(self.ran) > 1:  # a restart
             return self.restarts.pop(0) if self.restarts else 0
+        for line in self.output:
+            self.keras.feed(line)
         if self.silent_in_job:
             return self.run_until_silence_is_handled()
         if self.until_stopped:
@@ -343,6 +358,9 @@ class StandInTransport:
 
     def horovod_warning(self) -> str | None:
         return None
+
+    def keras2_rank(self) -> int | None:
+        return self.keras.rank
 
     def stop_job(self) -> bool:
         self.ended.set()

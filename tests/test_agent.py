@@ -95,6 +95,52 @@ def test_a_job_whose_ranks_fail_keeps_their_status_and_names_no_cause_of_its_own
     assert {line.last_word for line in transport.lines.values()} == {"exit status 3"}
 
 
+KERAS3_TRACEBACK = tuple(
+    f"[1,1]<stderr>:{line}"
+    for line in (
+        "Traceback (most recent call last):",
+        '  File "/workdir/tensorflow2_mnist.py", line 89, in <module>',
+        "    loss_value = training_step(images, labels, batch == 0)",
+        "TypeError: in user code:",
+        "",
+        '    File "/workdir/tensorflow2_mnist.py", line 73, in training_step  *',
+        "        hvd.broadcast_variables(opt.variables(), root_rank=0)",
+        "",
+        "    TypeError: 'list' object is not callable",
+    )
+)
+"""Rank 1 of Horovod's tensorflow2_mnist.py on Keras 3, as mpirun passes its lines on (test_legacy_keras.py has the
+whole traceback)."""
+
+
+@pytest.mark.parametrize(
+    "job, env, fix",
+    [
+        (spec(), (), "launcher start --env TF_USE_LEGACY_KERAS=1 ..."),
+        (compose.job_spec({"WORKERS": "2", "TRAIN_COMMAND": "python tensorflow2_mnist.py"}, []), (),
+         'TRAIN_COMMAND="env TF_USE_LEGACY_KERAS=1 python tensorflow2_mnist.py" in .env'),
+        (spec(env=("TF_USE_LEGACY_KERAS=1",)), ("TF_USE_LEGACY_KERAS=1",), None),  # Keras 2 it was: no such cause
+    ],
+)  # fmt: skip
+def test_a_rank_that_dies_of_keras2_code_on_keras3_is_the_jobs_cause_with_the_doors_fix(job, env, fix):
+    clock = Clock()
+    up = {address: 0 for address in (W1.address, W2.address, "172.18.0.2", "172.18.0.3")}
+    transport = Transport(clock, up_from=up, resolves=["172.18.0.2", "172.18.0.3"], status=1, output=KERAS3_TRACEBACK)
+    end, said = run(job, clock, transport)
+    assert all(f"-x {pair}" in " ".join(transport.ran[0]) for pair in env)
+    if fix is None:
+        assert end == JobEnd(1)
+        return
+    cause = (
+        "rank 1: Keras 2 code on Keras 3, horovod-stack:tensorflow's default (a Keras 3 optimizer's `variables` is a "
+        f"list, not a method): run it with TF_USE_LEGACY_KERAS=1 for Keras 2, {fix} "
+        "(TypeError: 'list' object is not callable)"
+    )
+    assert end == JobEnd(1, cause) == parse_job_end(transport.files[JOB_STATUS])
+    assert said[said.index("mpirun exited with status 1") + 1] == f"error: {cause}"
+    assert {line.last_word for line in transport.lines.values()} == {f"exit status 1: {cause}"}
+
+
 def test_workers_that_never_answer_fail_the_job_in_one_line_and_those_that_did_are_told():
     clock = Clock()
     transport = Transport(clock, up_from={W1.address: 0})

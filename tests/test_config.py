@@ -135,6 +135,22 @@ def test_ranks_given_gpus_refuse_to_train_on_the_cpu(environ, cuda, no_cuda, ref
         assert "NVIDIA driver >= 580" in problem and "compute capability >= 7.5" in problem
 
 
+@pytest.mark.parametrize(
+    "user_set, given",
+    [
+        ((), ("HOROVOD_STACK_GPUS=1", "TF_FORCE_GPU_ALLOW_GROWTH=true")),
+        (("NCCL_DEBUG",), ("HOROVOD_STACK_GPUS=1", "TF_FORCE_GPU_ALLOW_GROWTH=true")),
+        (("TF_FORCE_GPU_ALLOW_GROWTH",), ("HOROVOD_STACK_GPUS=1",)),  # the user's own value stays theirs
+    ],
+)
+def test_every_rank_of_a_gpu_job_gets_tensorflows_memory_growth_unless_the_user_sets_it(user_set, given):
+    """Memory growth is TensorFlow's (torch reads no TF_* variable), given on every image: not every door knows
+    which framework the image holds. CUDA_VISIBLE_DEVICES is never given: Horovod's own pin line
+    (`gpus[hvd.local_rank()]`) needs every GPU of the node listed."""
+    assert gpu.gpu_rank_env(user_set) == given
+    assert dict(gpu.TENSORFLOW_BUILD.rank_env) == {"TF_FORCE_GPU_ALLOW_GROWTH": "true"} and not gpu.TORCH_BUILD.rank_env
+
+
 def test_a_rank_given_gpus_without_cuda_stops_in_one_line():
     """Here CUDA is never available, as on a host whose driver is older than torch's CUDA build needs."""
     result = subprocess.run(

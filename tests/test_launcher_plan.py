@@ -289,8 +289,48 @@ def test_ranks_given_gpus_are_told_so():
     assert "-x HOROVOD_STACK_GPUS=1" in " ".join(make_plan(gpus_per_node=2).job_argv())
     assert compose_spec(HOROVOD_STACK_GPUS="1", NCCL_DEBUG="INFO").options.env == (
         "HOROVOD_STACK_GPUS=1",
+        "TF_FORCE_GPU_ALLOW_GROWTH=true",
         "NCCL_DEBUG=INFO",
     )
+
+
+def gpu_settings(argv: list[str]) -> list[str]:
+    """The GPU variables a job's command line gives its ranks (mpirun's -x, horovodrun's `env` words)."""
+    return [word for word in argv if word.startswith(("HOROVOD_STACK_GPUS=", "TF_FORCE_GPU_ALLOW_GROWTH="))]
+
+
+@pytest.mark.parametrize(
+    "fields, given",
+    [
+        ({}, []),  # a CPU job: nothing
+        ({"gpus_per_node": 2}, ["HOROVOD_STACK_GPUS=1", "TF_FORCE_GPU_ALLOW_GROWTH=true"]),
+        (
+            {"gpus_per_node": 2, "env": ("TF_FORCE_GPU_ALLOW_GROWTH=false",)},  # the user's --env wins, given once
+            ["TF_FORCE_GPU_ALLOW_GROWTH=false", "HOROVOD_STACK_GPUS=1"],
+        ),
+        (
+            {"gpus_per_node": 2, "elastic": True, "network_interface": "eth0"},  # horovodrun's environment too
+            ["HOROVOD_STACK_GPUS=1", "TF_FORCE_GPU_ALLOW_GROWTH=true"],
+        ),
+    ],
+)
+def test_a_gpu_jobs_ranks_get_tensorflows_memory_growth_unless_the_user_sets_it(fields, given):
+    """On every image (torch ignores it): an unpinned TensorFlow rank would otherwise take nearly all of every GPU."""
+    argv = make_plan(**fields).job_argv()
+    assert gpu_settings(argv) == given
+    assert not any(word.startswith("CUDA_VISIBLE_DEVICES") for word in argv)  # Horovod's pin line needs every GPU
+
+
+@pytest.mark.parametrize(
+    "environ, given",
+    [
+        ({}, ()),
+        ({"HOROVOD_STACK_GPUS": "1"}, ("HOROVOD_STACK_GPUS=1", "TF_FORCE_GPU_ALLOW_GROWTH=true")),  # compose.gpu.yaml
+        ({"HOROVOD_STACK_GPUS": ""}, ()),
+    ],
+)
+def test_composes_gpu_file_gives_its_ranks_the_same_gpu_settings(environ, given):
+    assert compose.rank_env(environ) == given
 
 
 def test_the_launchers_job_spec_names_every_node_rank0_first_and_survives_json():

@@ -311,7 +311,10 @@ def test_the_launcher_pod_runs_the_same_command_with_the_stacks_defaults_and_the
     assert options.env == ("NCCL_DEBUG=INFO", "A=1", "OMPI_MCA_mpi_yield_when_idle=1")  # the user's NCCL_DEBUG wins
     assert set(HOROVOD_DEFAULTS) <= {item.partition("=")[0] for item in options.env}
     gpu = launcher_options(export(gpus_per_node=4))
-    assert "HOROVOD_STACK_GPUS=1" in gpu.env
+    assert "HOROVOD_STACK_GPUS=1" in gpu.env and "TF_FORCE_GPU_ALLOW_GROWTH=true" in gpu.env
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in str(options.env)  # a CPU job: nothing for GPUs
+    mine = launcher_options(export(gpus_per_node=4, env=("TF_FORCE_GPU_ALLOW_GROWTH=false",))).env
+    assert [item for item in mine if item.startswith("TF_FORCE")] == ["TF_FORCE_GPU_ALLOW_GROWTH=false"]
     user = launcher_options(export(command=("python", "train.py")))
     assert user.command == ("python", "train.py")
 

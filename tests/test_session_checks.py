@@ -116,6 +116,44 @@ def test_each_images_framework_is_held_to_its_own_cuda_builds_needs(labels, quer
     assert found == problem if problem is None else found.startswith(problem)
 
 
+A100_550 = "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n"
+
+
+@pytest.mark.parametrize(
+    "image, labels, query, problem",
+    [
+        ("horovod-stack:tensorflow", {FRAMEWORK_LABEL: "TensorFlow"}, A100_550, None),  # 550 >= TensorFlow's 525
+        (
+            "horovod-stack:tensorflow",
+            {FRAMEWORK_LABEL: "TensorFlow"},
+            "0, Tesla T4, 470.82.01, 7.5\n",
+            "node_2: NVIDIA driver 470.82.01 is older than 525, which TensorFlow 2.21's CUDA 12.5 build needs",
+        ),
+        (
+            "horovod-stack:latest",
+            {FRAMEWORK_LABEL: "PyTorch"},
+            A100_550,
+            "node_2: NVIDIA driver 550.54.15 is older than 580, which torch's CUDA 13.0 build needs",
+        ),
+        (
+            "my-lab/model:1",  # no label: held to PyTorch's
+            {},
+            A100_550,
+            "node_2: NVIDIA driver 550.54.15 is older than 580, which torch's CUDA 13.0 build needs",
+        ),
+    ],
+)
+def test_doctor_gpus_holds_the_nodes_to_the_images_own_framework(image, labels, query, problem):
+    """`launcher doctor --gpus` (and a start) read which framework --image holds from its label on the node."""
+    engines = [
+        StandInEngine(name, gpu_query=gpu_query, labels=labels, resolves=HOSTS)
+        for name, gpu_query in (("node_1", H100), ("node_2", query))
+    ]
+    settings = launch_settings(nodes=("node_1", "node_2"), gpus_per_node=1, image=image)
+    problems, _, _ = doctor.check(settings, lambda _: None, connect=connect_to(*engines))
+    assert problems == ([] if problem is None else [f"{problem}; update the driver there"])
+
+
 def test_gpus_named_by_id_are_checked_with_the_workers_own_request():
     engines = [node_engine("node_1", ("lo",), gpu_query=H100), node_engine("node_2", ("lo",), gpu_query=H100)]
     settings = launch_settings(nodes=("node_1", "node_2"), gpus_per_node=2, gpu_ids=("0", "1"))

@@ -345,6 +345,33 @@ def test_a_rank_out_of_shared_memory_fails_naming_it_and_the_flag_that_fixes_it(
     )
 
 
+KERAS3 = (
+    "Traceback (most recent call last):",
+    '  File "/workdir/tensorflow2_mnist.py", line 64, in <module>',
+    "    hvd.broadcast_variables(opt.variables(), root_rank=0)",
+    "                            ^^^^^^^^^^^^^^^",
+    "TypeError: 'list' object is not callable",
+)
+"""Keras 2 code (Horovod's TensorFlow 2 examples) on Keras 3: tests/test_legacy_keras.py has the rule's cases."""
+
+
+@pytest.mark.parametrize(
+    "environment, error",
+    [
+        ((), "Keras 2 code on Keras 3, horovod-stack:tensorflow's default (a Keras 3 optimizer's `variables` is a "
+             "list, not a method): run it with TF_USE_LEGACY_KERAS=1 for Keras 2, docker run -e "
+             "TF_USE_LEGACY_KERAS=1 ... smoke ... (TypeError: 'list' object is not callable)"),
+        (("PATH=/bin", "TF_USE_LEGACY_KERAS=1"), "TypeError: 'list' object is not callable"),
+    ],
+)  # fmt: skip
+def test_a_rank_that_died_of_keras2_code_on_keras3_fails_naming_the_setting_that_fixes_it(environment, error):
+    log = job_log(2, *(f"[{rank}]<stderr>:{line}" for rank in (0, 1) for line in KERAS3),
+                  "Process 0 exit with status code 1.", "Process 1 exit with status code 1.")  # fmt: skip
+    outcome = report.judge(log, 1, 9.0, environment=environment)
+    assert report.result_line(outcome) == f"smoke: failed: rank 0 exited with status 1: {error}"
+    assert outcome.ranks[1].problem() == f"exited with status 1 after rank 0 failed: {error}"
+
+
 def test_shared_memorys_size(tmp_path):
     assert shm.size_bytes(str(tmp_path)) == os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize > 0
     assert shm.size_bytes(str(tmp_path / "none")) is None

@@ -1,7 +1,7 @@
 """horovod-stack:tensorflow run for real: the bundled Keras trainer through `docker compose up`, the Keras 3 and Keras 2
-checks of tests/tensorflow/ through the smoke role, a resumed run, an elastic job that loses a worker, a script of the
-other framework on each image, and each image's framework label. Needs the image (scripts/build-images.sh
-tensorflow, which scripts/test.sh runs).
+checks of tests/tensorflow/ through the smoke role (and Keras 2 code without TF_USE_LEGACY_KERAS=1, failing in a line
+that names it), a resumed run, an elastic job that loses a worker, a script of the other framework on each image, and
+each image's framework label. Needs the image (scripts/build-images.sh tensorflow, which scripts/test.sh runs).
 
 The benches that compare Horovod with TensorFlow's own strategy and each image's allreduce run here at their
 smallest; the launcher across the test hosts with this image is tests/test_tensorflow_multihost.py.
@@ -21,6 +21,7 @@ import pytest
 
 from app.frameworks import PYTORCH, TENSORFLOW, wrong_image_message
 from app.gpu import BUILDS, FRAMEWORK_LABEL, build_of
+from launcher.core.legacy_keras import ERROR, SETTING, explained
 from tests.test_compose import ComposeRun
 
 pytestmark = pytest.mark.integration
@@ -82,6 +83,22 @@ def test_keras_code_runs_on_two_ranks_through_the_smoke_role_and_ends_identical(
                         docker=(*keras2, "-v", f"{CHECKS}:/workdir:ro", "-w", "/workdir"))  # fmt: skip
     assert done.returncode == 0
     assert "identical on every rank: True" in done.stdout
+
+
+@pytest.mark.parametrize("keras2", [False, True])
+def test_keras2_code_fails_on_keras3_naming_the_setting_and_trains_with_it(keras2):
+    """tests/tensorflow/keras2_on_keras3.py, Horovod's TensorFlow 2 examples in miniature (tf.optimizers.SGD,
+    opt.variables()), through the smoke role as a CI job runs it: without TF_USE_LEGACY_KERAS=1 the last line names
+    the setting and how to give it (launcher/core/legacy_keras.py), Python's error after it; with it, it trains."""
+    setting = ("-e", SETTING) if keras2 else ()
+    done = run_in_image("smoke", "--np", "2", "--", "python", "keras2_on_keras3.py",
+                        docker=(*setting, "-v", f"{CHECKS}:/workdir:ro", "-w", "/workdir"))  # fmt: skip
+    last = done.stdout.strip().splitlines()[-1]
+    if keras2:
+        assert done.returncode == 0 and last.startswith("smoke: passed: "), last
+        return
+    assert done.returncode != 0 and last.startswith("smoke: failed: rank "), last
+    assert explained(None, "smoke") in last and ERROR in last, last
 
 
 def test_a_resumed_run_continues_after_its_checkpoint_with_the_same_files():

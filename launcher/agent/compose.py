@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from app.gpu import GPUS_ASKED
+from app.gpu import gpu_rank_env, gpus_asked
 from launcher.core.job import DoorWords, JobSpec, new_run_id
 from launcher.core.options import ENV_NAME, JobOptions, SettingsError, door_names, job_command, option_kind, switch
 from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
@@ -26,8 +26,8 @@ WORDS = DoorWords(
 KEYS = door_names("compose")
 """Compose's .env key for each job option it sets (core/options.py option)."""
 SPECIAL = ("command", "env", "elastic", "workdir")
-"""Options compose makes of other settings (TRAIN_COMMAND and TRAIN_ARGS, GPUs given and NCCL's verbosity, the
-elastic minimum's presence, WORKDIR's)."""
+"""Options compose makes of other settings (TRAIN_COMMAND and TRAIN_ARGS, GPUs given and NCCL's verbosity: rank_env,
+the elastic minimum's presence, WORKDIR's)."""
 
 
 def _whole(environ: Mapping[str, str], key: str) -> int | None:
@@ -50,6 +50,13 @@ def _worker_service(environ: Mapping[str, str]) -> str:
     return environ.get("WORKER_SERVICE", "").strip() or "worker"
 
 
+def rank_env(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """What compose passes to every rank: where compose.gpu.yaml gave the workers GPUs (GPUS_ASKED), that flag and
+    the frameworks' GPU settings (app/gpu.py gpu_rank_env); NCCL's verbosity when set."""
+    gpus = gpu_rank_env(()) if gpus_asked(environ) else ()
+    return (*gpus, *([f"NCCL_DEBUG={environ['NCCL_DEBUG']}"] if environ.get("NCCL_DEBUG", "").strip() else []))
+
+
 def job_options(environ: Mapping[str, str], args: list[str], secrets: tuple[str, ...] = ()) -> JobOptions:
     """The job's options from compose's environment: `args` are the service's command words (the bundled trainer's
     flags from compose.yaml), TRAIN_ARGS adds more, TRAIN_COMMAND replaces the trainer with the user's command;
@@ -66,8 +73,7 @@ def job_options(environ: Mapping[str, str], args: list[str], secrets: tuple[str,
             chosen[name] = _whole(environ, key) if kind in (int, float) else switch(raw, key) if kind is bool else raw
     return JobOptions(
         command=tuple(command),
-        # Passed to every rank when compose sets them: GPUs given (compose.gpu.yaml) and NCCL's verbosity.
-        env=tuple(f"{key}={environ[key]}" for key in (GPUS_ASKED, "NCCL_DEBUG") if environ.get(key, "").strip()),
+        env=rank_env(environ),
         elastic="elastic_min_workers" in chosen,
         workdir=WORKDIR if environ.get("WORKDIR", "").strip() else None,
         secrets=secrets,

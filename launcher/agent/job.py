@@ -26,6 +26,7 @@ from launcher.agent import records, watches
 from launcher.agent.restarts import RestartingAgent
 from launcher.agent.transport import Transport
 from launcher.agent.workers import JobError, LostWorker
+from launcher.core import legacy_keras
 from launcher.core.job import JobSpec, Worker, hostfile, ssh_config
 from launcher.core.protocol import (
     HOME,
@@ -175,7 +176,8 @@ class Agent(RestartingAgent):
             return JobEnd(0)
         losses = self.losses(ready)
         self.run_losses = losses if spec.options.max_restarts else []
-        return JobEnd(status, self.cause_of(losses), lost=tuple(loss.name for loss in losses))
+        cause = self.cause_of(losses) or self.rank_cause()
+        return JobEnd(status, cause, lost=tuple(loss.name for loss in losses))
 
     def cause_of(self, losses: list[LostWorker]) -> str | None:
         """The failed job's cause, when it lost workers."""
@@ -188,6 +190,17 @@ class Agent(RestartingAgent):
         silent = [str(loss) for loss in losses if loss.silent]
         closed = [loss.name for loss in losses if not loss.silent]
         return "; ".join([*silent, *([f"{', '.join(closed)}: worker lost during the run; {hint}"] if closed else [])])
+
+    def rank_cause(self) -> str | None:
+        """The failed job's cause, said, when a rank's output shows one the stack words with its fix: Keras 2 code on
+        Keras 3 (launcher/core/legacy_keras.py)."""
+        rank = self.transport.keras2_rank()
+        if rank is None:
+            return None
+        options = self.spec.options
+        cause = f"rank {rank}: {legacy_keras.explained(legacy_keras.ERROR, options.door, options.command)}"
+        self.say(f"error: {cause}")
+        return cause
 
     def refuse(self, cause: str) -> JobEnd:
         """A job refused before it started (a bad setting): the workers that are up are told all the same."""

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import IO, Protocol
 
-from launcher.core import stall
+from launcher.core import legacy_keras, stall
 from launcher.core.protocol import (
     CLUSTER_KEY,
     CLUSTER_SSH_DIR,
@@ -88,6 +88,10 @@ class Transport(Protocol):
 
     def horovod_warning(self) -> str | None:
         """Horovod's latest stall warning in the job's output (stall.HorovodWarnings)."""
+
+    def keras2_rank(self) -> int | None:
+        """The first rank of the last run whose output shows it died of Keras 2 code on Keras 3
+        (launcher/core/legacy_keras.py); None: none did."""
 
     def stop_job(self) -> bool:
         """Asks the running job to end (SIGTERM: mpirun and horovodrun pass it to every rank); False if it had
@@ -164,6 +168,7 @@ class SshTransport:
         self.job_over = False
         self.last_output = time.monotonic()
         self.warnings = stall.HorovodWarnings()
+        self.keras = legacy_keras.Watch()
         self.stop_signal: int | None = None
         """The stop signal the agent was sent, if any (stop_on_signals)."""
 
@@ -229,6 +234,7 @@ class SshTransport:
         if self.stop_signal is not None:  # told to stop between a run and its restart: no new run
             return 128 + self.stop_signal
         self.last_output = time.monotonic()
+        self.keras = legacy_keras.Watch(argv)  # each run's own output; its -x pairs say whether Keras 2 was asked for
         # A process group of its own, so that stop_job can kill it with its ssh sessions; signals to the agent reach
         # it through stop_on_signals.
         self.child = subprocess.Popen(
@@ -253,7 +259,9 @@ class SshTransport:
         for line in output:
             sys.stdout.buffer.write(line)
             sys.stdout.buffer.flush()
-            if not self.warnings.feed(line.decode(errors="replace")):  # a stall warning is no progress
+            text = line.decode(errors="replace")
+            self.keras.feed(text)
+            if not self.warnings.feed(text):  # a stall warning is no progress
                 self.last_output = time.monotonic()
 
     def output_age(self) -> float:
@@ -267,6 +275,9 @@ class SshTransport:
 
     def horovod_warning(self) -> str | None:
         return self.warnings.current()
+
+    def keras2_rank(self) -> int | None:
+        return self.keras.rank
 
     def stop_job(self) -> bool:
         child = self.child

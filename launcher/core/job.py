@@ -16,7 +16,7 @@ from pathlib import PurePosixPath as Path
 
 from app.autotune import LOG as AUTOTUNE_LOG
 from app.entrypoint import TRAINER
-from app.gpu import GPUS_ASKED
+from app.gpu import gpu_rank_env
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from app.timeline import FILE as TIMELINE_FILE
 from launcher.core.nics import NIC_VARIABLES, nic_selection, nic_variables, subnet_of
@@ -400,10 +400,12 @@ class JobSpec:
     @property
     def rank_env(self) -> tuple[str, ...]:
         """KEY=VALUE pairs every rank gets: the user's, Horovod's timeline and autotuning where asked for
-        (horovod_outputs), and GPUS_ASKED where the workers were given GPUs."""
+        (horovod_outputs), and where the workers were given GPUs, GPUS_ASKED and the frameworks' GPU settings the
+        user's leave unset (app/gpu.py gpu_rank_env)."""
         options = self.options
-        outputs = horovod_outputs(options.timeline, options.autotune, self.output_dir, names_in(options.env))
-        return (*options.env, *outputs, *([f"{GPUS_ASKED}=1"] if self.gpus else []), *self.restart_env)
+        user_set = names_in(options.env)
+        outputs = horovod_outputs(options.timeline, options.autotune, self.output_dir, user_set)
+        return (*options.env, *outputs, *(gpu_rank_env(user_set) if self.gpus else ()), *self.restart_env)
 
     @property
     def restart_env(self) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from docker.errors import APIError, ContainerError, DockerException, ImageNotFou
 from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
-from app.gpu import GPU_QUERY, build_of, gpu_problem
+from app.gpu import GPU_QUERY, CudaBuild, gpu_problem
 from launcher.core import layers
 from launcher.core.nics import IP_ADDRESSES
 from launcher.core.options import Bind
@@ -166,10 +166,13 @@ class NodeDriver:
         engine = datetime.fromisoformat(stamp).replace(tzinfo=UTC)
         return (engine - datetime.now(UTC)).total_seconds()
 
-    def gpu_problem(self, image: str, gpu: GpuRequest) -> str | None:
-        """Why this node cannot give a worker the GPUs asked for (the toolkit, the count or IDs, the driver, the
-        GPUs' age), from nvidia-smi in a short-lived container with the workers' own device request; None if it
-        can."""
+    def image_labels(self, image: str) -> dict[str, str]:
+        return dict(self.client.images.get(image).labels or {})
+
+    def gpu_problem(self, image: str, gpu: GpuRequest, build: CudaBuild) -> str | None:
+        """Why this node cannot give a worker the GPUs asked for (the toolkit, the count or IDs, the driver and the
+        GPUs' age against `build`, the image's framework's), from nvidia-smi in a short-lived container with the
+        workers' own device request; None if it can."""
         try:
             output = self.client.containers.run(
                 image, list(GPU_QUERY), remove=True, device_requests=[device_request(gpu)]
@@ -179,7 +182,6 @@ class NodeDriver:
                 f"no GPUs reach a container there ({first_line(error)}); install the NVIDIA Container Toolkit, "
                 "run `nvidia-ctk runtime configure --runtime=docker` and restart Docker"
             )
-        build = build_of(self.client.images.get(image).labels)
         return gpu_problem(output.decode(errors="replace"), len(gpu.device_ids) or gpu.count, build)
 
     def missing_bind(self, image: str, binds: tuple[Bind, ...]) -> str | None:

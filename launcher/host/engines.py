@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, TypeVar
 
+from app.gpu import CudaBuild
 from launcher.core.imageref import parse_image
 from launcher.core.options import Bind
 from launcher.host.jobstate import ContainerState
@@ -98,7 +99,9 @@ class NodeEngine(Protocol):
 
     def clock_skew_seconds(self) -> float: ...
 
-    def gpu_problem(self, image: str, gpu: GpuRequest) -> str | None: ...
+    def image_labels(self, image: str) -> dict[str, str]: ...
+
+    def gpu_problem(self, image: str, gpu: GpuRequest, build: CudaBuild) -> str | None: ...
 
     def missing_bind(self, image: str, binds: tuple[Bind, ...]) -> str | None: ...
 

@@ -1,8 +1,9 @@
 """The checks a start (and --dry-run) makes on the nodes before any container starts, in order: what each node's
 engine says without starting anything (engine_facts), a cluster still running, the image brought to every node that
 lacks it (pulled, or copied from this machine with --push-image) and the same everywhere, then the node as its
-workers will see it (host_facts: port, NICs, names, GPUs, --mount folders), each finding judged by preflight.py (pure);
-and the plan with what the checks found (check_nodes). doctor reads the same facts.
+workers will see it (host_facts: port, NICs, names, GPUs held to the needs of the image's framework, --mount
+folders), each finding judged by preflight.py (pure); and the plan with what the checks found (check_nodes). doctor
+reads the same facts.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from app.gpu import build_of
 from launcher.core.imageref import parse_image
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.host import images, preflight
 from launcher.host.docker_driver import NodeDriver
 from launcher.host.engines import NodeEngine, NodeError, on_each
-from launcher.host.plan import LABEL_CLUSTER, ClusterPlan, Node
+from launcher.host.plan import LABEL_CLUSTER, ClusterPlan, GpuRequest, Node
 from launcher.host.preflight import Finding, NodeFacts, Severity
 from launcher.host.rootcause import LaunchError
 from launcher.host.settings import LaunchSettings
@@ -51,9 +53,15 @@ def host_facts(plan: ClusterPlan, engine: NodeEngine, facts: NodeFacts) -> NodeF
         view=engine.host_view(settings.image, settings.job.ssh_port, resolve=names),
         resolve=names,
         gpu_request=gpu_request,
-        gpu_problem=engine.gpu_problem(settings.image, gpu_request) if gpu_request else None,
+        gpu_problem=node_gpu_problem(engine, settings.image, gpu_request) if gpu_request else None,
         missing_bind=engine.missing_bind(settings.image, binds) if binds else None,
     )
+
+
+def node_gpu_problem(engine: NodeEngine, image: str, request: GpuRequest) -> str | None:
+    """Why a node cannot give its workers the GPUs of `request`, held to the needs of the framework that its copy of
+    the image holds (the image's label, app/gpu.py build_of); None if it can."""
+    return engine.gpu_problem(image, request, build_of(engine.image_labels(image)))
 
 
 def refuse_on(findings: list[Finding], say: Callable[[str], None]) -> None:

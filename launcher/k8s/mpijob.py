@@ -35,10 +35,10 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from app.gpu import GPUS_ASKED
+from app.gpu import gpu_rank_env
 from launcher.core.imageref import parse_image
 from launcher.core.job import defaults_unless_set
-from launcher.core.options import SettingsError
+from launcher.core.options import SettingsError, names_in
 from launcher.core.pod_contract import PodArgs, agent_args
 from launcher.core.protocol import MPIJOB_SSH_AUTH_DIR, SHARED_MOUNT, SSH_PORT
 from launcher.k8s import podsecurity
@@ -68,9 +68,10 @@ def pull_policy(image: str) -> str:
 
 def rank_env(request: MpiJobRequest) -> tuple[str, ...]:
     """What every rank gets: the user's --env, the stack's Horovod defaults they leave unset, and, on GPUs, the flag
-    that the ranks were given GPUs. All of it is in the launcher's arguments, one place to change it."""
-    gpus = (f"{GPUS_ASKED}=1",) if request.gpus_per_node else ()
+    that the ranks were given GPUs with the frameworks' GPU settings they leave unset (app/gpu.py gpu_rank_env).
+    All of it is in the launcher's arguments, one place to change it."""
     env = request.job.env
+    gpus = gpu_rank_env(names_in(env)) if request.gpus_per_node else ()
     return (*env, *defaults_unless_set((*env, *gpus)), *gpus)
 
 

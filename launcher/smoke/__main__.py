@@ -122,6 +122,7 @@ def main(argv: list[str]) -> int:
         check=check,
         exits=finished.exits,
         shared_memory=shared_memory,
+        environment=(*(f"{name}={value}" for name, value in os.environ.items()), *command),
     )
     if found:
         print(f"smoke: the bundled trainer: {found}", flush=True)

@@ -14,6 +14,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
+from launcher.core import legacy_keras
 from launcher.smoke import shm
 from launcher.smoke.output import JobLog, last_error_line
 
@@ -99,11 +100,13 @@ def judge(
     check: str | None = None,
     exits: list[tuple[int, int]] | None = None,
     shared_memory: int | None = None,
+    environment: tuple[str, ...] = (),
 ) -> Outcome:
     """The run's outcome from its output, horovodrun's status, and (timeout given) the timeout and the ranks' stacks;
     check: why the bundled trainer's own check failed, if it did; exits: the ranks' non-zero exits that count (by
     default all of the log's; after a timeout, those before it); shared_memory: /dev/shm's size, told with the error
-    of a rank that ran out of it."""
+    of a rank that ran out of it; environment: the ranks' KEY=VALUE words (their environment, an `env` in front of
+    the command), for a rank that died of Keras 2 code on Keras 3 (told with its fix unless Keras 2 was asked for)."""
     stacks = stacks or {}
     exits = log.exits if exits is None else exits
     ended = dict(reversed(exits))  # the first exit line of a rank wins
@@ -117,8 +120,13 @@ def judge(
     culprit = log.culprit(exits)
 
     def error_of(number: int) -> str | None:
-        error, text = log.ranks[number].last_error(), log.ranks[number].text()
-        return shm.explained(error, shared_memory) if shm.ran_out(text) else error
+        rank = log.ranks[number]
+        error = rank.last_error()
+        if shm.ran_out(rank.text()):
+            return shm.explained(error, shared_memory)
+        if legacy_keras.keras2_on_keras3([line.text for line in rank.tail], environment):
+            return legacy_keras.explained(error, "smoke")
+        return error
 
     def result(number: int) -> RankResult:
         status = status_of(number)
