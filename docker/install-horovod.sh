@@ -13,11 +13,13 @@
 # patch-horovod-source.sh applies the first fix to the unpacked sdist and this script exports the second,
 # then builds a wheel for the ops asked for: cpu = MPI + Gloo, gpu = NCCL + MPI + Gloo (a NCCL build also
 # runs MPI and Gloo on CPUs). Against a CUDA build of torch (the one PyPI serves) Horovod compiles its
-# CUDA glue even for cpu ops, so a CUDA toolkit is found, or installed from NVIDIA's wheels, either way.
+# CUDA glue even for cpu ops, so a CUDA toolkit is found, or installed from NVIDIA's wheels, either way. Against
+# TensorFlow (CUDA 12 wheels) gpu ops compile with the CUDA 12 folder cuda-toolkit-12.sh assembles for the build
+# alone, and link the NCCL of TensorFlow's own wheel.
 #
 # The wheel is cached outside the checkout under $HOROVOD_WHEEL_CACHE, keyed by everything that changes
-# it: Horovod version, the patches (patch-horovod-source.sh, patch-horovod-tensorflow.sh), the framework and its
-# version, Python and ops. A run with the same key installs in seconds.
+# it: Horovod version, the patches (patch-horovod-source.sh, patch-horovod-tensorflow.sh), TensorFlow's CUDA 12
+# folder's pins, the framework and its version, Python and ops. A run with the same key installs in seconds.
 #
 # Environment:
 #   PYTHON                 interpreter whose environment gets Horovod (default: python3); torch or tensorflow
@@ -26,7 +28,9 @@
 #   HOROVOD_WHEEL_CACHE    default /var/cache/horovod-stack/wheels
 #   HOROVOD_WHEEL_EXPORT   also copy the wheel into this folder
 #   HOROVOD_CUDA_HOME      a CUDA toolkit; default /usr/local/cuda where its major version is torch's, else
-#                          the toolkit from NVIDIA's PyPI wheels (installed next to torch if missing).
+#                          the toolkit from NVIDIA's PyPI wheels (installed next to torch if missing); for
+#                          TensorFlow, cuda-toolkit-12.sh's folder (its pieces from CUDA_TOOLKIT_SOURCES, else fetched).
+#   HOROVOD_BUILD_CUDA_CC_LIST  the kernels' GPU architectures (TensorFlow's default: 60,70,75,80,86,89,90).
 set -euo pipefail
 
 ops="${1:-}"
