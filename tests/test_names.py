@@ -6,7 +6,7 @@ import pytest
 
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError, env_problem, job_command
-from launcher.host.docker_driver import host_view_argv
+from launcher.host.docker_driver import host_view_argv, parse_host_view
 from launcher.host.plan import mpi_host
 from launcher.k8s import mpijob_request
 from tests.conftest import launch_settings
@@ -150,3 +150,21 @@ def test_the_host_view_script_resolves_names_and_runs_none_of_them(tmp_path):
     assert lines[0] in ("free", "taken")
     assert [line for line in lines if line.startswith("resolved")] == ["resolved localhost 127.0.0.1"]
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    "output, taken, nics, resolved",
+    [
+        ("free\nnic lo\nnic eth0\naddress eth0 10.0.0.5/24\nresolved node_2 10.0.0.6\n", False, ("lo", "eth0"),
+         (("node_2", "10.0.0.6"),)),
+        ("taken\nnic eth0\n", True, ("eth0",), ()),
+        ("", None, None, None),  # the container's output came back empty: asked again, then one line naming the node
+        ("\n", None, None, None),
+    ],
+)  # fmt: skip
+def test_the_host_view_is_read_from_its_containers_lines_and_nothing_is_no_view(output, taken, nics, resolved):
+    view = parse_host_view(output)
+    if taken is None:
+        assert view is None
+        return
+    assert view is not None and (view.port_taken, view.nics, view.resolved) == (taken, nics, resolved)

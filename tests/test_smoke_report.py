@@ -106,6 +106,8 @@ RACE = (
     "[1]<stderr>:Terminated", "Process 1 exit with status code 143.",
 )  # fmt: skip
 """Rank 1 raised; Horovod's shutdown made rank 0 fail and exit before rank 1 did, and horovodrun ended rank 1."""
+RACE_UNTOLD = RACE[:-1]
+"""The same, where horovodrun ended rank 1 without a line saying how it exited (seen in a full run)."""
 
 
 @pytest.mark.parametrize(
@@ -115,6 +117,7 @@ RACE = (
         (job_log(1, "[0]<stdout>:ok"), 0, {}, "smoke: passed: 1 rank over Gloo in 41 s", 0),
         (job_log(2, *RAISED), 1, {}, "smoke: failed: rank 1 exited with status 1: RuntimeError: boom", 1),
         (job_log(2, *RACE), 1, {}, "smoke: failed: rank 1 failed first: RuntimeError: boom", 1),
+        (job_log(2, *RACE_UNTOLD), 1, {}, "smoke: failed: rank 1 failed first: RuntimeError: boom", 1),
         (job_log(2, "[1]<stderr>:Killed", "Process 1 exit with status code 137."), 1, {},
          "smoke: failed: rank 1 exited with status 137: Killed", 137),
         (job_log(2, "Process 0 exit with status code -9."), 1, {},

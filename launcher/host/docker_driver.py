@@ -42,6 +42,20 @@ def bind_mount(bind: Bind) -> Mount:
     return Mount(target=bind.target, source=bind.source, type="bind", read_only=bind.read_only)
 
 
+def parse_host_view(output: str) -> HostView | None:
+    """host_view's container output (host_view_argv) as a HostView; None when it printed nothing."""
+    port_state, *lines = output.splitlines() or [""]
+    if not port_state.strip():
+        return None
+    rows = [line.split() for line in lines]
+    return HostView(
+        port_taken=port_state.strip() == "taken",
+        nics=tuple(row[1] for row in rows if row[:1] == ["nic"] and len(row) == 2),
+        addresses=tuple((row[1], row[2]) for row in rows if row[:1] == ["address"] and len(row) == 3),
+        resolved=tuple((row[1], row[2]) for row in rows if row[:1] == ["resolved"] and len(row) == 3),
+    )
+
+
 def host_view_argv(port: int, resolve: tuple[str, ...]) -> list[str]:
     """The command of host_view's container: whether `port` is taken, the NICs, the IPv4 addresses, then one
     `resolved NAME ADDRESS` line per name in `resolve` that resolves. The names reach bash only as positional
@@ -232,16 +246,18 @@ class NodeDriver:
         """Whether something on the node already listens on `port`, the node's NICs and addresses, and what the
         names in `resolve` resolve to there, from one short-lived host-network container of the image (what the
         workers will see, whatever the launcher's machine has)."""
-        output = self.client.containers.run(
-            image, host_view_argv(port, resolve), network_mode="host", remove=True, user="mpiuser"
-        )
-        port_state, *lines = output.decode().splitlines()
-        rows = [line.split() for line in lines]
-        return HostView(
-            port_taken=port_state.strip() == "taken",
-            nics=tuple(row[1] for row in rows if row[:1] == ["nic"] and len(row) == 2),
-            addresses=tuple((row[1], row[2]) for row in rows if row[:1] == ["address"] and len(row) == 3),
-            resolved=tuple((row[1], row[2]) for row in rows if row[:1] == ["resolved"] and len(row) == 3),
+        # Twice at most: on a busy node the container's output has come back empty (seen once in a full test run).
+        for _ in range(2):
+            output = self.client.containers.run(
+                image, host_view_argv(port, resolve), network_mode="host", remove=True, user="mpiuser"
+            )
+            view = parse_host_view(output.decode(errors="replace"))
+            if view is not None:
+                return view
+        raise NodeError(
+            self.node.name,
+            f"a short-lived container of {image} printed nothing, twice; run `docker run --rm --network host {image} "
+            "ip -brief address` there to see why",
         )
 
     def start_probe(self, image: str, argv: list[str], name: str, labels: dict[str, str]) -> str:

@@ -113,8 +113,9 @@ class JobLog:
     def culprit(self, exits: list[tuple[int, int]]) -> int | None:
         """The rank that failed first: of those that exited non-zero, the first to report an error (horovodrun ends
         the other ranks once one exits, and a rank that raised may be slower to exit than one its end made fail);
-        failing that, the first to exit."""
+        failing that, the first to exit. Once a rank has exited non-zero, a rank that reported an error counts too
+        even without an exit line of its own: horovodrun may end it before it says how it exited."""
         failed = {rank for rank, _ in exits}
         reported = sorted((log.first_error, rank) for rank, log in self.ranks.items()
-                          if rank in failed and log.first_error is not None)  # fmt: skip
+                          if (rank in failed or exits) and log.first_error is not None)  # fmt: skip
         return reported[0][1] if reported else (exits[0][0] if exits else None)

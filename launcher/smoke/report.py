@@ -143,9 +143,9 @@ def judge(
         failure = f"timed out after {timeout:.0f} s" + (f": {where}" if where else "")
         return outcome(failure=failure, status=TIMEOUT_STATUS, timed_out=True)
     if culprit is not None:
-        status, error = ended[culprit], error_of(culprit)
+        error = error_of(culprit)
         if culprit == exits[0][0]:
-            return outcome(failure=exited(culprit, status, error), status=exit_status(status))
+            return outcome(failure=exited(culprit, ended[culprit], error), status=exit_status(ended[culprit]))
         # It reported its error first, but another rank exited first and horovodrun ended this one.
         failure = f"rank {culprit} failed first" + (f": {error}" if error else "")
         return outcome(failure=failure, status=exit_status(returncode) or 1)
