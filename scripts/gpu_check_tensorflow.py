@@ -11,7 +11,8 @@ on PASS. The rank's check: rank r contributes (r + 1) x pattern (small integers,
 sum over N ranks is exactly N (N + 1) / 2 x pattern in float32, checked element by element, and the average too.
 What carried it is judged from three sources: hvd.nccl_built(), NCCL's own INFO lines (each rank's communicator
 "Init COMPLETE") and Horovod's timeline (NCCL_ALLREDUCE). Only the rank imports TensorFlow; the rest is the standard
-library, so the judging runs (and is unit tested) anywhere.
+library and the stack's own pure modules (app/, launcher/: the image's PYTHONPATH), so the judging runs (and is unit
+tested) anywhere.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from app.gpu import GPUS_ASKED
+from app.metrics import read_records
+from launcher.smoke.trainer import read_summary
 
 ALLREDUCE_SIZES = "1000,1048576,16777216"
 """float32 elements per tensor: 4 KB, 4 MB and 64 MB."""
@@ -241,9 +246,10 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_metrics(path: Path) -> list[dict]:
+    """The trainer's metrics records (app/metrics.py); none where it wrote none or wrote them wrong."""
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_records(path)
     except (OSError, ValueError):
         return []
 
@@ -268,13 +274,13 @@ def run_step(args: argparse.Namespace) -> int:
         metrics, summary = out / "metrics.jsonl", out / "summary.json"
         for stale in (metrics, summary):
             stale.unlink(missing_ok=True)
-        env["HOROVOD_STACK_GPUS"] = "1"  # a rank without CUDA stops in one line instead of training on the CPU
+        env[GPUS_ASKED] = "1"  # a rank without CUDA stops in one line instead of training on the CPU
         command = [sys.executable, "-m", "app.train", "--dataset", "digits", "--epochs", str(TRAINER_EPOCHS)]
         command += ["--progress", "lines", "--run-dir", "/tmp/gpu-check-train"]
         command += ["--metrics-file", str(metrics), "--summary-file", str(summary)]  # curves.png lands beside them
-        argv = mpirun_argv(args.ranks, [*names, "HOROVOD_STACK_GPUS"], os.geteuid() == 0) + command
+        argv = mpirun_argv(args.ranks, [*names, GPUS_ASKED], os.geteuid() == 0) + command
         rc, output = run_echoing(argv, env, args.timeout)
-        verdict = judge_trainer(rc, args.timeout, output, read_json(summary), read_jsonl(metrics), args.ranks)
+        verdict = judge_trainer(rc, args.timeout, output, read_summary(out), read_metrics(metrics), args.ranks)
     took = f" ({time.monotonic() - started:.0f} s)"
     print(f"{args.step}-check: {'PASS' if verdict.ok else 'FAIL'} {verdict.text}{took}", flush=True)
     return 0 if verdict.ok else 1
