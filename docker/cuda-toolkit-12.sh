@@ -96,19 +96,20 @@ make_home() {
     fail "no CUDA 12 runtime in $site/nvidia/cuda_runtime (TensorFlow's [and-cuda] wheels); install tensorflow[and-cuda] first"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' RETURN
-  if [ -d "$sources" ] && [ -f "$sources/$DEB" ]; then
+  local deb="$sources/$DEB"
+  if [ -f "$deb" ]; then
     log "pieces from $sources"
-    cp "$sources/$DEB" "$work/"
-    sha256_ok "$work/$DEB" "$DEB_SHA256" || fail "$sources/$DEB does not match its sha256 ($DEB_SHA256)"
-    PIP_NO_INDEX=1 PIP_FIND_LINKS="$sources" fetch_wheels "$work" "${PYTHON:-python3}"
+    sha256_ok "$deb" "$DEB_SHA256" || fail "$deb does not match its sha256 ($DEB_SHA256)"
+    local -x PIP_NO_INDEX=1 PIP_FIND_LINKS="$sources"  # the wheels from there too, for fetch_wheels' pip
   else
     fetch_deb "$work"
-    fetch_wheels "$work" "${PYTHON:-python3}"
+    deb="$work/$DEB"
   fi
+  fetch_wheels "$work" "${PYTHON:-python3}"
 
   rm -rf "$cuda_home"
   mkdir -p "$cuda_home/bin" "$cuda_home/include" "$cuda_home/lib64" "$cuda_home/nvvm"
-  dpkg-deb -x "$work/$DEB" "$work/deb"
+  dpkg-deb -x "$deb" "$work/deb"
   local tools="$work/deb/usr/lib/nvidia-cuda-toolkit"
   cp -a "$tools/bin/nvcc" "$tools/bin/cicc" "$tools/bin/crt" "$cuda_home/bin/"
   cp -a "$work/deb/usr/bin/"{ptxas,nvlink,fatbinary,cudafe++,bin2c,nvprune,cuobjdump} "$cuda_home/bin/"
