@@ -153,6 +153,12 @@ def test_each_ranks_result():
         "shut down.",
         "exited with status 143: RuntimeError: boom",
     ]
+    untold = report.judge(job_log(2, *RACE_UNTOLD), 1, 9.0).ranks  # seen in a full run: rank 1's case passed
+    assert [(rank.status, rank.problem()) for rank in untold] == [
+        (1, "exited with status 1 after rank 1 failed: horovod.common.exceptions.HorovodInternalError: Horovod has "
+            "been shut down."),
+        (None, "failed first, then horovodrun ended it: RuntimeError: boom"),
+    ]
     timed = report.judge(job_log(2, "Process 0 exit with status code 134."), 1, 9.0, timeout=5, exits=[],
                          stacks={0: "rank 0 (localhost pid 7) in wait at s.py:3\n    wait (s.py:3)"}).ranks  # fmt: skip
     assert [rank.problem() for rank in timed] == [

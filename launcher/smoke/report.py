@@ -38,9 +38,13 @@ class RankResult:
     """At a timeout: where it was, innermost frame first."""
     after: int | None = None
     """The rank whose failure ended this one (horovodrun ends the others), if another's did."""
+    untold: bool = False
+    """It failed first, and horovodrun ended it without a line saying how it exited (status is None then)."""
 
     def problem(self) -> str | None:
         """Why this rank's test case failed; None: it passed."""
+        if self.untold:
+            return f"failed first, then horovodrun ended it: {self.error}" if self.error else "failed first"
         if self.status is None:
             return f"still running at the timeout{': ' + self.stack.splitlines()[0] if self.stack else ''}"
         if self.status != 0:
@@ -130,9 +134,12 @@ def judge(
 
     def result(number: int) -> RankResult:
         status = status_of(number)
-        error = error_of(number) if status else None
+        untold = timeout is None and number == culprit and number not in ended
+        if untold:
+            status = None
+        error = error_of(number) if status or untold else None
         after = culprit if status and culprit is not None and culprit != number else None
-        return RankResult(number, status, error, log.ranks[number].text(), stacks.get(number, ""), after)
+        return RankResult(number, status, error, log.ranks[number].text(), stacks.get(number, ""), after, untold)
 
     ranks = tuple(result(number) for number in sorted(log.ranks))
 
