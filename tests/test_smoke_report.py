@@ -155,8 +155,11 @@ def test_each_ranks_result():
     ]
     untold = report.judge(job_log(2, *RACE_UNTOLD), 1, 9.0).ranks  # seen in a full run: rank 1's case passed
     assert [(rank.status, rank.problem()) for rank in untold] == [
-        (1, "exited with status 1 after rank 1 failed: horovod.common.exceptions.HorovodInternalError: Horovod has "
-            "been shut down."),
+        (
+            1,
+            "exited with status 1 after rank 1 failed: horovod.common.exceptions.HorovodInternalError: Horovod has "
+            "been shut down.",
+        ),
         (None, "failed first, then horovodrun ended it: RuntimeError: boom"),
     ]
     timed = report.judge(job_log(2, "Process 0 exit with status code 134."), 1, 9.0, timeout=5, exits=[],
