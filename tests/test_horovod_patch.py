@@ -48,10 +48,12 @@ def test_collectives_right_and_an_idle_rank_negotiates_seldom(peer, tmp_path):
 
 @pytest.mark.integration
 def test_idle_wait_zero_is_horovods_own_loop(tmp_path):
-    """HOROVOD_STACK_IDLE_WAIT_MS=0, the peers bench's 'no idle wait' configuration: a cycle every millisecond."""
+    """HOROVOD_STACK_IDLE_WAIT_MS=0, the peers bench's 'no idle wait' configuration: a cycle every millisecond, about
+    1000 in the idle second on a quiet machine. The bound is the idle-wait test's upper one (100), not a rate: a busy
+    CI machine gave 252, and a loop that still waited 50 ms between cycles gives about 20."""
     cycles = idle_cycles("hvd-gloo", tmp_path, HOROVOD_STACK_IDLE_WAIT_MS="0")
     print(f"hvd-gloo, HOROVOD_STACK_IDLE_WAIT_MS=0: {cycles} cycles in an idle second")
-    assert cycles > 300, cycles
+    assert cycles > 100, cycles
 
 
 @pytest.mark.integration
