@@ -116,6 +116,64 @@ def test_the_message_loader_builds_the_runners_messages_only(tmp_path):
     assert not marker.exists()
 
 
+def short_string(text: str) -> bytes:
+    return pickle.SHORT_BINUNICODE + bytes([len(text)]) + text.encode()
+
+
+def global_of(module: str, name: str) -> bytes:
+    """Protocol 4's way to name a class, whose dotted names walk attributes from the module."""
+    return b"\x80\x04" + short_string(module) + short_string(name) + pickle.STACK_GLOBAL
+
+
+DOTTED = (
+    global_of(
+        "horovod.runner.common.util.network",
+        "cloudpickle.dataclasses.inspect.importlib.metadata.email.utils.urllib.request.Request",
+    )
+    + pickle.EMPTY_TUPLE
+    + pickle.REDUCE
+    + pickle.STOP
+)
+"""A name that ends in Request, from a module of the runner's messages, that reaches urllib.request.Request through
+the module's imports (the earlier rule, a suffix and a module, built it)."""
+ON_A_CLASS = (
+    global_of("horovod.runner.common.util.network", "PingRequest")
+    + pickle.NONE
+    + pickle.EMPTY_DICT
+    + short_string("stolen")
+    + pickle.BININT1
+    + b"\x01"
+    + pickle.SETITEM
+    + pickle.TUPLE2
+    + pickle.BUILD
+    + pickle.STOP
+)
+"""An admitted class itself, then BUILD with a slot state: setattr(PingRequest, 'stolen', 1) for the process."""
+
+
+def test_the_message_loader_admits_exact_names_and_builds_no_class():
+    from horovod.runner.common.util.network import PingRequest
+
+    with pytest.raises(pickle.UnpicklingError, match="network.cloudpickle.dataclasses.*: not a message"):
+        guard.loads_message(DOTTED)
+    with pytest.raises(pickle.UnpicklingError, match="refused to set attributes on the class PingRequest"):
+        guard.loads_message(ON_A_CLASS)
+    assert not hasattr(PingRequest, "stolen")
+    assert pickle.loads(ON_A_CLASS) is PingRequest and PingRequest.stolen == 1  # what the payload does unguarded
+    del PingRequest.stolen
+
+
+def test_every_admitted_message_is_a_class_the_runner_defines_there():
+    """The table names real classes (a renamed one would make its service refuse its own messages), each defined in
+    the module it is listed under, as pickle names it."""
+    import importlib
+
+    for module, names in guard.MESSAGES.items():
+        for name in names:
+            found = getattr(importlib.import_module(module), name)
+            assert isinstance(found, type) and found.__module__ == module, (module, name)
+
+
 def test_a_host_update_reaches_a_ranks_notification_service(monkeypatch):
     """The patched runner's own round trip, as horovodrun's driver tells rank 0 that a host came back: the client
     sends the flag as a plain int, the service hands the rank a HostUpdateResult (Python 3.11.2 would have pickled

@@ -35,18 +35,28 @@ service address and HMAC key, for horovodrun's driver alone)."""
 MAX_BODY_BYTES = 1 << 20
 """A rendezvous value is a few hundred bytes (addresses, Gloo's keys); a larger body is refused unread."""
 
-MESSAGE_MODULES = frozenset(
-    {
-        "horovod.runner.common.util.network",
-        "horovod.runner.common.service.compute_service",
-        "horovod.runner.common.service.driver_service",
-        "horovod.runner.common.service.task_service",
-        "horovod.runner.driver.driver_service",
-        "horovod.runner.task.task_service",
-        "horovod.runner.elastic.worker",
-    }
-)
-"""Where the runner's service messages (PingRequest, HostsUpdatedRequest, ...) are defined."""
+MESSAGES = {
+    "horovod.runner.common.util.network": ("PingRequest", "PingResponse", "AckResponse", "AckStreamResponse"),
+    "horovod.runner.common.service.compute_service": (
+        "RegisterDispatcherRequest", "WaitForDispatcherRegistrationRequest", "WaitForDispatcherRegistrationResponse",
+        "RegisterDispatcherWorkerRequest", "WaitForDispatcherWorkerRegistrationRequest", "ShutdownRequest",
+        "WaitForShutdownRequest",
+    ),
+    "horovod.runner.common.service.driver_service": (
+        "RegisterTaskToTaskAddressesRequest", "AllTaskAddressesRequest", "AllTaskAddressesResponse",
+        "RegisterTaskRequest",
+    ),
+    "horovod.runner.common.service.task_service": (
+        "RunCommandRequest", "StreamCommandOutputRequest", "StreamCommandStdOutRequest", "StreamCommandStdErrRequest",
+        "AbortCommandRequest", "CommandExitCodeRequest", "CommandExitCodeResponse", "WaitForCommandExitCodeRequest",
+        "WaitForCommandExitCodeResponse", "NotifyInitialRegistrationCompleteRequest", "RegisterCodeResultRequest",
+    ),
+    "horovod.runner.task.task_service": ("TaskToTaskAddressCheckFinishedSignalResponse",),
+    "horovod.runner.elastic.worker": ("HostsUpdatedRequest",),
+}
+"""The runner's service messages, as (module, class name) pairs admitted exactly: every class named *Request or
+*Response that Horovod 0.28.1's runner defines (a class is pickled by the module that defines it). A dotted name
+(protocol 4 walks attributes: `PingRequest.__init__.__globals__...`) is no entry here, so it is refused."""
 
 
 def ensure_job_token():
@@ -127,16 +137,27 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("refused to load " + module + "." + name + " from the network: plain data only")
 
 
-class _MessageUnpickler(pickle.Unpickler):
-    """Plain data, and the runner's own message records (a class named *Request or *Response in MESSAGE_MODULES;
-    the patched runner sends the elastic host-update flag as an int)."""
+class _MessageUnpickler(pickle._Unpickler):
+    """Plain data, and the runner's own message records (MESSAGES; the patched runner sends the elastic host-update
+    flag as an int). Python's own unpickler, not its C twin, because only it lets BUILD be checked: BUILD sets
+    attributes on what it is given, and given a class (an admitted one) it would change that class for the whole
+    process."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module, name):
-        if module in MESSAGE_MODULES and name.endswith(("Request", "Response")):
-            found = super().find_class(module, name)
-            if isinstance(found, type):
-                return found
+        if name in MESSAGES.get(module, ()):
+            return super().find_class(module, name)
         raise pickle.UnpicklingError("refused to load " + module + "." + name + " from the network: not a message")
+
+    def load_build(self):
+        if isinstance(self.stack[-2], type):
+            raise pickle.UnpicklingError(
+                "refused to set attributes on the class " + self.stack[-2].__qualname__ + " from the network"
+            )
+        pickle._Unpickler.load_build(self)
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def loads_plain(data):
