@@ -62,7 +62,7 @@ def start_epoch(
     config: TrainConfig,
     rank: int,
     load_resume_point: Callable[[], tuple[int, str | None]],
-    broadcast_object: Callable[[Any], Any],
+    broadcast: Callable[[Any], Any],
 ) -> int:
     """The first epoch to run, on all ranks: rank 0 loads the latest checkpoint when resuming (`load_resume_point`:
     the epoch after it, or the one-line problem, returned rather than raised so no rank waits in a broadcast). The
@@ -72,7 +72,7 @@ def start_epoch(
     if config.resume and rank == 0:
         first, problem = load_resume_point()
     if not config.elastic:
-        first, problem = broadcast_object((first, problem))
+        first, problem = broadcast((first, problem))
     if problem:
         raise TrainingError(problem)
     return first
@@ -203,10 +203,10 @@ def ipv4_addresses() -> list[str]:
     )
 
 
-def identical_ranks(rank: int, digest: str, allgather_object: Callable[[Any], list[Any]]) -> list[dict]:
+def identical_ranks(rank: int, digest: str, allgather: Callable[[Any], list[Any]]) -> list[dict]:
     """Every rank's host and parameter digest, gathered on all ranks; raises if any rank differs from rank 0."""
     mine = {"rank": rank, "host": socket.gethostname(), "addresses": ipv4_addresses(), "digest": digest}
-    ranks = allgather_object(mine)
+    ranks = allgather(mine)
     differing = consistency.ranks_differing_from_root([entry["digest"] for entry in ranks])
     if differing:
         raise TrainingError(

@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from app import checkpoint, consistency, datasets, gpu, metrics, observe, run_record
+from app import checkpoint, consistency, datasets, gpu, metrics, observe, run_record, shared_values
 from app.config import ConfigError, TrainConfig, parse_config
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from app.run_record import EpochResult, ResetLog, setup_logging
@@ -250,7 +250,7 @@ def run(config: TrainConfig) -> EpochResult | None:
         config,
         hvd.rank(),
         lambda: load_resume_point(config, model, optimizer),
-        lambda value: hvd.broadcast_object(value, root_rank=0, name="resume_point"),
+        lambda value: shared_values.broadcast(value, 0, gather_arrays, "resume_point"),
     )
     if not config.elastic:  # elastic: the state's first sync broadcasts rank 0's variables
         hvd.broadcast_variables(model.variables, root_rank=0)
@@ -276,10 +276,17 @@ def run(config: TrainConfig) -> EpochResult | None:
     observer.finish()
 
     digest = consistency.digest_arrays((v.path, v.numpy()) for v in model.variables)
-    ranks = run_record.identical_ranks(hvd.rank(), digest, lambda mine: hvd.allgather_object(mine, name="digests"))
+    ranks = run_record.identical_ranks(
+        hvd.rank(), digest, lambda mine: shared_values.allgather(mine, gather_arrays, "digests")
+    )
     if hvd.rank() == 0:
         run_record.finish(config, ranks, start_epoch, result, resets)
     return result
+
+
+def gather_arrays(array: np.ndarray, name: str) -> np.ndarray:
+    """shared_values' one primitive on Horovod's TensorFlow ops (equal-length 1-D arrays, concatenated by rank)."""
+    return hvd.allgather(tf.constant(array), name=name).numpy()
 
 
 def parse_checked(argv: list[str] | None) -> TrainConfig:

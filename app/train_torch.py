@@ -27,12 +27,13 @@ from collections.abc import Sized
 from typing import cast
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from app import checkpoint, consistency, data, gpu, metrics, observe, run_record
+from app import checkpoint, consistency, data, gpu, metrics, observe, run_record, shared_values
 from app.config import ConfigError, TrainConfig, parse_config
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from app.model import SimpleNet
@@ -272,7 +273,7 @@ def run(config: TrainConfig) -> EpochResult | None:
         config,
         hvd.rank(),
         lambda: load_resume_point(config, model, optimizer),
-        lambda value: hvd.broadcast_object(value, root_rank=0, name="resume_point"),
+        lambda value: shared_values.broadcast(value, 0, gather_arrays, "resume_point"),
     )
     if not config.elastic:  # elastic: the state's first sync broadcasts rank 0's model and optimizer
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -299,11 +300,16 @@ def run(config: TrainConfig) -> EpochResult | None:
     ranks = run_record.identical_ranks(
         hvd.rank(),
         consistency.parameter_digest(model),
-        lambda mine: hvd.allgather_object(mine, name="parameter_digests"),
+        lambda mine: shared_values.allgather(mine, gather_arrays, "parameter_digests"),
     )
     if hvd.rank() == 0:
         run_record.finish(config, ranks, start_epoch, result, resets)
     return result
+
+
+def gather_arrays(array: np.ndarray, name: str) -> np.ndarray:
+    """shared_values' one primitive on Horovod's torch ops (equal-length 1-D arrays, concatenated in rank order)."""
+    return hvd.allgather(torch.from_numpy(array), name=name).numpy()
 
 
 def parse_checked(argv: list[str] | None) -> TrainConfig:

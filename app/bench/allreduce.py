@@ -107,6 +107,8 @@ def tensorflow_rank_main(args: argparse.Namespace) -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
+    from app import shared_values
+
     tf.config.set_visible_devices([], "GPU")
     tf.config.threading.set_intra_op_parallelism_threads(1)
     hvd.init()
@@ -116,7 +118,10 @@ def tensorflow_rank_main(args: argparse.Namespace) -> None:
         timings, total = timed_calls(call, size, args.short)
         if not bool(tf.reduce_all(total == hvd.size())):
             raise RuntimeError(f"{args.peer}: wrong allreduce sum for {size} bytes")
-        seconds.append(slowest_rank_median(hvd.allgather_object(timings)))
+        gathered = shared_values.allgather(
+            timings, lambda array, name: hvd.allgather(tf.constant(array), name=name).numpy(), f"timings.{size}"
+        )
+        seconds.append(slowest_rank_median(gathered))
     if hvd.rank() == 0:
         Path(args.result).write_text(json.dumps({"sizes": args.sizes, "seconds": seconds}))
     hvd.shutdown()

@@ -172,16 +172,26 @@ class Peer:
         self.device = torch.device(f"cuda:{local_rank}" if device == "cuda" else "cpu")
 
     def gather(self, value) -> list:
-        """Every rank's value, on every rank."""
+        """Every rank's value, on every rank (as JSON: app/shared_values.py)."""
+        from app import shared_values
+
+        return shared_values.allgather(value, self.gather_arrays, "bench_values")
+
+    def gather_arrays(self, array, name: str):
+        """shared_values' one primitive (equal-length 1-D arrays, concatenated in rank order) on this peer's ops."""
+        import torch
+
+        tensor = torch.from_numpy(array)
         if self.name == "ddp":
             import torch.distributed as dist
 
-            values = [None] * self.size
-            dist.all_gather_object(values, value)
-            return values
+            tensor = tensor.to(self.device)  # NCCL gathers on the GPU
+            parts = [torch.empty_like(tensor) for _ in range(self.size)]
+            dist.all_gather(parts, tensor)
+            return torch.cat(parts).cpu().numpy()
         import horovod.torch as hvd
 
-        return hvd.allgather_object(value)
+        return hvd.allgather(tensor, name=name).numpy()
 
     def finish(self, result_file: str, result: dict) -> None:
         if self.rank == 0:
