@@ -20,6 +20,8 @@ from pathlib import Path
 import docker
 import pytest
 
+from launcher.core import stall
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,15 +248,43 @@ def test_a_compose_secret_reaches_every_rank_and_no_command_line_or_inspect(engi
         assert value not in json.dumps(container.attrs), container.name
 
 
-def test_a_stalled_job_shows_every_ranks_stack_and_fails_when_asked(engine, compose_run):
-    """rank 1 blocks in a function of its own, rank 0 waits in an allreduce: the stall watch names both."""
+def test_a_stalled_job_shows_every_ranks_stack_and_fails_when_asked(engine, compose_run, tmp_path, measured):
+    """rank 1 blocks in a function of its own, rank 0 waits in an allreduce: the stall watch names both. The job is
+    elastic (horovodrun, its rendezvous in the launcher container), and a stranger on the project's network sends a
+    request to every port of the launcher every 5 s: the refusals are said once a minute, and they are no progress,
+    so the stall is still seen."""
     run = compose_run(
-        TRAIN_COMMAND="python stall.py", WORKDIR=str(USER_SCRIPT), STALL_TIMEOUT="20", STALL_ACTION="fail"
-    )
-    result = run.compose("up", "--exit-code-from", "launcher")
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-5000:]
-    assert "the job looks stalled: no output and no new metrics for" in output, output[-5000:]
+        TRAIN_COMMAND="python stall.py", WORKDIR=str(USER_SCRIPT), STALL_TIMEOUT="20", STALL_ACTION="fail",
+        ELASTIC_MIN_WORKERS="2",
+    )  # fmt: skip
+    log = tmp_path / "compose.log"
+    process = run.start("up", "--exit-code-from", "launcher", log=log)
+    stranger = None
+    try:
+        started = wait_for_line(log, "stall-script rank 1 of 2 started", process, timeout=400)
+        address, ports = launcher_ports(engine, run)
+        stranger = engine.containers.run(
+            IMAGE,
+            ["python", "/probe/rendezvous_probe.py", "--every", "5", address, MARKER, *ports],
+            network=f"{run.project}_default",
+            detach=True,
+            volumes={str(USER_SCRIPT): {"bind": "/probe", "mode": "ro"}},
+        )
+        said = wait_for_line(log, "the job looks stalled: no output and no new metrics for", process, timeout=120)
+        process.wait(timeout=120)
+        probes = stranger.logs().decode().count("{")
+    finally:
+        if stranger is not None:
+            stranger.remove(force=True)
+        if process.poll() is None:
+            process.kill()
+    output = ANSI_ESCAPE.sub("", log.read_text())
+    refusals = output.count(stall.REFUSAL_MARK)
+    measured(f"stalled elastic job with a stranger's requests every 5 s: stall said {said - started:.0f} s after the "
+             f"ranks started; {probes} rounds of requests, {refusals} refusal line(s)")  # fmt: skip
+    assert process.returncode != 0, output[-5000:]
+    assert probes >= 3, output[-3000:]  # the stranger kept asking while the job hung
+    assert 1 <= refusals <= 2, output[-5000:]  # once a minute, whatever it sends
     assert re.search(r"rank 1 \([0-9.]+ pid \d+\) in wait_for_data at stall.py:\d+", output), output[-5000:]
     assert re.search(r"rank 0 \([0-9.]+ pid \d+\) in \w+ at mpi_ops.py:\d+, from main at stall.py", output)
     assert "error: the job stalled: no output and no new metrics for" in output
@@ -331,19 +361,34 @@ RENDEZVOUS_PROBE = USER_SCRIPT / "rendezvous_probe.py"
 MARKER = "/tmp/hst-rendezvous-ran-code"
 
 
+def launcher_container(engine, run: ComposeRun):
+    return next(
+        c for c in project_containers(engine, run.project) if c.labels["com.docker.compose.service"] == "launcher"
+    )
+
+
+def listening(container) -> list[str]:
+    """The address:port pairs a container listens on (TCP)."""
+    sockets = container.exec_run(["ss", "-Hltn"]).output.decode().split("\n")
+    return [line.split()[3] for line in sockets if line.strip()]
+
+
+def launcher_ports(engine, run: ComposeRun) -> tuple[str, list[str]]:
+    """The launcher container's address on the project's network, and every port it listens on."""
+    launcher = launcher_container(engine, run)
+    address = launcher.attrs["NetworkSettings"]["Networks"][f"{run.project}_default"]["IPAddress"]
+    return address, sorted({address_port.rsplit(":", 1)[1] for address_port in listening(launcher)})
+
+
 def probe_the_launcher(engine, run: ComposeRun) -> dict[str, list[str]]:
     """A stranger's container on the project's network sends a pickle that runs code (and a GET of the ranks' keys)
     to every port the launcher container listens on (horovodrun's rendezvous among them); what each listening
     address:port answered.
     Nothing of the job listens on a wildcard address, and no pickle ran."""
-    launcher = next(
-        c for c in project_containers(engine, run.project) if c.labels["com.docker.compose.service"] == "launcher"
-    )
-    sockets = launcher.exec_run(["ss", "-Hltn"]).output.decode().split("\n")
-    local = [line.split()[3] for line in sockets if line.strip()]
+    launcher = launcher_container(engine, run)
+    local = listening(launcher)
     assert local and not [address for address in local if address.startswith(("0.0.0.0:", "*:", "[::]:"))], local
-    address = launcher.attrs["NetworkSettings"]["Networks"][f"{run.project}_default"]["IPAddress"]
-    ports = sorted({address_port.rsplit(":", 1)[1] for address_port in local})
+    address, ports = launcher_ports(engine, run)
     output = engine.containers.run(
         IMAGE,
         ["python", "/probe/rendezvous_probe.py", address, MARKER, *ports],

@@ -22,6 +22,8 @@ import pickle
 import secrets
 import socket
 import sys
+import threading
+import time
 
 import psutil
 
@@ -31,6 +33,14 @@ TOKEN_VARIABLE = "HOROVOD_STACK_RENDEZVOUS_TOKEN"
 PRIVATE_SCOPES = ("worker_addresses",)
 """Scopes no one reads back (horovod.runner.elastic.rendezvous.PUT_WORKER_ADDRESSES: each rank's notification
 service address and HMAC key, for horovodrun's driver alone)."""
+
+REFUSAL_LINE = "horovod-stack: refused a rendezvous request from "
+"""How a refusal's line on horovodrun's stderr begins (the job agent's stall watch counts such lines as no progress:
+launcher/core/stall.py's REFUSAL_MARK, held equal by tests/test_rendezvous_guard.py)."""
+
+TELL_EVERY_SECONDS = 60.0
+"""A refusal is told at most once a minute per address, so a stranger's flood neither grows the job's log nor passes
+for the job's progress; the next line says how many went untold."""
 
 MAX_BODY_BYTES = 1 << 20
 """A rendezvous value is a few hundred bytes (addresses, Gloo's keys); a larger body is refused unread."""
@@ -91,17 +101,42 @@ def refusal(method, path, headers, expected_token):
     return None
 
 
+class RefusalLog:
+    """When a refusal from an address is told: its first, then at most one a TELL_EVERY_SECONDS (thread-safe: the
+    rendezvous server serves each request in a thread)."""
+
+    def __init__(self):
+        self._told = {}  # address -> [when last told, refusals since then]
+        self._lock = threading.Lock()
+
+    def untold_before(self, address, now):
+        """The count of this address's refusals left untold since its last line, if this one is to be told; None
+        when it is not (it is counted)."""
+        with self._lock:
+            entry = self._told.get(address)
+            if entry is not None and now - entry[0] < TELL_EVERY_SECONDS:
+                entry[1] += 1
+                return None
+            self._told[address] = [now, 0]
+            return entry[1] if entry is not None else 0
+
+
+_refusals = RefusalLog()
+
+
 def admit(handler):
     """For an http.server request handler, once its request line and headers are parsed: True to serve it; else a
-    403 is sent, the connection closed and one line written to stderr naming where the request came from."""
+    403 is sent, the connection closed and one line written to stderr naming where the request came from (at most
+    one a minute per address)."""
     why = refusal(handler.command, handler.path, handler.headers, os.environ.get(TOKEN_VARIABLE))
     if why is None:
         return True
-    sys.stderr.write(
-        "horovod-stack: refused a rendezvous request from %s (%s %r): %s\n"
-        % (handler.client_address[0], handler.command, handler.path[:80], why)
-    )
-    sys.stderr.flush()
+    address = handler.client_address[0]
+    untold = _refusals.untold_before(address, time.monotonic())
+    if untold is not None:
+        more = " (and %d more from it untold in the last minute)" % untold if untold else ""
+        sys.stderr.write(REFUSAL_LINE + "%s (%s %r): %s%s\n" % (address, handler.command, handler.path[:80], why, more))
+        sys.stderr.flush()
     handler.send_response(403)
     handler.send_header("Content-Length", "0")
     handler.end_headers()

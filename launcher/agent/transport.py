@@ -261,7 +261,7 @@ class SshTransport:
             sys.stdout.buffer.flush()
             text = line.decode(errors="replace")
             self.keras.feed(text)
-            if not self.warnings.feed(text):  # a stall warning is no progress
+            if not self.warnings.feed(text) and stall.is_progress(text):  # a stall warning is no progress
                 self.last_output = time.monotonic()
 
     def output_age(self) -> float:

@@ -20,11 +20,19 @@ STALL_ACTIONS = ("warn", "fail")
 MISSING_RANKS = "Missing ranks:"
 WARNING_MARKS = ("stall_inspector.cc", "One or more tensors were submitted", "is stalled for longer than")
 MISSING_RANK_LINE = re.compile(r"\s*(\d+)!?: \[(.*)\]\s*")
+REFUSAL_MARK = "horovod-stack: refused a rendezvous request from "
+"""How horovodrun's line for a stranger's refused request begins (docker/horovod-runner/stack_guard.py's
+REFUSAL_LINE): anyone who reaches the port can make one, so it is no sign of the job's progress."""
 
 
 def idle_seconds(output_age: float, metrics_age: float | None) -> float:
     """How long the job has shown no sign of progress: the newer of its last output and its last metrics."""
     return output_age if metrics_age is None else min(output_age, metrics_age)
+
+
+def is_progress(line: str) -> bool:
+    """Whether a line of the job's output (not a stall warning) shows the job doing something."""
+    return REFUSAL_MARK not in line
 
 
 def is_stalled(idle: float, timeout: float) -> bool:

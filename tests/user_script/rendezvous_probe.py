@@ -5,6 +5,7 @@ and a `GET` of the same scope (each rank's notification key). Prints one JSON ob
 an HTTP status, or the error]}.
 
     python rendezvous_probe.py ADDRESS MARKER PORT...
+    python rendezvous_probe.py --every SECONDS ADDRESS MARKER PORT...   (the same again every SECONDS, until killed)
 """
 
 import base64
@@ -13,6 +14,7 @@ import json
 import os
 import pickle
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 
@@ -36,7 +38,17 @@ def ask(address: str, port: int, method: str, path: str, body: bytes | None, hea
 
 
 def main() -> None:
-    address, marker, ports = sys.argv[1], sys.argv[2], [int(port) for port in sys.argv[3:]]
+    arguments = sys.argv[1:]
+    every = float(arguments[1]) if arguments[0] == "--every" else None
+    arguments = arguments[2:] if every is not None else arguments
+    while True:
+        probe(arguments[0], arguments[1], [int(port) for port in arguments[2:]])
+        if every is None:
+            return
+        time.sleep(every)
+
+
+def probe(address: str, marker: str, ports: list[int]) -> None:
     payload = base64.b64encode(pickle.dumps((RunsCode(marker), b"key")))
     requests = [("PUT", payload, {}), ("PUT", payload, {"Authorization": "Bearer guessed"}), ("GET", None, {})]
     with ThreadPoolExecutor(max_workers=16) as pool:  # a port that never answers costs its timeout once, not thrice
@@ -46,7 +58,7 @@ def main() -> None:
             for index, (method, body, headers) in enumerate(requests)
         }
     found = {port: [asked[port, index].result() for index in range(len(requests))] for port in ports}
-    print(json.dumps(found))
+    print(json.dumps(found), flush=True)
 
 
 if __name__ == "__main__":
