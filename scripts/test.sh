@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build-images.sh
 scripts/build-images.sh tensorflow
-echo "[test] ruff and mypy over app/, launcher/ and tests/"
-.venv/bin/ruff check app launcher tests
-.venv/bin/ruff format --check app launcher tests
-.venv/bin/mypy app launcher tests
+echo "[test] ruff and mypy over app/, launcher/, tests/ and examples/"
+.venv/bin/ruff check app launcher tests examples
+.venv/bin/ruff format --check app launcher tests examples
+.venv/bin/mypy app launcher tests examples
 exec .venv/bin/python -m pytest -n 2 "$@"

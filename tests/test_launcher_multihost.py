@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 
 from launcher.core.protocol import SILENCE_SECONDS
 from tests.multihost import SHARED_HOST_NAME, Cluster
+from tests.test_examples import EXAMPLES, learned_on_identical_ranks, readme_commands
 
 pytestmark = pytest.mark.integration
 
@@ -217,6 +219,22 @@ def test_users_script_from_workdir_runs_on_both_hosts_with_its_exit_status(clust
     for rank in (0, 1):
         assert f"user-script rank {rank} of 2 on " in result.stdout
         assert "(2 hosts, 1 rank(s) on this one): allreduce sum 3 ok" in result.stdout
+    assert_nothing_left(cluster)
+
+
+def test_the_pytorch_example_trains_on_both_hosts_as_the_readme_types_it(cluster, measured):
+    """README.md's `launcher start --nodes node_1,node_2 --workdir ./examples -- python pytorch_digits.py`: the
+    example learns the digits on both nodes and its ranks end with the same parameters (tests/test_examples.py)."""
+    words = shlex.split(readme_commands()["launcher", "pytorch_digits.py"])
+    assert words[:2] == ["launcher", "start"]
+    started = time.monotonic()
+    result = launcher(cluster, *start_args(cluster), *[str(EXAMPLES) if w == "./examples" else w for w in words[2:]])
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    assert "copied to /workdir on 2 node(s)" in result.stderr
+    accuracy, hosts = learned_on_identical_ranks(result.stdout)
+    measured(f"pytorch_digits.py through launcher start --workdir, 2 nodes: {seconds:.0f} s, val accuracy {accuracy}")
+    assert hosts == {"node-1", "node-2"}, hosts
     assert_nothing_left(cluster)
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 
 import docker
 import pytest
 
 from tests.multihost import Cluster
+from tests.test_examples import EXAMPLES, learned_on_identical_ranks, readme_commands, with_test_images
 from tests.test_launcher_multihost import BackgroundLaunch, assert_nothing_left, kill_worker, launcher
 from tests.test_launcher_multihost import start_args as env_file_args
 from tests.test_tensorflow import TF_IMAGE
@@ -96,6 +98,23 @@ def test_the_keras_trainer_trains_across_both_hosts_to_095_with_identical_parame
     lines = logs.stdout.splitlines()
     assert lines and all("[rank 0] epoch 5/5:" in line for line in lines), logs.stdout
     assert "note: the job's containers are gone: its output as run " in logs.stderr, logs.stderr
+
+
+def test_the_keras_example_trains_on_both_hosts_as_the_readme_types_it(stopped_after, measured):
+    """README.md's `launcher start --nodes node_1,node_2 --image horovod-stack:tensorflow --workdir ./examples --
+    python keras_digits.py`: the example learns the digits on both nodes, its ranks end with the same weights."""
+    cluster = stopped_after
+    words = shlex.split(with_test_images(readme_commands()["launcher", "keras_digits.py"]))
+    assert words[:2] == ["launcher", "start"]
+    started = time.monotonic()
+    result = launcher(cluster, *env_file_args(cluster), *[str(EXAMPLES) if w == "./examples" else w for w in words[2:]])
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    assert "copied to /workdir on 2 node(s)" in result.stderr
+    accuracy, hosts = learned_on_identical_ranks(result.stdout)
+    measured(f"keras_digits.py through launcher start --workdir, 2 nodes: {seconds:.0f} s, val accuracy {accuracy}")
+    assert hosts == {"node-1", "node-2"}, hosts
+    assert_nothing_left(cluster)
 
 
 def test_a_keras_job_that_loses_a_node_restarts_from_its_tensorflow_checkpoint(stopped_after, measured):
