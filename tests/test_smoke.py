@@ -260,3 +260,33 @@ def test_a_user_who_is_not_the_owner_reads_and_is_told_the_fix_only_to_write(tmp
     ]
     assert seconds < 10
     assert set(owners(folder)) == {PROBE.name}
+
+
+TF_IMAGE = os.environ.get("TENSORFLOW_IMAGE", "horovod-stack:tensorflow")
+PLANT = """cp /usr/bin/id s; chmod 6755 s; chmod g+s .
+setsid sh -c 'sleep 4; chmod 6755 s; echo tampered > smoke.xml' > /dev/null 2>&1 &
+"""
+"""What a rank on a root-owned checkout could leave: a setuid-root copy of a program, a setgid folder, and a detached
+process that sets the bit again and rewrites the report once the harness is done."""
+
+
+def test_a_rank_on_roots_checkout_leaves_no_setuid_file_and_no_process_behind(tmp_path):
+    """On a root-owned checkout, in each image, the GitLab template's way (a shell runs the entrypoint's `smoke`, so
+    the harness is not PID 1, and the container lives on after it): the harness kills what the rank left, clears
+    the bits it set (`find -perm /6000` finds nothing), and the report stays its own."""
+    folders = {image: checkout(tmp_path / image.replace(":", "-"), 0) for image in (IMAGE, TF_IMAGE)}
+    for folder in folders.values():
+        (folder / "plant.sh").write_text(PLANT)
+    results = together(**{
+        image: ["docker", "run", "--rm", "-v", f"{folder}:/workdir", "-w", "/workdir", "--entrypoint", "", image,
+                "sh", "-c", "/opt/horovod-stack/docker/entrypoint.sh smoke --np 1 --junit smoke.xml -- sh plant.sh; "
+                "status=$?; sleep 6; exit $status"]
+        for image, folder in folders.items()
+    })  # fmt: skip
+    for image, folder in folders.items():
+        status, output, _ = results[image]
+        assert status == 0, output
+        assert "smoke: cleared the setuid/setgid bits the ranks set on 2 path(s) in /workdir: ., s (" in output, output
+        found = subprocess.run(["find", str(folder), "-perm", "/6000"], capture_output=True, text=True, check=True)
+        assert found.stdout == "", (image, found.stdout)
+        assert junit(folder / "smoke.xml") == {"rank 0": None, "job: 1 rank over Gloo": None}, image

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.agent import stacks
-from launcher.smoke import access, hang, report, run, shm, trainer
+from launcher.smoke import access, hang, leftovers, report, run, shm, trainer
 
 DEFAULT_RANKS = 2
 DEFAULT_TIMEOUT_SECONDS = 600.0
@@ -92,6 +92,9 @@ def main(argv: list[str]) -> int:
         print(problem, flush=True)
         return 2
     shared_memory = shm.size_bytes()
+    leftovers.become_subreaper()
+    checkout = Path.cwd()
+    special_before = leftovers.with_special_bits(checkout)
     with tempfile.TemporaryDirectory(prefix="smoke-") as folder:
         command = list(options.command) or trainer.command(Path(folder), options.epochs)
         what = shlex.join(options.command) if options.command else f"the bundled trainer ({shlex.join(command)})"
@@ -104,8 +107,11 @@ def main(argv: list[str]) -> int:
         try:
             finished = run.run(options.ranks, command, options.timeout)
         except run.Interrupted as interrupted:
+            leftovers.tidy(checkout, special_before)
             print(f"smoke: failed: interrupted ({interrupted})", flush=True)
             return 128 + interrupted.number
+        # Before anything is judged or written: nothing the ranks started may change the checkout or the report.
+        leftovers.tidy(checkout, special_before)
         check, found = None, ""
         if not options.command and finished.returncode == 0 and not finished.timed_out:
             check, found = trainer.verdict(trainer.read_summary(Path(folder)), options.ranks)
