@@ -82,7 +82,7 @@ def test_the_repositorys_workflow():
     assert not [run for run in steps_running(workflow, " smoke ") if "--user" in run], "docs/ci.md's line as typed"
     smokes = [arguments for run in steps_running(workflow, " smoke ") for arguments in smoke_arguments(run)]
     commands = [parse_options(arguments).command for arguments in smokes]
-    assert ("python", "tests/horovod_examples/pytorch_synthetic_benchmark.py") == commands[0][:2]
+    assert ("python", "tests/user_script/synthetic_benchmark.py") == commands[0][:2]
     assert "--no-cuda" in commands[0]
     assert () in commands, "the bundled trainer's smoke run (no command)"
     assert all(parse_options(arguments).junit for arguments in smokes)
@@ -152,7 +152,7 @@ def run_steps(job: str) -> dict[str, str]:
 RUNNABLE_HERE = {
     "lint": ["ruff and mypy over app/, launcher/ and tests/"],
     "image": [
-        "Smoke run of Horovod's synthetic benchmark (2 ranks over Gloo, no GPU)",
+        "Smoke run of a synthetic benchmark (2 ranks over Gloo, no GPU)",
         "Smoke run of the bundled trainer (learns digits, identical parameters on every rank)",
     ],
 }
