@@ -138,11 +138,12 @@ PUSHED_IMAGE = "horovod-stack:new-build"
 
 
 def test_in_the_docs_order_doctor_pushes_only_the_new_layers_then_every_check_runs_and_start_trains(
-    bare, new_build, measured
+    bare, new_build, measured, tmp_path
 ):
     """docs/multi-host.md's order on nodes that lack the image (both hold an earlier build): `doctor` names the missing
     image and the flag that brings it; `doctor --push-image --links` sends both only the new build's new layer, in one
-    export streamed to both loads at once, then every check and the link test run; `start` trains on it, no copy."""
+    export streamed to both loads at once, then every check and the link test run; `start` trains on it, no copy;
+    `results` brings the run's folder home."""
     cluster = bare
     for node in cluster.nodes:
         cluster.ensure_image(IMAGE, node)
@@ -186,6 +187,11 @@ def test_in_the_docs_order_doctor_pushes_only_the_new_layers_then_every_check_ru
     rank_addresses = [rank["addresses"] for rank in summary["ranks"]]
     assert cluster.nodes[0].address in rank_addresses[1] and cluster.nodes[1].address in rank_addresses[2]
     assert_nothing_left(cluster)
+    cluster_id = re.search(r"results to this machine: launcher results --cluster (\w+) --to results", result.stderr)
+    home = launcher(cluster, "results", "--env-file", str(cluster.env_file()), "--to", str(tmp_path))
+    print(f"\n$ launcher results --to {tmp_path}\n{home.stderr}{home.stdout}")
+    assert home.returncode == 0 and cluster_id, home.stderr + result.stderr[-3000:]
+    assert (tmp_path / cluster_id.group(1) / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_warm_start_with_no_nic_pinned_trains_over_the_nodes_own_nic(cluster, measured):
