@@ -13,6 +13,7 @@ from app.gpu import FRAMEWORK_LABEL
 from launcher.cli import app
 from launcher.core import nics
 from launcher.host import doctor, launch, nodechecks, preflight
+from launcher.host.engines import pull_failure
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import NodeFacts, Severity
 from launcher.host.rootcause import LaunchError
@@ -358,13 +359,17 @@ def fix_problems(text: str, printed_by: tuple[str, ...]) -> list[str]:
 
 def printed_fixes() -> list[tuple[str, tuple[str, ...]]]:
     """Every fix the checks print, from where each is defined, with the commands that print it: the preflight checks'
-    table (start, its --dry-run and doctor alike), the NIC rules' and doctor's own."""
+    table (start, its --dry-run and doctor alike), the NIC rules', a failed pull's and doctor's own."""
     both = ("start", "doctor")
     fields = {"nodes": "node_1,node_2", "cluster": "5ca1ab1e", "node": "node_1", "example": "`10.0.0.2 node_2`"}
     return [
         *((fix.format(**fields), both) for fix in preflight.FIXES.values()),
         (nics.nic_problem("ens5", ("lo", "eth0")) or "", both),
         (nics.subnet_problem("10.9.9.0/24", (("eth0", "10.0.0.1/24"),)) or "", both),
+        *(
+            (pull_failure("node_1", "registry.example/team/horovod-stack:1", why), ("start",))  # a start's pull
+            for why in ("dial tcp: no such host", "unauthorized", "manifest unknown", "disk full")
+        ),
         (doctor.link_options_problem(False, 1.0, None) or "", ("doctor",)),
         (doctor.link_options_problem(True, -1.0, None) or "", ("doctor",)),
     ]
