@@ -368,7 +368,8 @@ def doctor_command(
             compute_ms=compute_ms,
         )
     except Signalled as stop:
-        fail(*stopped(stop, "the link-test containers were"))
+        removed = "the link-test containers were"
+        fail(*stopped(stop, f"the image copy was stopped and {removed}, if any," if push_image else removed))
     line, code = doctor.verdict(problems)
     if code:
         fail(line, code)

@@ -185,7 +185,10 @@ def examine(
 ) -> list[str]:
     """`launcher doctor`, start to end: every node's findings printed (check), then, with links asked for and no
     problem so far, the links measured between host-network containers (measure_links; a signal meanwhile raises
-    Signalled, once linkcheck has removed its containers); returns the problems, one line each."""
+    Signalled, once linkcheck has removed its containers; with --push-image, a signal during the copy too, as in a
+    start); returns the problems, one line each."""
+    if settings.push_image:
+        stop_on_signals()
     problems, engines, views = check(settings, echo, say=say)
     if with_links and problems:
         echo("links: not measured: fix the problems above first")
