@@ -336,11 +336,13 @@ def doctor_command(
     gradient_mb: float | None = typer.Option(None, help=flags.DOCTOR["gradient_mb"]),
     link_seconds: float | None = typer.Option(None, help=flags.DOCTOR["link_seconds"]),
     compute_ms: float | None = typer.Option(None, help=flags.DOCTOR["compute_ms"]),
+    push_image: bool = typer.Option(False, help=flags.DOCTOR["push_image"]),
 ) -> None:
     """Check every node: engine reachable, same image everywhere, SSH port free, NIC there, names, clock skew; with
-    --gpus, the GPUs too; with --links, the links between them and what they mean for an allreduce.
+    --gpus, the GPUs too; with --links, the links between them and what they mean for an allreduce; with
+    --push-image, the image copied first to the nodes that lack it.
 
-    Example: launcher doctor --nodes node_1,node_2 --network-interface ens5 --links
+    Example: launcher doctor --nodes node_1,node_2 --network-interface ens5 --links --push-image
     """
     problem = doctor.link_options_problem(links, gradient_mb, link_seconds, compute_ms)
     if problem:
@@ -352,6 +354,7 @@ def doctor_command(
         insecure_engines=insecure_engine,
         image=image,
         gpus=gpus,
+        push_image=push_image,
         job={"ssh_port": ssh_port, "network_interface": network_interface},
     )
     try:
@@ -365,7 +368,8 @@ def doctor_command(
             compute_ms=compute_ms,
         )
     except Signalled as stop:
-        fail(*stopped(stop, "the link-test containers were"))
+        removed = "the link-test containers were"
+        fail(*stopped(stop, f"the image copy was stopped and {removed}, if any," if push_image else removed))
     line, code = doctor.verdict(problems)
     if code:
         fail(line, code)

@@ -143,6 +143,7 @@ class StandInEngine:
             if self.fail_after is not None and index >= self.fail_after:
                 raise NodeError(self.node.name, f"copying {image} failed (no space left on device)")
             self.loaded.append(chunk)
+        self.image = IMAGE_ID
 
     def pull_image(self, image: str, progress) -> None:
         if "missing" in image:

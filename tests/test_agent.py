@@ -475,3 +475,25 @@ def test_a_job_within_its_time_limit_is_not_touched():
     transport = Transport(up_from={W1.address: 0, W2.address: 0})
     end, said = run(spec(time_limit=60), Clock(), transport)
     assert end == JobEnd(0) and not transport.ended.is_set()
+
+
+@pytest.mark.parametrize(
+    "environ, hint",
+    [
+        (
+            {"RESULTS_HINT": "the volume horovod-stack_shared", "RESULTS_DIR": "./runs"},
+            "the volume horovod-stack_shared; copy it here: docker compose cp launcher:/shared/runs/r1 ./runs/",
+        ),
+        ({"RESULTS_DIR": "my results/"}, "copy it here: docker compose cp launcher:/shared/runs/r1 'my results/'"),
+        ({"RESULTS_HINT": "the volume v"}, "the volume v"),  # no RESULTS_DIR (a compose file of one's own)
+        ({}, None),
+    ],
+)
+def test_compose_names_where_the_results_are_and_the_one_command_that_copies_them_out(environ, hint):
+    assert compose.results_hint(environ, "/shared/runs/r1") == hint
+    assert compose.job_spec({**environ, "RUN_ID": "r1"}, []).results_hint == hint  # the bundled trainer's folder
+    yours = {**environ, "RUN_ID": "r1", "TRAIN_COMMAND": "python train.py"}
+    assert compose.job_spec({**yours, "TIMELINE": "1"}, []).results_hint == hint  # Horovod's records there
+    # A command of the user's with no records: the agent makes no run folder, so no copy is named.
+    assert compose.job_spec(yours, []).results_hint == compose.results_hint(environ, None)
+    assert "docker compose cp" not in (compose.results_hint(environ, None) or "")

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -132,6 +133,16 @@ def test_plain_compose_up_trains_across_containers_and_returns(engine, compose_r
     run_folder = launcher_lines[-1].split("results: ")[1].split()[0]
     print(f"\ncompose run folder: {run_folder} (volume {run.project}_shared)")
     assert run.read_shared("runs/latest/curves.png", binary=True)[:8] == b"\x89PNG\r\n\x1a\n"
+    # The last line's one command copies the run out of the volume, from the stopped launcher container.
+    where, copy = launcher_lines[-1].split(" in ", 1)[1].split("; copy it here: ")
+    assert where == f"the volume {run.project}_shared", launcher_lines[-1]
+    assert copy == f"docker compose cp launcher:{run_folder} ./runs/", launcher_lines[-1]
+    copied = run.compose(*shlex.split(copy)[2:])
+    assert copied.returncode == 0, copied.stderr
+    home = run.workdir / "runs" / run_folder.rsplit("/", 1)[1]
+    assert (home / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len((home / "metrics.jsonl").read_text().splitlines()) == 5
+    assert {path.stat().st_uid for path in home.rglob("*")} == {os.getuid()}  # the invoking user's, not the job's
 
     epochs = [json.loads(line) for line in run.read_shared("runs/latest/metrics.jsonl").splitlines()]
     assert [epoch["epoch"] for epoch in epochs] == [1, 2, 3, 4, 5]
@@ -209,17 +220,27 @@ def test_failing_job_returns_by_itself_with_its_error(engine, compose_run):
 
 
 def test_users_script_runs_from_workdir_with_its_exit_status(engine, compose_run):
-    """TRAIN_COMMAND + WORKDIR: the user's own Horovod script on both workers; its status is the job's."""
-    run = compose_run(TRAIN_COMMAND="python allreduce_train.py --exit-status 3", WORKDIR=str(USER_SCRIPT))
-    result = run.compose("up", "--exit-code-from", "launcher")
-    output = result.stdout + result.stderr
+    """TRAIN_COMMAND + WORKDIR through scripts/compose-up.sh (its image build stood in for: the image is there): the
+    user's own Horovod script on both workers; its status is the script's, and the run's folder (Horovod's timeline,
+    TIMELINE=1) ends up in ./runs on the host."""
+    run = compose_run(TRAIN_COMMAND="python allreduce_train.py --exit-status 3", WORKDIR=str(USER_SCRIPT), TIMELINE="1")
+    (run.workdir / "scripts" / "build-images.sh").write_text("#!/bin/sh\n")
+    result = subprocess.run(
+        [run.workdir / "scripts" / "compose-up.sh"], env=run.env, capture_output=True, text=True, timeout=600
+    )
+    output = ANSI_ESCAPE.sub("", result.stdout + result.stderr)
     assert result.returncode == 3, output[-5000:]
+    results, status = result.stdout.splitlines()[-2:]
+    assert status == "job exit status: 3", result.stdout[-3000:]
+    assert re.fullmatch(r"results: \./runs/[\w.-]+ \(timeline\.json\)", results), results
+    home = run.workdir / results.split()[1]
+    assert (home / "timeline.json").stat().st_size > 0 and home.stat().st_uid == os.getuid()
+    assert project_containers(engine, run.project) == []  # the script's `down` removed them
     assert "-wdir /workdir python allreduce_train.py --exit-status 3" in output
     for rank in (0, 1):
         assert f"user-script rank {rank} of 2 on " in output
     assert output.count("(2 hosts, 1 rank(s) on this one): allreduce sum 3 ok") == 2
     assert "job FAILED (exit status 3)" in output
-    assert project_containers(engine, run.project, status="running") == []
 
 
 def compose_secrets_example() -> str:

@@ -139,22 +139,28 @@ def new_build(tmp_path: Path):
 PUSHED_IMAGE = "horovod-stack:new-build"
 
 
-def test_push_image_sends_both_hosts_only_the_new_layers_then_trains(bare, new_build, measured):
-    """Both nodes hold an earlier build; `--push-image` of a new one sends them only its new layer, in one export
-    streamed to both loads at once, and the job trains on it."""
+def test_in_the_docs_order_doctor_pushes_only_the_new_layers_then_every_check_runs_and_start_trains(
+    bare, new_build, measured, tmp_path
+):
+    """docs/multi-host.md's order on nodes that lack the image (both hold an earlier build): `doctor` names the missing
+    image and the flag that brings it; `doctor --push-image --links` sends both only the new build's new layer, in one
+    export streamed to both loads at once, then every check and the link test run; `start` trains on it, no copy;
+    `results` brings the run's folder home."""
     cluster = bare
     for node in cluster.nodes:
         cluster.ensure_image(IMAGE, node)
-    # Both engines report the host name gpu-server (tests/multihost.py), and node_1 runs two ranks: Open MPI, which
-    # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
-    started = time.monotonic()
-    result = launcher(
-        cluster, *start_args(cluster, "--push-image", "--image", PUSHED_IMAGE, "--nodes", "node_1:2,node_2:1"), *TRAIN
+    checks = ["doctor", "--env-file", str(cluster.env_file()), "--image", PUSHED_IMAGE]
+    lacking = launcher(cluster, *checks)
+    assert lacking.returncode == 1, lacking.stdout + lacking.stderr
+    assert (
+        f"node_1: image         FAIL image {PUSHED_IMAGE} is not there; pass --push-image to copy it" in lacking.stdout
     )
-    measured(f"launch with a push of a new build's layer took {time.monotonic() - started:.0f} s")
+    started = time.monotonic()
+    result = launcher(cluster, *checks, "--push-image", "--links", "--link-seconds", "1", "--compute-ms", "50")
+    measured(f"doctor with a push of a new build's layer took {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
-    assert "connecting to node_1 (ssh://node_1)" in result.stderr
-    assert "node_1: engine reachable at ssh://node_1" in result.stderr
+    assert result.stdout.splitlines()[-1] == "all nodes ready", result.stdout
+    assert "node_2: ssh port      ok free (12345)" in result.stdout and "links: advice: " in result.stdout
     layer_count = len(new_build.attrs["RootFS"]["Layers"])
     assert (
         f"node_1, node_2: {layer_count - 1} of the {layer_count} layers of {PUSHED_IMAGE} there already (an earlier "
@@ -165,6 +171,13 @@ def test_push_image_sends_both_hosts_only_the_new_layers_then_trains(bare, new_b
     assert [node for node, _ in sorted(loaded)] == ["node_1", "node_2"], result.stderr
     assert all(float(size) < 0.01 for _, size in loaded), loaded  # the new layer and the image's records
     assert all(node.client().images.get(PUSHED_IMAGE).id == new_build.id for node in cluster.nodes)
+    # Both engines report the host name gpu-server (tests/multihost.py), and node_1 runs two ranks: Open MPI, which
+    # tells nodes apart by host name, crashed at start here before each worker had a host name of its own.
+    result = launcher(cluster, *start_args(cluster, "--image", PUSHED_IMAGE, "--nodes", "node_1:2,node_2:1"), *TRAIN)
+    print(f"\n$ launcher start --nodes node_1:2,node_2:1 ...\n{result.stderr}{result.stdout}")
+    assert result.returncode == 0, result.stderr[-5000:] + result.stdout[-3000:]
+    assert "connecting to node_1 (ssh://node_1)" in result.stderr and "pushing" not in result.stderr
+    assert "node_1: engine reachable at ssh://node_1" in result.stderr
     assert (
         f"node_1, node_2: share the host name {SHARED_HOST_NAME}: each worker gets its own (node-1, node-2), so "
         "Open MPI tells the nodes apart"
@@ -176,6 +189,11 @@ def test_push_image_sends_both_hosts_only_the_new_layers_then_trains(bare, new_b
     rank_addresses = [rank["addresses"] for rank in summary["ranks"]]
     assert cluster.nodes[0].address in rank_addresses[1] and cluster.nodes[1].address in rank_addresses[2]
     assert_nothing_left(cluster)
+    cluster_id = re.search(r"results to this machine: launcher results --cluster (\w+) --to results", result.stderr)
+    home = launcher(cluster, "results", "--env-file", str(cluster.env_file()), "--to", str(tmp_path))
+    print(f"\n$ launcher results --to {tmp_path}\n{home.stderr}{home.stdout}")
+    assert home.returncode == 0 and cluster_id, home.stderr + result.stderr[-3000:]
+    assert (tmp_path / cluster_id.group(1) / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_warm_start_with_no_nic_pinned_trains_over_the_nodes_own_nic(cluster, measured):
@@ -1147,6 +1165,7 @@ def test_results_come_home_after_the_cluster_is_gone(cluster, tmp_path):
     assert_nothing_left(cluster)
     home = launcher(cluster, "results", "--env-file", str(cluster.env_file()), "--to", str(tmp_path))
     assert home.returncode == 0, home.stderr
+    print(f"\n$ launcher results --to {tmp_path}\n{home.stderr}{home.stdout}")
     run = tmp_path / cluster_id
     assert json.loads((run / "summary.json").read_text())["final"]["val_accuracy"] > 0
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2

@@ -2,17 +2,23 @@
 a start and fill doctor's report (launcher/host/preflight.py)."""
 
 import io
+import re
 
 import pytest
+import typer
+from typer._click.exceptions import UsageError  # typer 0.29 carries its own click
 
 from app import gpu
 from app.gpu import FRAMEWORK_LABEL
+from launcher.cli import app
+from launcher.core import nics
 from launcher.host import doctor, launch, nodechecks, preflight
+from launcher.host.engines import pull_failure
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import NodeFacts, Severity
 from launcher.host.rootcause import LaunchError
 from tests.conftest import launch_settings
-from tests.standins import StandInEngine, connect_to, container
+from tests.standins import IMAGE_ID, StandInEngine, connect_to, container
 
 HOSTS = {"node_1": "10.0.0.1", "node_2": "10.0.0.2"}
 
@@ -322,3 +328,90 @@ def test_nodes_that_share_a_host_name_are_told_apart_by_their_workers_own():
     assert [container.hostname for container in containers] == ["node-1", "node-2"]
     # Every worker's /etc/hosts names every worker, at the address rank 0 resolved for its node.
     assert all(container.extra_hosts == {"node-1": "10.0.0.1", "node-2": "10.0.0.2"} for container in containers)
+
+
+LAUNCHER_COMMAND = re.compile(r"`launcher ([a-z]+)((?: [^`;]*)?)`")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*[a-z]")
+
+
+def fix_problems(text: str, printed_by: tuple[str, ...]) -> list[str]:
+    """Why a printed fix names what the CLI lacks: each `launcher COMMAND ...` in it parsed by that command's own
+    parser (click's, as typer carries it), each other --flag looked up in every command that prints the fix."""
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    problems = []
+    for name, rest in LAUNCHER_COMMAND.findall(text):
+        command = group.commands.get(name)
+        if command is None:
+            problems.append(f"`launcher {name}`: no such command")
+            continue
+        try:
+            command.make_context(name, rest.split())
+        except UsageError as error:
+            problems.append(f"`launcher {name}{rest}`: {error.format_message()}")
+    for flag in FLAG.findall(LAUNCHER_COMMAND.sub("", text)):
+        for name in printed_by:
+            context = group.commands[name].make_context(name, [], resilient_parsing=True)
+            if flag not in {opt for param in group.commands[name].get_params(context) for opt in param.opts}:
+                problems.append(f"{flag}: not an option of `launcher {name}`")
+    return problems
+
+
+def printed_fixes() -> list[tuple[str, tuple[str, ...]]]:
+    """Every fix the checks print, from where each is defined, with the commands that print it: the preflight checks'
+    table (start, its --dry-run and doctor alike), the NIC rules', a failed pull's and doctor's own."""
+    both = ("start", "doctor")
+    fields = {"nodes": "node_1,node_2", "cluster": "5ca1ab1e", "node": "node_1", "example": "`10.0.0.2 node_2`"}
+    return [
+        *((fix.format(**fields), both) for fix in preflight.FIXES.values()),
+        (nics.nic_problem("ens5", ("lo", "eth0")) or "", both),
+        (nics.subnet_problem("10.9.9.0/24", (("eth0", "10.0.0.1/24"),)) or "", both),
+        *(
+            (pull_failure("node_1", "registry.example/team/horovod-stack:1", why), ("start",))  # a start's pull
+            for why in ("dial tcp: no such host", "unauthorized", "manifest unknown", "disk full")
+        ),
+        (doctor.link_options_problem(False, 1.0, None) or "", ("doctor",)),
+        (doctor.link_options_problem(True, -1.0, None) or "", ("doctor",)),
+    ]
+
+
+@pytest.mark.parametrize("fix, printed_by", printed_fixes())
+def test_every_fix_a_check_prints_names_a_command_or_flag_that_exists(fix, printed_by):
+    assert fix and fix_problems(fix, printed_by) == []
+
+
+def test_a_fix_naming_a_flag_or_command_the_cli_lacks_is_reported():
+    assert fix_problems("pass --links or run `launcher stop --nodes a --cluster 1`", ("doctor",)) == []
+    assert fix_problems("pass --links", ("start",)) == ["--links: not an option of `launcher start`"]
+    assert fix_problems("`launcher stop --nodes a --clusters 1`; `launcher halt`", ("start",)) == [
+        "`launcher stop --nodes a --clusters 1`: No such option: --clusters (Possible options: --cluster)",
+        "`launcher halt`: no such command",
+    ]
+
+
+@pytest.mark.parametrize("source_image", [IMAGE_ID, None])
+def test_doctor_with_push_image_copies_the_image_first_so_every_check_runs_on_every_node(monkeypatch, source_image):
+    """The docs' order on nodes that lack the image: `launcher doctor --push-image` copies it from this machine (only
+    to the node that lacks it), then the checks that run in its containers run there too; without the image here,
+    the copy's source is the one problem."""
+    node_1, node_2 = node_engine("node_1", ("lo", "eth0")), node_engine("node_2", ("lo", "eth0"))
+    node_2.image = None
+    here = StandInEngine("this machine", chunks=[b"layer"], image=source_image)
+    monkeypatch.setattr(doctor, "this_machine", lambda image: (here, here.image))
+    printed: list[str] = []
+    settings = launch_settings(nodes=("node_1", "node_2"), network_interface="eth0", push_image=True)
+    problems, _, views = doctor.check(settings, printed.append, connect=connect_to(node_1, node_2))
+    if source_image is None:
+        assert problems == [
+            f"this machine: no image {settings.image} either, and --push-image copies it from here; "
+            "build it with scripts/build-images.sh"
+        ]
+        assert (
+            "node_2: image         note lacks horovod-stack:latest; a start copies it there from this machine"
+            in printed
+        )
+        assert node_2.loaded == [] and set(views) == {"node_1"}
+        return
+    assert problems == [] and node_1.loaded == [] and node_2.loaded == [b"layer"]
+    assert "node_2: image         ok (0123456789ab)" in printed and "node_2: ssh port      ok free (12345)" in printed
+    assert set(views) == {"node_1", "node_2"}  # the links can be measured now

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from app.gpu import gpu_rank_env, gpus_asked
@@ -87,11 +88,22 @@ def secret_names(files: list[str]) -> tuple[str, ...]:
     return tuple(sorted(name for name in files if ENV_NAME.fullmatch(name)))
 
 
+def results_hint(environ: Mapping[str, str], run_folder: str | None) -> str | None:
+    """Where the run folder is (RESULTS_HINT: the shared volume) and the one command that copies it out, into
+    RESULTS_DIR on the host (compose.yaml's default: ./runs); it works once `up` has returned, on the stopped
+    launcher container, and scripts/compose-up.sh runs the same copy. `run_folder`: the one the agent makes (the
+    bundled trainer's, or Horovod's records for a command of the user's); None: no copy to name."""
+    where = environ.get("RESULTS_HINT", "").strip()
+    to = environ.get("RESULTS_DIR", "").strip().rstrip("/")
+    copy = f"copy it here: docker compose cp launcher:{run_folder} {shlex.quote(to + '/')}" if to and run_folder else ""
+    return "; ".join(part for part in (where, copy) if part) or None
+
+
 def job_spec(environ: Mapping[str, str], args: list[str], secrets: tuple[str, ...] = ()) -> JobSpec:
     """The job that compose's launcher service describes (job_options), run by WORKERS workers of the service, each
     with the ranks core/ranks.py makes of SLOTS_PER_WORKER and GPUS (compose.gpu.yaml's, one rank per GPU)."""
     options = job_options(environ, args, secrets)
-    return JobSpec(
+    spec = JobSpec(
         job_id=f"compose-{new_run_id()}",
         options=options,
         run_folder=f"{RUNS_DIR}/{environ.get('RUN_ID', '').strip() or new_run_id()}",
@@ -100,9 +112,9 @@ def job_spec(environ: Mapping[str, str], args: list[str], secrets: tuple[str, ..
         worker_service=_worker_service(environ),
         driver=DRIVER,
         make_key=True,
-        results_hint=environ.get("RESULTS_HINT", "").strip() or None,
         words=WORDS,
     )
+    return replace(spec, results_hint=results_hint(environ, spec.output_dir))
 
 
 def fallback_spec(environ: Mapping[str, str]) -> JobSpec:

@@ -10,12 +10,13 @@ from dataclasses import replace
 
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
 from launcher.core.protocol import LINK_SECONDS
-from launcher.host import linkcheck, links, preflight
+from launcher.host import images, linkcheck, links, preflight
 from launcher.host.docker_driver import NodeDriver
 from launcher.host.engines import Connect, NodeEngine, NodeError, connecting_line
-from launcher.host.nodechecks import engine_facts, host_facts
+from launcher.host.nodechecks import engine_facts, host_facts, image_coming, this_machine
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import HostView, NodeFacts
+from launcher.host.rootcause import LaunchError
 from launcher.host.settings import LaunchSettings
 from launcher.host.signals import stop_on_signals
 
@@ -36,39 +37,73 @@ def link_options_problem(
 
 
 def check(
-    settings: LaunchSettings, echo: Echo, connect: Connect = NodeDriver.connect
+    settings: LaunchSettings, echo: Echo, connect: Connect = NodeDriver.connect, say: Echo | None = None
 ) -> tuple[list[str], list[NodeEngine], dict[str, HostView]]:
     """Every node's findings, printed as they come; returns the problems (one line each), the engines reached and
-    what each node looks like from a host-network container."""
+    what each node looks like from a host-network container. With --push-image, the image is first copied from this
+    machine's engine to the nodes that lack it (bring_image), so the checks that run in containers of the image
+    (and the links) run on every node."""
     problems: list[str] = []
     engines: list[NodeEngine] = []
     views: dict[str, HostView] = {}
-    facts_of: list[NodeFacts] = []
     unchecked = ClusterPlan.of(settings, cluster_id="-")
+    facts_of: list[NodeFacts] = []
+
+    def report(findings: list[preflight.Finding]) -> None:
+        for finding in findings:
+            echo(finding.doctor_line())
+            if finding.severity in (preflight.Severity.BLOCKING, preflight.Severity.WARNING):
+                problems.append(finding.line())
+
     for node in unchecked.nodes:
         echo(connecting_line(node))
         try:
             engine = connect(node)
         except NodeError as error:  # connect's only failure: the engine does not answer
-            facts = NodeFacts(node.name, node.engine_url, unreachable=error.detail)
+            facts_of.append(NodeFacts(node.name, node.engine_url, unreachable=error.detail))
         else:
             engines.append(engine)
-            facts = engine_facts(settings, engine)
+            facts_of.append(engine_facts(settings, engine))
+    if settings.push_image:
+        facts_of, brought = bring_image(settings, engines, facts_of, say or echo)
+        report(brought)
+    engine_of = {engine.node.name: engine for engine in engines}
+    coming = image_coming(settings) if settings.push_image else None  # where the copy failed: said once, above
+    for index, facts in enumerate(facts_of):
+        reached = engine_of.get(facts.node)
+        if reached is not None:
             if facts.image_id is not None:  # the host checks run in containers of the image
-                facts = host_facts(unchecked, engine, facts)
-            facts = replace(facts, clock_skew=engine.clock_skew_seconds())
+                facts = host_facts(unchecked, reached, facts)
+            facts = replace(facts, clock_skew=reached.clock_skew_seconds())
             if facts.view is not None:
-                views[node.name] = facts.view
-        facts_of.append(facts)
-        for finding in preflight.check_node(settings, facts):
-            echo(finding.doctor_line())
-            if finding.severity in (preflight.Severity.BLOCKING, preflight.Severity.WARNING):
-                problems.append(finding.line())
-    for finding in preflight.check_cluster(settings, facts_of) + preflight.naming_findings(settings, facts_of):
-        echo(finding.doctor_line())
-        if finding.severity in (preflight.Severity.BLOCKING, preflight.Severity.WARNING):
-            problems.append(finding.line())
+                views[facts.node] = facts.view
+            facts_of[index] = facts
+        report(preflight.check_node(settings, facts, coming))
+    report(preflight.check_cluster(settings, facts_of) + preflight.naming_findings(settings, facts_of))
     return problems, engines, views
+
+
+def bring_image(
+    settings: LaunchSettings, engines: list[NodeEngine], facts: list[NodeFacts], say: Echo
+) -> tuple[list[NodeFacts], list[preflight.Finding]]:
+    """`doctor --push-image`: the image copied from this machine's engine to the nodes reached that lack it, as a
+    start with --push-image copies it (only the layers they lack). Returns the facts with each node's image ID as it
+    is now, and what stopped the copy (this machine without the image, a copy that failed) as findings."""
+    lacking = {fact.node for fact in facts if fact.unreachable is None and fact.image_id is None}
+    targets = [engine for engine in engines if engine.node.name in lacking]
+    if not targets:
+        return facts, []
+    try:
+        source, source_image = this_machine(settings.image)
+        here = NodeFacts(source.node.name, source.node.engine_url, image_id=source_image)
+        stop = preflight.push_source_findings(settings, here)
+        if stop:
+            return facts, stop
+        images.push_everywhere(source, targets, settings.image, say)
+    except (LaunchError, NodeError) as error:
+        return facts, [preflight.Finding("all", "image", preflight.Severity.BLOCKING, f"the copy failed: {error}")]
+    now = {engine.node.name: engine.image_id(settings.image) for engine in targets}
+    return [replace(fact, image_id=now[fact.node]) if fact.node in now else fact for fact in facts], []
 
 
 def measure_links(
@@ -150,8 +185,11 @@ def examine(
 ) -> list[str]:
     """`launcher doctor`, start to end: every node's findings printed (check), then, with links asked for and no
     problem so far, the links measured between host-network containers (measure_links; a signal meanwhile raises
-    Signalled, once linkcheck has removed its containers); returns the problems, one line each."""
-    problems, engines, views = check(settings, echo)
+    Signalled, once linkcheck has removed its containers; with --push-image, a signal during the copy too, as in a
+    start); returns the problems, one line each."""
+    if settings.push_image:
+        stop_on_signals()
+    problems, engines, views = check(settings, echo, say=say)
     if with_links and problems:
         echo("links: not measured: fix the problems above first")
     elif with_links:

@@ -111,6 +111,7 @@ DOCTOR = {
     "link_seconds": f"With --links: the longest each direction of a pair streams (default {LINK_SECONDS:g} s).",
     "compute_ms": "With --links: the compute of one training step in ms, for the advice (default: the bundled "
     "trainer's, measured once on rank 0's node; needed with --gradient-mb).",
+    "push_image": START["push_image"] + " Then every check runs on every node, --links too; a start needs no copy.",
 }
 
 EXPORT = {

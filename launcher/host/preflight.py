@@ -39,6 +39,23 @@ CLOCK_SKEW_LIMIT_SECONDS = 5.0
 """More than this between a node's clock and this machine's makes logs and metrics hard to line up."""
 
 
+FIXES = {
+    "cluster running": "stop it first with `launcher stop --nodes {nodes} --cluster {cluster}`",
+    "cluster finished": "`launcher stop --nodes {nodes} --cluster {cluster}` removes it",
+    "image missing": "pass --push-image to copy it from this machine's engine, load it on that node, or name it in a "
+    "registry (IMAGE=USER/NAME:TAG on Docker Hub, or REGISTRY/NAME:TAG)",
+    "clock skew": "sync the node's clock (NTP)",
+    "ssh port": "free it or pass --ssh-port with a free port",
+    "mounts": "make it, or mount the same share at that path on every node",
+    "names": "add to DNS or to /etc/hosts on {node} (the workers read the host's): {example}",
+    "image differs": "mismatched Horovod/MPI builds hang, so load one image on every node (docker save | docker load)",
+    "push source": "build it with scripts/build-images.sh",
+}
+"""The fix each check's finding names, one line each (str.format fields filled in by the check). `start`, its
+--dry-run and `doctor` print them alike, so every launcher command or --flag they name must be both commands'
+(tests/test_session_checks.py runs each through the CLI's parser)."""
+
+
 class Severity(Enum):
     OK = "ok"
     NOTE = "note"
@@ -101,7 +118,7 @@ def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | N
     """Every finding about one node, in the order a start needs them. `image_coming` says how a missing image will
     get there ("copies it there from this machine", "pulls it from REGISTRY"); None: it will not, so it blocks."""
     node = facts.node
-    stop_all = f"`launcher stop --nodes {','.join(settings.nodes)}"
+    nodes = ",".join(settings.nodes)
 
     def found(check: str, severity: Severity, what: str, fix: str = "") -> Finding:
         return Finding(node, check, severity, what, fix)
@@ -115,7 +132,7 @@ def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | N
                 "cluster",
                 Severity.BLOCKING,
                 f"cluster {cluster} is still running",
-                f"stop it first with {stop_all} --cluster {cluster}`",
+                FIXES["cluster running"].format(nodes=nodes, cluster=cluster),
             )
         )
     for cluster in facts.finished_clusters:
@@ -124,7 +141,7 @@ def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | N
                 "cluster",
                 Severity.NOTE,
                 f"finished cluster {cluster} is kept for `launcher status` and `launcher logs`",
-                f"{stop_all} --cluster {cluster}` removes it",
+                FIXES["cluster finished"].format(nodes=nodes, cluster=cluster),
             )
         )
     if facts.image_id is None:
@@ -136,8 +153,7 @@ def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | N
                     "image",
                     Severity.BLOCKING,
                     f"image {settings.image} is not there",
-                    "pass --push-image to copy it from this machine's engine, load it on that node, or name it in a "
-                    "registry (IMAGE=USER/NAME:TAG on Docker Hub, or REGISTRY/NAME:TAG)",
+                    FIXES["image missing"],
                 )
             )
     else:
@@ -146,9 +162,7 @@ def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | N
     if facts.clock_skew is not None:  # doctor's only: a start goes on regardless
         skew = facts.clock_skew
         if abs(skew) > CLOCK_SKEW_LIMIT_SECONDS:
-            findings.append(
-                found("clock skew", Severity.WARNING, f"clock skew {skew:+.1f} s", "sync the node's clock (NTP)")
-            )
+            findings.append(found("clock skew", Severity.WARNING, f"clock skew {skew:+.1f} s", FIXES["clock skew"]))
         else:
             findings.append(found("clock skew", Severity.OK, f"({skew:+.1f} s)"))
     return findings
@@ -186,7 +200,7 @@ def host_findings(settings: LaunchSettings, facts: NodeFacts) -> list[Finding]:
                 "ssh port",
                 Severity.BLOCKING,
                 f"port {port} is already in use there",
-                "free it or pass --ssh-port with a free port",
+                FIXES["ssh port"],
             )
         )
     else:
@@ -203,7 +217,7 @@ def host_findings(settings: LaunchSettings, facts: NodeFacts) -> list[Finding]:
                 "mounts",
                 Severity.BLOCKING,
                 f"a --mount folder is not there ({facts.missing_bind})",
-                "make it, or mount the same share at that path on every node",
+                FIXES["mounts"],
             )
         )
     return findings
@@ -228,7 +242,7 @@ def naming_findings(settings: LaunchSettings, facts: list[NodeFacts]) -> list[Fi
                     "names",
                     Severity.BLOCKING if fact.rank0 else Severity.WARNING,
                     f"{', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not resolve there ({why})",
-                    f"add to DNS or to /etc/hosts on {fact.node} (the workers read the host's): {example}",
+                    FIXES["names"].format(node=fact.node, example=example),
                 )
             )
         elif fact.resolve:
@@ -264,7 +278,7 @@ def check_cluster(settings: LaunchSettings, facts: list[NodeFacts]) -> list[Find
             "image",
             Severity.BLOCKING,
             f"image {settings.image} differs between nodes ({listing})",
-            "mismatched Horovod/MPI builds hang, so load one image on every node (docker save | docker load)",
+            FIXES["image differs"],
         )
     ]
 
@@ -279,7 +293,7 @@ def push_source_findings(settings: LaunchSettings, source: NodeFacts) -> list[Fi
             "image",
             Severity.BLOCKING,
             f"no image {settings.image} either, and --push-image copies it from here",
-            "build it with scripts/build-images.sh",
+            FIXES["push source"],
         )
     ]
 
