@@ -10,6 +10,9 @@ import http.client
 import importlib.util
 import os
 import pickle
+import socket
+import struct
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -222,6 +225,73 @@ def test_a_host_update_reaches_a_ranks_notification_service(monkeypatch):
         service.shutdown()
     assert manager.updates == [(7.0, HostUpdateResult.added)]
     assert isinstance(manager.updates[0][1], HostUpdateResult)
+
+
+def closed_by_the_server(connection: socket.socket, within: float = 10.0) -> bool:
+    """Whether the server closed the connection (EOF) before `within` seconds passed with nothing."""
+    connection.settimeout(within)
+    try:
+        return connection.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_ranks_notification_service_holds_a_stranger_to_bounded_memory_and_threads(monkeypatch):
+    """Before its HMAC can be checked the service reads a length: -1 was "read until the connection closes" and 1 GiB
+    a buffer of that size, each with no timeout, and each connection a thread. Now: both refused unread (closed at
+    once), an idle connection closed after the idle time (2 s here), and 100 idle connections held open cost at most
+    MAX_CONNECTIONS threads at any time and less than 16 MiB; afterwards the driver's host update still reaches the
+    rank. (100, not more: this machine's loopback takes a socketserver about 6 connections a second; 2,000 took
+    325 s, with the same bound.)"""
+    import threading
+
+    import psutil
+    from horovod.runner.common.util import secret, stack_guard
+    from horovod.runner.elastic.worker import HostUpdateResult, WorkerNotificationClient, WorkerNotificationService
+
+    class Manager:
+        updates: list = []
+
+        def handle_hosts_updated(self, timestamp, update_res):
+            self.updates.append((timestamp, update_res))
+
+    key, manager = secret.make_secret_key(), Manager()
+    monkeypatch.setattr(stack_guard, "IDLE_SECONDS", 2.0)
+    quick = WorkerNotificationService(key, "lo", manager)  # its connections idle 2 s at most
+    monkeypatch.undo()
+    service = WorkerNotificationService(key, "lo", manager)  # as a rank has it (IDLE_SECONDS, 30 s)
+    this = psutil.Process()
+    threads, memory = threading.active_count(), this.memory_info().rss
+    held: list[socket.socket] = []
+    try:
+        for length in (-1, 1 << 30):
+            with socket.create_connection(("127.0.0.1", quick.get_port())) as connection:
+                connection.sendall(b"\0" * secret.DIGEST_LENGTH + struct.pack("i", length))
+                assert closed_by_the_server(connection, within=1.5), f"a length of {length} was not refused at once"
+        with socket.create_connection(("127.0.0.1", quick.get_port())) as idle:
+            assert closed_by_the_server(idle, within=10), "an idle connection was not closed"
+        peak_threads = 0
+        for _ in range(100):
+            held.append(socket.create_connection(("127.0.0.1", service.get_port())))
+            peak_threads = max(peak_threads, threading.active_count() - threads)
+        grown = this.memory_info().rss - memory
+        print(f"100 idle connections held to a rank's notification service: at most {peak_threads} more threads, "
+              f"{grown / 2**20:.1f} MiB more memory")  # fmt: skip
+        assert stack_guard.MAX_CONNECTIONS <= peak_threads <= stack_guard.MAX_CONNECTIONS + 2, peak_threads
+        assert grown < 16 * 2**20, grown
+        for connection in held:
+            connection.close()
+        held.clear()
+        time.sleep(0.5)
+        WorkerNotificationClient(service.addresses(), key, verbose=0).notify_hosts_updated(7.0, HostUpdateResult.added)
+    finally:
+        for connection in held:
+            connection.close()
+        quick.shutdown()
+        service.shutdown()
+    assert manager.updates == [(7.0, HostUpdateResult.added)]
 
 
 def test_a_service_listens_on_the_pinned_nics_address_only():

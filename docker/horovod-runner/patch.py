@@ -18,7 +18,10 @@ jobs, the CI smoke role):
   address only where no NIC is pinned: horovodrun's own task services, which the stack never starts). The
   host-update flag crosses as a plain int: Python 3.11.2 (Debian 12's) pickles an IntFlag member as
   `getattr(HostUpdateResult, 'added')`, and a loader that admitted getattr would admit any attribute of anything.
-  The ranks' Gloo sends the secret too (docker/patch-horovod-source.sh).
+  The ranks' Gloo sends the secret too (docker/patch-horovod-source.sh). The HMAC-signed services (a rank's
+  notification service) read a message's length before its HMAC can be checked: a length of -1 meant "read until
+  the connection closes", with no timeout; now a length outside 0..4 MiB is refused unread, an idle connection
+  ends after 30 s, and at most 32 connections are served at once.
 
 Each edit is an exact text replacement that must match once, so a Horovod whose runner changed fails here, loudly,
 instead of shipping unpatched; an edit already made is left as it is (running this twice changes nothing).
@@ -90,6 +93,17 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         (
             "        return cloudpickle.loads(message)\n",
             f"        return stack_guard.loads_message(message)  {MARK}: the runner's messages only\n",
+        ),
+        (
+            "        digest = rfile.read(secret.DIGEST_LENGTH)\n"
+            "        # Unpack message length into 4-byte integer.\n"
+            "        message_len = struct.unpack('i', rfile.read(4))[0]\n"
+            "        message = rfile.read(message_len)\n",
+            f"        digest, message = stack_guard.read_signed(rfile, secret.DIGEST_LENGTH)  {MARK}: bounded, timed\n",
+        ),
+        (
+            "        return _Handler\n",
+            f"        return stack_guard.bounded(_Handler)  {MARK}: idle connections time out; a bounded number at once\n",
         ),
         (
             "        self._server, _ = find_port(\n"

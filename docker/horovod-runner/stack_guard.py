@@ -21,6 +21,7 @@ import os
 import pickle
 import secrets
 import socket
+import struct
 import sys
 import threading
 import time
@@ -41,6 +42,17 @@ launcher/core/stall.py's REFUSAL_MARK, held equal by tests/test_rendezvous_guard
 TELL_EVERY_SECONDS = 60.0
 """A refusal is told at most once a minute per address, so a stranger's flood neither grows the job's log nor passes
 for the job's progress; the next line says how many went untold."""
+
+MAX_MESSAGE_BYTES = 4 << 20
+"""The largest message the runner's HMAC-signed services read (their records are a few hundred bytes; a rank's
+command and environment a few KB): a longer or negative length is refused before anything is read or allocated."""
+
+IDLE_SECONDS = 30.0
+"""How long a connection to such a service may wait for what it must send, before its HMAC is checked or after."""
+
+MAX_CONNECTIONS = 32
+"""Connections one such service serves at once; more are closed unread, so a stranger holding many open costs a
+bounded number of threads (a rank's notification service serves one message per host update)."""
 
 MAX_BODY_BYTES = 1 << 20
 """A rendezvous value is a few hundred bytes (addresses, Gloo's keys); a larger body is refused unread."""
@@ -193,6 +205,50 @@ class _MessageUnpickler(pickle._Unpickler):
         pickle._Unpickler.load_build(self)
 
     dispatch[pickle.BUILD[0]] = load_build
+
+
+class MessageRefused(EOFError):
+    """A message the runner's services do not read: too long, of a negative length, cut short or never sent. An
+    EOFError, which their handlers already take quietly, as a client that went away (no traceback per stranger)."""
+
+
+def _read_exactly(rfile, count):
+    try:
+        data = rfile.read(count)
+    except (TimeoutError, OSError) as error:
+        raise MessageRefused("nothing came within " + str(IDLE_SECONDS) + " s (" + type(error).__name__ + ")")
+    if len(data) != count:
+        raise MessageRefused("cut short")
+    return data
+
+
+def read_signed(rfile, digest_length):
+    """A message of the runner's wire format (its HMAC digest, a 4-byte length, the body): (digest, body), each read
+    in full, the length checked before the body is read."""
+    digest = _read_exactly(rfile, digest_length)
+    (length,) = struct.unpack("i", _read_exactly(rfile, 4))
+    if not 0 <= length <= MAX_MESSAGE_BYTES:
+        raise MessageRefused("a length of " + str(length) + " bytes (at most " + str(MAX_MESSAGE_BYTES) + ")")
+    return digest, _read_exactly(rfile, length)
+
+
+def bounded(handler_class):
+    """A socketserver handler class of the runner's services, made to time out an idle connection (IDLE_SECONDS)
+    and to close, unread, the connections beyond MAX_CONNECTIONS at once."""
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    class Bounded(handler_class):
+        timeout = IDLE_SECONDS  # StreamRequestHandler.setup sets it on the connection
+
+        def handle(self):
+            if not slots.acquire(blocking=False):
+                return
+            try:
+                super().handle()
+            finally:
+                slots.release()
+
+    return Bounded
 
 
 def loads_plain(data):
