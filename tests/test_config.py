@@ -144,7 +144,7 @@ def test_ranks_given_gpus_refuse_to_train_on_the_cpu(environ, cuda, no_cuda, ref
     ],
 )
 def test_every_rank_of_a_gpu_job_gets_tensorflows_memory_growth_unless_the_user_sets_it(user_set, given):
-    """Memory growth is TensorFlow's (torch reads no TF_* variable), given on every image: not every door knows
+    """Memory growth is TensorFlow's (torch reads no TF_* variable), given on every image: not every launch method knows
     which framework the image holds. CUDA_VISIBLE_DEVICES is never given: Horovod's own pin line
     (`gpus[hvd.local_rank()]`) needs every GPU of the node listed."""
     assert gpu.gpu_rank_env(user_set) == given

@@ -1,6 +1,6 @@
-"""The rooms' import rules, read from the source (ast), so an import that breaks one fails here and not in review:
+"""The packages' import rules, read from the source (ast), so an import that breaks one fails here and not in review:
 launcher/core/ imports no side; the agent (and the smoke role, which runs beside it in the containers) never
-imports the host side; the Kubernetes door reads only core; nothing imports the command line (launcher/cli.py, the
+imports the host side; the Kubernetes export reads only core; nothing imports the command line (launcher/cli.py, the
 face on top); app/ (the trainer, in every rank) never imports launcher; and no two modules import each other, even
 by way of others.
 """
@@ -27,7 +27,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
         "launcher.host",
         ("launcher.agent", "launcher.k8s", "launcher.smoke", "launcher.cli"),
-        "the host side reads core; the command line alone calls the other doors",
+        "the host side reads core; the command line alone calls the other launch methods",
     ),
     ("launcher", ("launcher.cli",), "launcher/cli.py is the face on top: nothing imports it"),
     ("app", ("launcher",), "the trainer runs in every rank, without the launcher"),

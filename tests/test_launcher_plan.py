@@ -150,7 +150,7 @@ def compose_spec(args=(), **environ) -> JobSpec:
 
 
 def test_compose_builds_the_same_command_line_as_the_launcher():
-    """Both doors' jobs are JobSpecs, and one JobSpec.job_argv builds the line: the same flags, one place."""
+    """Both launch methods' jobs are JobSpecs, and one JobSpec.job_argv builds the line: the same flags, one place."""
     plan = make_plan(network_interface="eth0", command=("python", "train.py"))
     assert compose_spec(TRAIN_COMMAND="python train.py").job_argv() == plan.job_argv()
     trainer = compose_spec(["--dataset=digits"], TRAIN_ARGS="--epochs 3", RUN_ID="r1")

@@ -189,7 +189,7 @@ def test_bad_value_under_mpirun_fails_before_training(tmp_path):
 
 
 def test_elastic_mode_trains_under_horovodrun_with_host_discovery(tmp_path):
-    """--elastic under horovodrun's elastic driver (Gloo), the way both front doors start it; losing and regaining
+    """--elastic under horovodrun's elastic driver (Gloo), as the launcher and compose start it; losing and regaining
     workers is shown across containers and hosts (test_compose.py, test_launcher_multihost.py)."""
     discovery = tmp_path / "hosts.sh"
     discovery.write_text("#!/bin/sh\necho localhost:2\n")
