@@ -263,6 +263,7 @@ job agent's ssh connection to a worker."""
 SHORTHAND = re.compile(rf"\b(?:{FIELD_WORDS}|test hosts?|offline path|online path)\b", re.IGNORECASE)
 """The words the README, docs/, .env.example and --help avoid: FIELD_WORDS, and the tests' own names for things."""
 CODE_SHORTHAND = re.compile(rf"\b(?:{FIELD_WORDS})\b", re.IGNORECASE)
+DOCS_WIDTH = 120
 LINK = re.compile(r"\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
@@ -524,6 +525,34 @@ def test_shorthand_in_a_string_or_comment_is_found_and_a_name_is_not(tmp_path):
     assert shorthand_problems(tmp_path / "sshd_config", "# the agent's lifeline\nUsePAM no\n") == [
         "sshd_config:1: 'lifeline'"
     ]
+
+
+UNBREAKABLE = re.compile(r"(?:[-*]\s+)?(?:<?https?://\S+?>?|\[[^\]\s]*\]\(\S+\))[.,;:]?")
+"""A prose line that is one URL or one link alone, which no wrapping shortens."""
+
+
+def wide_prose(text: str) -> list[int]:
+    """The prose lines over DOCS_WIDTH characters: not a fenced code block's, a table row or a lone link."""
+    wide, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced or len(line) <= DOCS_WIDTH or line.lstrip().startswith("|"):
+            continue
+        elif not UNBREAKABLE.fullmatch(line.strip()):
+            wide.append(number)
+    return wide
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: str(path.relative_to(REPO)))
+def test_the_docs_prose_wraps_at_120_characters(doc):
+    assert [f"{doc.relative_to(REPO)}:{number}" for number in wide_prose(doc.read_text())] == []
+
+
+def test_only_prose_has_to_wrap():
+    long = "word " * 30
+    text = f"{long}\n```sh\n{long}\n```\n| {long} |\n- https://example.com/{'x' * 130}\n[{long}]({'y' * 10})\n"
+    assert wide_prose(text) == [1, 7]
 
 
 # --- a host the set-up does not serve -------------------------------------------------------------------------
