@@ -3,6 +3,7 @@
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import cast
 
@@ -227,7 +228,9 @@ def test_trainer_option(command, expected):
 def test_command_probe(tmp_path, command, files, expected):
     for name in files:
         (tmp_path / name).write_text("")
-    result = subprocess.run(command_probe(command), cwd=tmp_path, capture_output=True, text=True)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `python`: this one, venv or not
+    env = {**os.environ, "PATH": path}
+    result = subprocess.run(command_probe(command), cwd=tmp_path, capture_output=True, text=True, env=env)
     assert (result.returncode == 0) == (expected == "")
     assert result.stdout.strip() == expected
 

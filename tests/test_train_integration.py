@@ -12,11 +12,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from app.observe import EPOCH_SCALARS, STEP_SCALARS
-from tests.png import png_size
+from tests.extras import skip_module_without
+
+skip_module_without("torch", "tensorboard")
+
+import torch  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+from app.observe import EPOCH_SCALARS, STEP_SCALARS  # noqa: E402
+from tests.png import png_size  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
