@@ -134,3 +134,39 @@ def test_no_module_imports_itself_by_way_of_others():
         if module not in state:
             visit(module, [module])
     assert circles == []
+
+
+TRAIN_EXTRA = ("numpy", "torch", "torchvision", "tensorboard", "matplotlib", "sklearn", "horovod", "cloudpickle")
+"""What a contributor's `pip install -e '.[test]'` lacks: the train extra's packages, Horovod and its dependencies."""
+
+
+def early_train_extra_imports(source: str) -> list[str]:
+    """`line: module` for each top-level import of a TRAIN_EXTRA package that no skip_module_without call before it
+    names (tests/extras.py): where the package is missing, such a module errors instead of skipping."""
+    named: set[str] = set()
+    early = []
+    for node in ast.parse(source).body:
+        call = node.value if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) else None
+        if call is not None and isinstance(call.func, ast.Name) and call.func.id == "skip_module_without":
+            named |= {arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+        else:
+            continue
+        early += [
+            f"{node.lineno}: {m}" for m in modules if m.split(".")[0] in TRAIN_EXTRA and m.split(".")[0] not in named
+        ]
+    return early
+
+
+def test_a_test_module_imports_the_train_extra_only_after_skipping_without_it():
+    early = {
+        path.name: found
+        for path in sorted((REPO / "tests").glob("test_*.py"))
+        if (found := early_train_extra_imports(path.read_text()))
+    }
+    assert early == {}
+    sample = 'import numpy\nskip_module_without("torch")\nimport torch.nn\nfrom horovod import torch as hvd\n'
+    assert early_train_extra_imports(sample) == ["1: numpy", "4: horovod"]
