@@ -132,7 +132,7 @@ RUN --mount=type=bind,from=horovod-build,source=/dist,target=/dist \
     /tmp/finish-image.sh
 LABEL horovod-stack.framework=PyTorch
 COPY app /opt/horovod-stack/app
-# The job agent (launcher/agent/) runs every job from the rank-0 container, whichever door started it.
+# The job agent (launcher/agent/) runs every job from the rank-0 container, whichever launch method started it.
 COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
 # A script of the other framework's ends in one line naming its image (app/frameworks.py, run at every start).

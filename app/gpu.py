@@ -10,7 +10,7 @@ for GPUs would quietly train on the CPU.
 The launcher tells which framework an image holds by the image's label (FRAMEWORK_LABEL, set by the Dockerfile; an
 image built FROM one of the stack's inherits it); an image without it is checked as PyTorch's.
 
-What a framework's GPU path needs in every rank's environment is its build's `rank_env`; every door gives every
+What a framework's GPU path needs in every rank's environment is its build's `rank_env`; every launch method gives every
 build's to every rank of a GPU job (gpu_rank_env), since compose's file and the MPIJob export never read the image's
 label, and each framework reads only its own variables.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from app.frameworks import PYTORCH, TENSORFLOW
 
 GPUS_ASKED = "HOROVOD_STACK_GPUS"
-"""Set to 1 in every rank's environment by a door that gave the ranks GPUs (launcher --gpus, compose's
+"""Set to 1 in every rank's environment by a launch method that gave the ranks GPUs (launcher --gpus, compose's
 GPU file)."""
 FRAMEWORK_LABEL = "horovod-stack.framework"
 """The image label naming the framework it holds (app/frameworks.py's Framework.name)."""
@@ -75,14 +75,14 @@ def build_of(image_labels: Mapping[str, str] | None) -> CudaBuild:
 
 
 def gpus_asked(environ: Mapping[str, str]) -> bool:
-    """Whether a door gave this environment's ranks GPUs (GPUS_ASKED set to a yes)."""
+    """Whether a launch method gave this environment's ranks GPUs (GPUS_ASKED set to a yes)."""
     return environ.get(GPUS_ASKED, "") in ("1", "true", "yes")
 
 
 def gpu_rank_env(user_set: Collection[str]) -> tuple[str, ...]:
     """KEY=VALUE pairs every rank of a job given GPUs gets: GPUS_ASKED, then every build's rank_env that the job's own
-    environment (the names in `user_set`) does not set. Every build's, whichever the image holds: the doors that
-    build the ranks' environment do not all know the image's framework, and each framework ignores the other's
+    environment (the names in `user_set`) does not set. Every build's, whichever the image holds: the launch methods
+    that build the ranks' environment do not all know the image's framework, and each framework ignores the other's
     variables (torch reads no TF_*)."""
     wanted = dict(pair for build in BUILDS.values() for pair in build.rank_env)
     return (f"{GPUS_ASKED}=1", *(f"{name}={value}" for name, value in wanted.items() if name not in user_set))

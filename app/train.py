@@ -3,7 +3,7 @@
 The article's SimpleNet on MNIST (or its offline stand-ins) with Horovod: app.train_torch on PyTorch's image
 (horovod-stack:latest), app.train_keras (Keras 3) on TensorFlow's (horovod-stack:tensorflow). Both take the same
 options (app/config.py) and write the same files (metrics.jsonl, summary.json, checkpoints/, curves.png), so every
-door starts either one with the same command (app/entrypoint.py). Launch it under horovodrun or mpirun, e.g.
+launch method starts either one with the same command (app/entrypoint.py). Launch it under horovodrun or mpirun, e.g.
     horovodrun -np 2 -H localhost:2 --gloo python -m app.train --dataset digits
     mpirun -np 2 -bind-to none -map-by slot python -m app.train --dataset digits
 """

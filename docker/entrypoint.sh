@@ -37,9 +37,9 @@
 # exits with the job's status); RESTART_ON_FAILURE=1 (a launcher's worker that its engine starts again after it
 # failed, --restart-workers: one that stopped by itself stays stopped).
 #
-# How a worker ends: the agent holds an ssh "lifeline" to it (python -m launcher.agent lifeline). When the job ends
-# the agent sends the job-end message down it; when the agent dies instead (its container killed, a reboot), the
-# line closes. Either way the lifeline writes $JOB_END_FILE and this script stops sshd, so the container stops. A
+# How a worker ends: the job agent holds an ssh connection to it (python -m launcher.agent agent-link). When the job
+# ends the agent sends the job-end message down it; when the agent dies instead (its container killed, a reboot), the
+# connection closes. Either way agent-link writes $JOB_END_FILE and this script stops sshd, so the container stops. A
 # `worker` that no job claims within $DEFAULT_CLAIM_TIMEOUT s of starting stops too (WORKER_CLAIM_TIMEOUT in the
 # environment overrides it, 0: never; an mpijob-worker's default is never).
 set -euo pipefail

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The project's test command (README, .ci/run): prepares what the tests need (.venv with the Horovod build,
-# the Docker engine, PyTorch's image and TensorFlow's), checks the code (ruff: lint and format; mypy), then runs
-# pytest in two rooms at once (pytest-xdist, -n 2): the tests on the test hosts on one worker, everything else on
-# the other (tests/conftest.py). Pass -n 0 to run them one after the other.
+# The project's test command (README, .ci/run): prepares what the tests need (.venv with the Horovod build, the Docker
+# engine, PyTorch's image and TensorFlow's), checks the code (ruff: lint and format; mypy), then runs pytest in two
+# processes at once (pytest-xdist, -n 2): the tests on the test hosts on one worker, everything else on the other
+# (tests/conftest.py). Pass -n 0 to run them one after the other.
 #   scripts/test.sh [PYTEST ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-"""What every test shares: builders of settings, plans and job specs from flat keyword arguments, the two rooms
+"""What every test shares: builders of settings, plans and job specs from flat keyword arguments, the two groups
 the suite runs in under pytest-xdist, the test hosts (tests/multihost.py) and the figures the tests measured. The
 stand-ins of the unit tests are tests/standins.py's.
 """
@@ -45,7 +45,7 @@ def job_spec(**fields) -> JobSpec:
     return JobSpec(**{"job_id": "j1", "expected_workers": 2, **fields, "options": options})
 
 
-# --- the test hosts, and the two rooms under pytest-xdist (scripts/test.sh runs `pytest -n 2`) -----------------
+# --- the test hosts, and the two groups under pytest-xdist (scripts/test.sh runs `pytest -n 2`) ----------------
 TEST_HOST_MODULES = frozenset(
     {
         "test_launcher_multihost.py",
@@ -56,13 +56,13 @@ TEST_HOST_MODULES = frozenset(
 )
 """The modules whose tests run on the test hosts (the `test_hosts` fixture): one worker runs all of them, in file
 order, since the harness is one per machine and a module's tests build on each other; the other worker runs
-everything else. The test hosts' tests mostly wait on containers, timeouts and the network, so the two rooms overlap
+everything else. The test hosts' tests mostly wait on containers, timeouts and the network, so the two groups overlap
 well on two cores."""
 
 
 RUN_LAST = frozenset({"test_image_delivery.py"})
-"""Modules run after the rest of their room: a 6.7 GB push to a registry, a pull onto a test host of the module's own
-and a push to its spare are heavy on the disk, so they come late, while the test hosts' room mostly waits on jobs,
+"""Modules run after the rest of their group: a 6.7 GB push to a registry, a pull onto a test host of the module's own
+and a push to its spare are heavy on the disk, so they come late, while the test hosts' group mostly waits on jobs,
 and not at the start, while it copies the image to its own nodes."""
 
 
@@ -88,7 +88,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(optionalhook=True)  # pytest without xdist (the launcher installed alone) has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """xdist's own grouping (--dist loadgroup) renames node ids, which pytest 9.2 no longer allows; this scheduler
-    groups by room instead: one work unit per room, so each of the two workers takes one."""
+    groups the tests itself instead: one work unit per group, so each of the two workers takes one."""
     from xdist.scheduler import LoadScopeScheduling
 
     class TwoRooms(LoadScopeScheduling):

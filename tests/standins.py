@@ -1,5 +1,5 @@
 """The stand-ins the unit tests use for the side effects: one of the host side's NodeEngine (launcher/host/engines.py)
-and one of the agent's Transport (launcher/agent/transport.py), with a clock, a lifeline and records of what they
+and one of the agent's Transport (launcher/agent/transport.py), with a clock, a connection and records of what they
 were asked. Each refuses loudly what no unit test needs; mypy checks every method each has against its protocol
 (the assignments under TYPE_CHECKING at the end), so a changed protocol fails the type check, not a test at run
 time. The integration tests use the real things (Docker engines, sshd, mpirun) instead.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from app import gpu
 from launcher.agent import stacks
 from launcher.core import legacy_keras
-from launcher.core.protocol import HOSTKEYS_DIR, JOB_LOST, KNOWN_HOSTS
+from launcher.core.protocol import AGENT_LINK, HOSTKEYS_DIR, JOB_LOST, KNOWN_HOSTS
 from launcher.host.engines import Container, Loss, NodeEngine, NodeError, pull_failure
 from launcher.host.jobstate import ContainerState
 from launcher.host.plan import Node, WorkerContainer
@@ -212,10 +212,10 @@ class Line:
 class StandInTransport:
     """The agent's side effects without ssh or processes. Workers are addresses: each publishes its host key and
     answers ssh from a time in `up_from` on (all, always, without one), until lost; with `keys`, a worker answers
-    only while its key in `keys` is the one pinned (nothing is published: the MPIJob door learns keys). The job's
+    only while its key in `keys` is the one pinned (nothing is published: the MPIJob launch learns keys). The job's
     process exits with `status`, at once or (`until_stopped`) once the agent stops it; with `stacks_of`, it never
     prints again and each worker's ranks wait where given. Workers in `silent_in_job` go silent as the job starts
-    (their lifelines close without a word); the job then runs until the agent ends it, or, once the agent has
+    (their connections close without a word); the job then runs until the agent ends it, or, once the agent has
     recorded them in JOB_LOST (an elastic job going on without them), exits with `status`. A restart's runs (after
     the first) exit with the statuses in `restarts`, in order (0 once they run out), losing no one; a lost worker
     in `returns_at` answers again from that time on, as a new worker (its container started again). The first run
@@ -258,7 +258,7 @@ class StandInTransport:
         self.modes: dict[str, int] = {}
         self.lines: dict[str, Line] = {}
         self.heard: list[str] = []
-        """Addresses in the order their lifelines got the last word."""
+        """Addresses in the order their connections got the last word."""
         self.told: dict[str, str] = {}
         self.ran: list[list[str]] = []
         self.run_dirs: list[str] = []
@@ -292,7 +292,7 @@ class StandInTransport:
             pinned = f"[{address}]:12345 {self.keys[address]}"
             if pinned not in self.files.get(KNOWN_HOSTS, "").splitlines():
                 return 255, "host key changed"
-        if "lifeline" in command:
+        if f"launcher.agent {AGENT_LINK} " in command:
             self.told[address] = stdin.strip()
         if command.startswith("test ! -e") and "claimed" in command:
             return (0, "") if address in self.fresh else (1, "")
@@ -303,7 +303,7 @@ class StandInTransport:
         return 0, ""
 
     def lifeline(self, address: str, command: str) -> Line:
-        assert "launcher.agent lifeline --driver" in command
+        assert f"launcher.agent {AGENT_LINK} --driver" in command
         self.lines[address] = Line(address, self.heard)
         return self.lines[address]
 

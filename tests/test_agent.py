@@ -151,7 +151,7 @@ def test_workers_that_never_answer_fail_the_job_in_one_line_and_those_that_did_a
         "that rank 0 reaches those hosts by name and that the port is open between nodes"
     )
     assert f"error: {end.cause}" in said
-    assert transport.told == {W1.address: end.message()}  # no lifeline yet: told over a connection of its own
+    assert transport.told == {W1.address: end.message()}  # no agent connection yet: told over a connection of its own
     assert said[-1].startswith("could not reach node_2 to say the job ended; a worker no job claims stops by itself")
 
 

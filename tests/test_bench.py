@@ -17,6 +17,7 @@ from app.bench.peers import ALONE, parse_variant, peer_rows
 from app.bench.ps_vs_ring import model_ratio, model_seconds, within_tolerance
 from app.bench.report import markdown_table, write_report
 from app.bench.tf_peers import peer_row
+from tests.extras import needs
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -178,6 +179,7 @@ def test_markdown_table_right_aligns_numbers_and_marks_missing_values():
     assert table.splitlines() == ["| name | ms |", "|---|---:|", "| a | 1.2 |", "| b | - |"]
 
 
+@needs("matplotlib")
 def test_write_report_writes_table_json_and_png(tmp_path, capsys):
     paths = write_report(tmp_path, "x", "title", [("a", "A", "d")], [{"a": 1}], extra={"k": 2})
     assert_report(tmp_path, "x", ["a"])

@@ -4,11 +4,16 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
-import torch
 
-from app import checkpoint
+from tests.extras import skip_module_without
+
+skip_module_without("numpy", "torch")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from app import checkpoint  # noqa: E402
 
 
 def test_round_trip(tmp_path):

@@ -22,6 +22,7 @@ import docker
 import pytest
 
 from launcher.core import stall
+from launcher.core.protocol import LOST_PREFIX, lost_driver_message
 
 pytestmark = pytest.mark.integration
 
@@ -472,7 +473,7 @@ def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, com
 
 
 def test_killed_launcher_container_stops_every_worker_and_up_returns(engine, compose_run, tmp_path, measured):
-    """`docker kill` of the job's driver mid-run: its lifelines close, the workers stop, plain `up` returns."""
+    """`docker kill` of the job's driver mid-run: its ssh connections close, the workers stop, plain `up` returns."""
     run = compose_run(DATASET="synthetic", EPOCHS="200")
     log = tmp_path / "compose.log"
     process = run.start("up", log=log)
@@ -492,9 +493,8 @@ def test_killed_launcher_container_stops_every_worker_and_up_returns(engine, com
     left = [c.name for c in project_containers(engine, run.project, status="running")]
     measured(f"compose launcher killed: `up` returned {took:.1f} s later, running containers left: {left}")
     assert left == []
-    assert output.count("compose's launcher container went away (its ssh lifeline closed); stopping") == 2, output[
-        -3000:
-    ]
+    said = lost_driver_message("compose's launcher container").removeprefix(LOST_PREFIX)  # as the entrypoint logs it
+    assert output.count(f"{said}; stopping") == 2, output[-3000:]
 
 
 def test_a_paused_worker_ends_the_job_within_a_minute_naming_it(engine, compose_run, tmp_path, measured):
@@ -512,7 +512,7 @@ def test_a_paused_worker_ends_the_job_within_a_minute_naming_it(engine, compose_
         victim.pause()
         paused = time.monotonic()
         ended = wait_for_line(log, "job FAILED", process, timeout=120) - paused
-        victim.unpause()  # the node comes back: its worker notices its lifeline closed and stops
+        victim.unpause()  # the node comes back: its worker notices its agent's connection closed and stops
         process.wait(timeout=120)
     finally:
         if victim is not None and (victim.reload() or victim.status == "paused"):

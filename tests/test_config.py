@@ -9,6 +9,7 @@ import pytest
 
 from app import gpu
 from app.config import ConfigError, TrainConfig, check_options, parse_config
+from tests.extras import needs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,6 +63,7 @@ def test_unwritable_run_and_tensorboard_dirs_are_refused(tmp_path, flag):
         parse_config([flag, str(blocker / "run")])
 
 
+@needs("tensorboard")  # --run-dir writes TensorBoard events
 def test_run_dir_holds_every_output_unless_a_flag_says_otherwise(tmp_path):
     run = tmp_path / "runs" / "3f9a1c2e"
     config = parse_config(["--run-dir", str(run), "--summary-file", str(tmp_path / "elsewhere.json")])
@@ -110,6 +112,7 @@ def test_good_values_parse(tmp_path):
     assert (tmp_path / "c").is_dir()
 
 
+@needs("torch")  # the trainer runs only with a framework
 def test_cli_prints_one_line_and_exits_nonzero_before_training():
     result = subprocess.run(
         [sys.executable, "-m", "app.train", "--epochs", "0"], cwd=REPO, capture_output=True, text=True, timeout=120
@@ -144,13 +147,14 @@ def test_ranks_given_gpus_refuse_to_train_on_the_cpu(environ, cuda, no_cuda, ref
     ],
 )
 def test_every_rank_of_a_gpu_job_gets_tensorflows_memory_growth_unless_the_user_sets_it(user_set, given):
-    """Memory growth is TensorFlow's (torch reads no TF_* variable), given on every image: not every door knows
+    """Memory growth is TensorFlow's (torch reads no TF_* variable), given on every image: not every launch method knows
     which framework the image holds. CUDA_VISIBLE_DEVICES is never given: Horovod's own pin line
     (`gpus[hvd.local_rank()]`) needs every GPU of the node listed."""
     assert gpu.gpu_rank_env(user_set) == given
     assert dict(gpu.TENSORFLOW_BUILD.rank_env) == {"TF_FORCE_GPU_ALLOW_GROWTH": "true"} and not gpu.TORCH_BUILD.rank_env
 
 
+@needs("torch")
 def test_a_rank_given_gpus_without_cuda_stops_in_one_line():
     """Here CUDA is never available, as on a host whose driver is older than torch's CUDA build needs."""
     result = subprocess.run(

@@ -3,12 +3,17 @@ how an epoch is shared out over the ranks (fixed-size and elastic)."""
 
 import gzip
 
-import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
-from app import datasets
+from tests.extras import skip_module_without
+
+skip_module_without("numpy", "torch")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from app import datasets  # noqa: E402
 
 
 def test_the_upscaling_is_torchs_bilinear_without_corner_alignment():

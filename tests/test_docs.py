@@ -12,11 +12,14 @@ setting in a `.env`-style line of a code block (`KEY=value` alone), in `KEY=valu
 
 from __future__ import annotations
 
+import ast
+import io
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -253,7 +256,14 @@ README_WIDTH = 120
 PARAGRAPH_LINES = 8
 README_ORDER = ["Quick start", "One host", "Several hosts", "Your own script", "In CI", "What was tested", "More"]
 GLOSSARY = ["node", "worker", "rank", "slot", "spare", "cluster ID", "job agent"]
-SHORTHAND = re.compile(r"\b(?:doors?|rooms?|lifelines?|test hosts?|offline path|online path)\b", re.IGNORECASE)
+FIELD_WORDS = r"doors?|rooms?|lifelines?"
+"""The project's shorthand that no user-visible text may say, the code's strings and comments included: a "door"
+is a launch method (the launcher, compose, an MPIJob), a "room" a package or a pytest-xdist worker, a "lifeline" the
+job agent's ssh connection to a worker."""
+SHORTHAND = re.compile(rf"\b(?:{FIELD_WORDS}|test hosts?|offline path|online path)\b", re.IGNORECASE)
+"""The words the README, docs/, .env.example and --help avoid: FIELD_WORDS, and the tests' own names for things."""
+CODE_SHORTHAND = re.compile(rf"\b(?:{FIELD_WORDS})\b", re.IGNORECASE)
+DOCS_WIDTH = 120
 LINK = re.compile(r"\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
@@ -437,6 +447,112 @@ def test_the_words_users_read_are_the_fields():
     found = [f"{where}: {match.group(0)!r}" for where, text in readable.items() for match in SHORTHAND.finditer(text)]
     assert found == []
     assert SHORTHAND.findall("both doors, two rooms, its lifeline, the test hosts, the offline path") != []
+
+
+CODE_FOLDERS = ("app", "launcher", "docker", "scripts")
+"""Read whole: what users run and read (Python: its strings and comments; every other file: every line)."""
+READ_WHOLE = ("compose*.yaml", "Dockerfile", ".env.example", "README.md", "docs/*.md")
+NAMED_IN_CODE = re.compile(r"`\w+`")
+"""A backticked name in a docstring (`door`, `DOORS`): the code's identifier, not a word users read."""
+
+
+def strings_and_comments(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment and string literal of Python source: docstrings, messages, an f-string's text
+    (not its expressions); a string over several lines one entry per line."""
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.extend((node.lineno + offset, line) for offset, line in enumerate(node.value.splitlines()))
+    return sorted(found)
+
+
+def user_facing_files() -> list[Path]:
+    files = [
+        path
+        for folder in CODE_FOLDERS
+        for path in sorted((REPO / folder).rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    ]
+    return files + [path for pattern in READ_WHOLE for path in sorted(REPO.glob(pattern))]
+
+
+def shorthand_problems(path: Path, text: str) -> list[str]:
+    """`file:line: 'word'` for every FIELD_WORDS word in the file's user-facing text."""
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+    lines = strings_and_comments(text) if path.suffix == ".py" else enumerate(text.splitlines(), 1)
+    return [
+        f"{where}:{number}: {match.group(0)!r}"
+        for number, line in lines
+        for match in CODE_SHORTHAND.finditer(NAMED_IN_CODE.sub("", line))
+    ]
+
+
+def test_no_shorthand_in_what_the_code_shows():
+    """No "door", "room" or "lifeline" in the code's strings and comments (app/, launcher/, docker/, scripts/: log
+    lines, errors, process names, --help, docstrings), compose's files, the Dockerfile, .env.example or the docs."""
+    found = [
+        problem
+        for path in user_facing_files()
+        for problem in shorthand_problems(path, path.read_text(errors="replace"))
+    ]
+    assert found == []
+    assert {str(path.relative_to(REPO)) for path in user_facing_files()} >= {
+        "launcher/core/protocol.py",
+        "docker/entrypoint.sh",
+        "docker/sshd_config",
+        "compose.yaml",
+        "Dockerfile",
+        "docs/compose.md",
+    }
+
+
+def test_shorthand_in_a_string_or_comment_is_found_and_a_name_is_not(tmp_path):
+    source = (
+        'DOORS = ("launcher", "compose")  # the doors\n'
+        'message = f"{self.door!r} closed: the lifeline"\n'
+        "def lifeline(door):\n"
+        '    """Holds the room open; `door` and `DOORS` are names."""\n'
+    )
+    assert shorthand_problems(tmp_path / "code.py", source) == [
+        "code.py:1: 'doors'",
+        "code.py:2: 'lifeline'",
+        "code.py:4: 'room'",
+    ]
+    assert shorthand_problems(tmp_path / "sshd_config", "# the agent's lifeline\nUsePAM no\n") == [
+        "sshd_config:1: 'lifeline'"
+    ]
+
+
+UNBREAKABLE = re.compile(r"(?:[-*]\s+)?(?:<?https?://\S+?>?|\[[^\]\s]*\]\(\S+\))[.,;:]?")
+"""A prose line that is one URL or one link alone, which no wrapping shortens."""
+
+
+def wide_prose(text: str) -> list[int]:
+    """The prose lines over DOCS_WIDTH characters: not a fenced code block's, a table row or a lone link."""
+    wide, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced or len(line) <= DOCS_WIDTH or line.lstrip().startswith("|"):
+            continue
+        elif not UNBREAKABLE.fullmatch(line.strip()):
+            wide.append(number)
+    return wide
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: str(path.relative_to(REPO)))
+def test_the_docs_prose_wraps_at_120_characters(doc):
+    assert [f"{doc.relative_to(REPO)}:{number}" for number in wide_prose(doc.read_text())] == []
+
+
+def test_only_prose_has_to_wrap():
+    long = "word " * 30
+    text = f"{long}\n```sh\n{long}\n```\n| {long} |\n- https://example.com/{'x' * 130}\n[{long}]({'y' * 10})\n"
+    assert wide_prose(text) == [1, 7]
 
 
 # --- a host the set-up does not serve -------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import pytest
 
 from app import frameworks
 from app.frameworks import PYTORCH, TENSORFLOW
+from tests.extras import needs
 
 
 @pytest.mark.parametrize(
@@ -31,6 +32,7 @@ def test_a_missing_framework_names_the_image_that_holds_it(missing, current, wan
         assert current.image in message
 
 
+@needs("torch")
 def test_this_environment_holds_pytorch():
     assert frameworks.installed() is PYTORCH
 

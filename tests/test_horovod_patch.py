@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.bench import ranks
+from tests.extras import needs
 
 SCRIPT = Path(__file__).parent / "horovod_patch" / "collectives.py"
 LATE_PEER = Path(__file__).parent / "horovod_patch" / "late_peer.py"
@@ -100,6 +101,7 @@ def patched_runner(tmp_path: Path):
     return tmp_path / "horovod" / "runner"
 
 
+@needs("horovod")
 def test_the_runner_patch_pins_host_keys_and_keeps_values_off_command_lines(tmp_path, monkeypatch):
     """docker/horovod-runner/patch.py over this checkout's installed Horovod runner: elastic ranks' ssh no longer
     trusts any host key, and a rank's command line holds no variable horovodrun has itself (a secret setting)."""
@@ -120,6 +122,7 @@ def test_the_runner_patch_pins_host_keys_and_keeps_values_off_command_lines(tmp_
     assert "HOROVOD_FUSION_THRESHOLD=0" in line and "HOROVOD_RANK=1" in line
 
 
+@needs("horovod")
 def test_the_runner_patch_refuses_a_runner_it_does_not_know(tmp_path):
     """A Horovod whose runner changed where an edit applies fails the patch, naming the file to check, rather than
     shipping half patched."""

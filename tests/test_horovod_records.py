@@ -1,5 +1,5 @@
-"""Horovod's own records of a run, through every door: `--timeline` and `--autotune` (TIMELINE, AUTOTUNE in .env and
-compose) as the ranks' environment, the agent's lines at the job's end, and the readers of both records
+"""Horovod's own records of a run, through every launch method: `--timeline` and `--autotune` (TIMELINE, AUTOTUNE in
+.env and compose) as the ranks' environment, the agent's lines at the job's end, and the readers of both records
 (app.timeline, app.autotune), table-driven on events and logs shaped as Horovod 0.28.1 writes them."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.test_launcher_plan import compose_spec
 RUN = "/shared/runs/c0ffee00"
 
 
-# --- the options as each door spells them, and what the ranks get ---
+# --- the options as each launch method spells them, and what the ranks get ---
 @pytest.mark.parametrize(
     "timeline_on, autotune_on, folder, user_set, expected",
     [
@@ -78,7 +78,7 @@ def test_a_users_command_gets_the_run_folder_for_the_records_alone():
     ],
 )
 def test_timeline_and_autotune_come_from_the_flags_or_the_env_file_and_compose(env, flags, expected):
-    if isinstance(expected[0], str):  # each door's own words: the launcher's .env, compose's
+    if isinstance(expected[0], str):  # each launch method's own words: the launcher's .env, compose's
         with pytest.raises(SettingsError, match=re.escape(expected[0])):
             resolve_settings({"NODES": "a", **env}, job=flags)
         with pytest.raises(SettingsError, match=re.escape(expected[1])):

@@ -1,5 +1,5 @@
 """The image reaching nodes that lack it, on test hosts of this module's own (tests/multihost.py's harness 1:
-`puller_1`, and `puller_2` as a spare), in the room beside the shared test hosts' (tests/conftest.py runs it last
+`puller_1`, and `puller_2` as a spare), in the group beside the shared test hosts' (tests/conftest.py runs it last
 there: its copies are heavy on the disk).
 
 - IMAGE names an image in a registry: a node that lacks it pulls it, and the job trains on it; a tag the registry

@@ -1,6 +1,6 @@
-"""The rooms' import rules, read from the source (ast), so an import that breaks one fails here and not in review:
+"""The packages' import rules, read from the source (ast), so an import that breaks one fails here and not in review:
 launcher/core/ imports no side; the agent (and the smoke role, which runs beside it in the containers) never
-imports the host side; the Kubernetes door reads only core; nothing imports the command line (launcher/cli.py, the
+imports the host side; the Kubernetes export reads only core; nothing imports the command line (launcher/cli.py, the
 face on top); app/ (the trainer, in every rank) never imports launcher; and no two modules import each other, even
 by way of others.
 """
@@ -27,7 +27,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
         "launcher.host",
         ("launcher.agent", "launcher.k8s", "launcher.smoke", "launcher.cli"),
-        "the host side reads core; the command line alone calls the other doors",
+        "the host side reads core; the command line alone calls the other launch methods",
     ),
     ("launcher", ("launcher.cli",), "launcher/cli.py is the face on top: nothing imports it"),
     ("app", ("launcher",), "the trainer runs in every rank, without the launcher"),
@@ -134,3 +134,39 @@ def test_no_module_imports_itself_by_way_of_others():
         if module not in state:
             visit(module, [module])
     assert circles == []
+
+
+TRAIN_EXTRA = ("numpy", "torch", "torchvision", "tensorboard", "matplotlib", "sklearn", "horovod", "cloudpickle")
+"""What a contributor's `pip install -e '.[test]'` lacks: the train extra's packages, Horovod and its dependencies."""
+
+
+def early_train_extra_imports(source: str) -> list[str]:
+    """`line: module` for each top-level import of a TRAIN_EXTRA package that no skip_module_without call before it
+    names (tests/extras.py): where the package is missing, such a module errors instead of skipping."""
+    named: set[str] = set()
+    early = []
+    for node in ast.parse(source).body:
+        call = node.value if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) else None
+        if call is not None and isinstance(call.func, ast.Name) and call.func.id == "skip_module_without":
+            named |= {arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+        else:
+            continue
+        early += [
+            f"{node.lineno}: {m}" for m in modules if m.split(".")[0] in TRAIN_EXTRA and m.split(".")[0] not in named
+        ]
+    return early
+
+
+def test_a_test_module_imports_the_train_extra_only_after_skipping_without_it():
+    early = {
+        path.name: found
+        for path in sorted((REPO / "tests").glob("test_*.py"))
+        if (found := early_train_extra_imports(path.read_text()))
+    }
+    assert early == {}
+    sample = 'import numpy\nskip_module_without("torch")\nimport torch.nn\nfrom horovod import torch as hvd\n'
+    assert early_train_extra_imports(sample) == ["1: numpy", "4: horovod"]

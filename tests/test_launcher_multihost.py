@@ -24,7 +24,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from launcher.core.protocol import SILENCE_SECONDS
+from launcher.core.protocol import LOST_PREFIX, SILENCE_SECONDS, lost_driver_message
 from tests.multihost import SHARED_HOST_NAME, Cluster
 from tests.test_examples import EXAMPLES, learned_on_identical_ranks, readme_commands
 
@@ -50,7 +50,7 @@ def bare(test_hosts: Cluster):
     """The shared test hosts with no image on any node, as a user's first start finds them: the first test refuses
     them for lacking it; the second gives them an earlier build and pushes a new one to both at once (one export, two
     loads, only the new layer). (A push of the whole image to a spare that lacks it, and a pull from a registry, have
-    test hosts of their own in the other room: tests/test_image_delivery.py.)"""
+    test hosts of their own in the other group: tests/test_image_delivery.py.)"""
     for node in test_hosts.every_node:
         if test_hosts.has_image(IMAGE, node):  # another module or test put it there
             node.client().images.remove(IMAGE, force=True)
@@ -570,7 +570,8 @@ def test_a_killed_rank0_container_stops_the_other_workers(cluster, measured):
         f"rank 0's container killed: node_2's worker stopped {took:.1f} s later ({last_line}); "
         f"{status.stdout.splitlines()[0]}"
     )
-    assert "rank 0's container on node_1 went away (its ssh lifeline closed); stopping" in last_line
+    said = lost_driver_message("rank 0's container on node_1").removeprefix(LOST_PREFIX)  # as the entrypoint logs it
+    assert f"{said}; stopping" in last_line
     assert "failed: rank 0's container stopped (exit status 137) before the job ended" in status.stdout
     launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
     assert_nothing_left(cluster)
@@ -1027,7 +1028,7 @@ def test_a_hung_job_says_where_it_hangs_and_a_stall_is_noticed_by_itself(cluster
     stall_args = ["--workdir", str(USER_SCRIPT), "--stall-timeout", "20", "--env", "HOROVOD_STALL_CHECK_TIME_SECONDS=5"]
     # The job's time limit ends it by itself once the stall has been seen (then `status` says so; nothing runs on).
     # Alone, the stall is said about 25 s after the script starts; at 50 s and then 90 s the limit came first in full
-    # runs, with this machine's other room pushing 6.7 GB.
+    # runs, with this machine's other group pushing 6.7 GB.
     limit = 150
     started = launcher(
         cluster, *start_args(cluster, "--detach", "--time-limit", str(limit), *stall_args), "--", "python", "stall.py"

@@ -3,6 +3,7 @@
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import cast
 
@@ -150,7 +151,7 @@ def compose_spec(args=(), **environ) -> JobSpec:
 
 
 def test_compose_builds_the_same_command_line_as_the_launcher():
-    """Both doors' jobs are JobSpecs, and one JobSpec.job_argv builds the line: the same flags, one place."""
+    """Both launch methods' jobs are JobSpecs, and one JobSpec.job_argv builds the line: the same flags, one place."""
     plan = make_plan(network_interface="eth0", command=("python", "train.py"))
     assert compose_spec(TRAIN_COMMAND="python train.py").job_argv() == plan.job_argv()
     trainer = compose_spec(["--dataset=digits"], TRAIN_ARGS="--epochs 3", RUN_ID="r1")
@@ -227,7 +228,9 @@ def test_trainer_option(command, expected):
 def test_command_probe(tmp_path, command, files, expected):
     for name in files:
         (tmp_path / name).write_text("")
-    result = subprocess.run(command_probe(command), cwd=tmp_path, capture_output=True, text=True)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `python`: this one, venv or not
+    env = {**os.environ, "PATH": path}
+    result = subprocess.run(command_probe(command), cwd=tmp_path, capture_output=True, text=True, env=env)
     assert (result.returncode == 0) == (expected == "")
     assert result.stdout.strip() == expected
 

@@ -1,6 +1,6 @@
 """Keras 2 code on Keras 3 (launcher/core/legacy_keras.py): the rule that reads a rank's traceback, its fix as each
-door words it, and the watch over a job's tagged output that the job agent keeps. The tracebacks are as Python 3.11
-and TensorFlow 2.21 write them in horovod-stack:tensorflow; the agent's cause: test_agent.py; the smoke role's last
+launch method words it, and the watch over a job's tagged output that the job agent keeps. The tracebacks are as Python
+3.11 and TensorFlow 2.21 write them in horovod-stack:tensorflow; the agent's cause: test_agent.py; the smoke role's last
 line: test_smoke_report.py; the image itself: test_tensorflow.py."""
 
 from __future__ import annotations

@@ -363,7 +363,7 @@ MEGABYTES = 8.0
 RATE_TOLERANCE = 0.15
 PREDICTION_TOLERANCE = 0.20
 ATTEMPTS = 3
-"""Measurements taken before the test gives up: the test hosts' room runs beside this one (scripts/test.sh), and a
+"""Measurements taken before the test gives up: the test hosts' group runs beside this one (scripts/test.sh), and a
 burst of its work slows a probe or a ring step here; a link test or a prediction that is wrong misses every time."""
 
 

@@ -1,9 +1,13 @@
 from pathlib import Path
 
-import torch
+from tests.extras import skip_module_without
 
-from app import consistency, data, datasets
-from app.model import SimpleNet
+skip_module_without("torch")
+
+import torch  # noqa: E402
+
+from app import consistency, data, datasets  # noqa: E402
+from app.model import SimpleNet  # noqa: E402
 
 
 def test_simplenet_gives_log_probabilities_for_28x28_batches():

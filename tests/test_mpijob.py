@@ -1,4 +1,4 @@
-"""The Kubernetes door without a cluster: every exported MPIJob validates against the MPI Operator's CRD schema
+"""The Kubernetes export without a cluster: every exported MPIJob validates against the MPI Operator's CRD schema
 (../shared/k8s, v0.8.2), with no field the schema lacks (the API server would drop it silently), and the operator's
 own rules the schema leaves out; its pods pass the Pod Security profile asked for (launcher/k8s/podsecurity.py,
 itself checked rule by rule against Kubernetes' documented profiles); bad input is one line and exit 2; the
@@ -589,7 +589,7 @@ def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_fir
     assert transport.modes[CLUSTER_KEY] == 0o600
     assert [worker.name for worker in agent.wait_until_ready()] == ["w0", "w1"]
     assert transport.files[f"{HOSTKEYS_DIR}/w0.j.ns.svc.pub"] == "ssh-ed25519 AAA0\n"
-    # Learnt once: from then on the pin is strict, as in the other doors (and in elastic discovery, which reads it).
+    # Learnt once: from then on the pin is strict, as for published keys (and in elastic discovery, which reads it).
     transport.keys["w1.j.ns.svc"] = "ssh-ed25519 MALLORY"
     assert not agent.answers(spec.workers[1])
     assert scanned == ["w0.j.ns.svc", "w1.j.ns.svc"]

@@ -4,12 +4,17 @@ import io
 import logging
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from app import metrics
-from app.config import TrainConfig
-from app.observe import EPOCH_SCALARS, STEP_SCALARS, Observer, wants_bar
-from tests.png import png_size
+from tests.extras import skip_module_without
+
+skip_module_without("tensorboard")
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+from app import metrics  # noqa: E402
+from app.config import TrainConfig  # noqa: E402
+from app.observe import EPOCH_SCALARS, STEP_SCALARS, Observer, wants_bar  # noqa: E402
+from tests.png import png_size  # noqa: E402
 
 
 class Terminal(io.StringIO):

@@ -1,4 +1,4 @@
-"""Ranks per node, one rule for every door (launcher/core/ranks.py): the launcher (--slots, --gpus), compose
+"""Ranks per node, one rule for every launch method (launcher/core/ranks.py): the launcher (--slots, --gpus), compose
 (SLOTS_PER_WORKER, GPUS) and the MPIJob export (--slots, --gpus-per-node) give the same answer, or the same refusal
 in their own words.
 """

@@ -15,8 +15,13 @@ import struct
 import time
 from pathlib import Path
 
-import cloudpickle
 import pytest
+
+from tests.extras import skip_module_without
+
+skip_module_without("cloudpickle")  # one of Horovod's dependencies
+
+import cloudpickle  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "the-jobs-secret"

@@ -6,7 +6,10 @@ import sys
 from pathlib import Path
 
 from app import metrics
+from tests.extras import needs
 from tests.png import png_size
+
+pytestmark = needs("matplotlib")  # app.report draws the curves
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -321,7 +321,7 @@ def test_a_lost_worker_that_never_answers_again_ends_the_job_saying_what_would_l
         lost=("node_2",),
         not_restarted=why,
     )
-    assert end.message().endswith(why) and why in said  # what each worker's lifeline is told
+    assert end.message().endswith(why) and why in said  # what each worker's agent connection is told
     assert len(transport.ran) == 1
 
 

@@ -8,10 +8,15 @@ import pickle
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from app import shared_values
+from tests.extras import skip_module_without
+
+skip_module_without("numpy")
+
+import numpy as np  # noqa: E402
+
+from app import shared_values  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

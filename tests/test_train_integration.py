@@ -12,11 +12,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from app.observe import EPOCH_SCALARS, STEP_SCALARS
-from tests.png import png_size
+from tests.extras import skip_module_without
+
+skip_module_without("torch", "tensorboard")
+
+import torch  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+from app.observe import EPOCH_SCALARS, STEP_SCALARS  # noqa: E402
+from tests.png import png_size  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -189,7 +194,7 @@ def test_bad_value_under_mpirun_fails_before_training(tmp_path):
 
 
 def test_elastic_mode_trains_under_horovodrun_with_host_discovery(tmp_path):
-    """--elastic under horovodrun's elastic driver (Gloo), the way both front doors start it; losing and regaining
+    """--elastic under horovodrun's elastic driver (Gloo), as the launcher and compose start it; losing and regaining
     workers is shown across containers and hosts (test_compose.py, test_launcher_multihost.py)."""
     discovery = tmp_path / "hosts.sh"
     discovery.write_text("#!/bin/sh\necho localhost:2\n")

@@ -3,7 +3,7 @@ by docker/horovod-runner/patch.py; its callers are the patched runner's modules)
 
 Horovod 0.28.1's runner listens on every address of the node and trusts whatever reaches it: its rendezvous server
 (HTTP) unpickles the body of any `PUT /worker_addresses/...` (code execution for anyone who reaches the port) and
-hands each rank's notification key to any `GET`. This module owns the rules that close that door:
+hands each rank's notification key to any `GET`. This module owns the rules that close that hole:
 - one secret per job (TOKEN_VARIABLE): horovodrun makes it and hands it to its ranks through their environment
   (inherited, or ssh's own channel; never a command line); every request to its HTTP servers must carry it
   (`Authorization: Bearer`, also sent by the ranks' Gloo, docker/patch-horovod-source.sh), or gets a 403 and one

@@ -1,13 +1,14 @@
 """The job agent's commands, run inside the stack's containers:
 
-    python -m launcher.agent compose [ARGS...]    compose's launcher service: the job its environment describes
-    python -m launcher.agent run [--log FILE]     the job in JOB_SPEC (the multi-host launcher wrote it)
-    python -m launcher.agent follow [--from N]    print JOB_LOG as it grows; exit with the job's status once it ends
-    python -m launcher.agent discover             elastic host discovery: ADDRESS:SLOTS per worker answering now
-    python -m launcher.agent lifeline --driver D  on a worker, over ssh: hold the line, record how the job ended
-    python -m launcher.agent stacks [--native]    every rank's stack now, on every worker, grouped
+    python -m launcher.agent compose [ARGS...]      compose's launcher service: the job its environment describes
+    python -m launcher.agent run [--log FILE]       the job in JOB_SPEC (the multi-host launcher wrote it)
+    python -m launcher.agent follow [--from N]      print JOB_LOG as it grows; exit with the job's status once it ends
+    python -m launcher.agent discover               elastic host discovery: ADDRESS:SLOTS per worker answering now
+    python -m launcher.agent agent-link --driver D  on a worker, over ssh: hold the agent's connection, record how the
+                                                    job ended
+    python -m launcher.agent stacks [--native]      every rank's stack now, on every worker, grouped
 
-An MPIJob's launcher pod runs its own door, `python -m launcher.agent.mpijob_pod` (launcher/agent/mpijob_pod.py).
+An MPIJob's launcher pod runs its own agent, `python -m launcher.agent.mpijob_pod` (launcher/agent/mpijob_pod.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, lost_addresses, say
 from launcher.core.job import JobSpec
 from launcher.core.options import one_line
 from launcher.core.protocol import (
+    AGENT_LINK,
     COMPOSE_SECRETS_DIR,
     JOB_END_FILE,
     JOB_LOG,
@@ -143,8 +145,8 @@ def discover(transport: Transport, marker_dir: str = "/tmp") -> list[str]:
 
 
 def lifeline(driver: str, stdin: IO[str], end_file: str = JOB_END_FILE, claimed: str = WORKER_CLAIMED) -> int:
-    """A worker's end of a lifeline: waits for the agent's last line; records how the job ended, or that its
-    driver went away, where the worker's entrypoint sees it (JOB_END_FILE) and stops the worker."""
+    """A worker's end of the agent's ssh connection: waits for the agent's last line; records how the job ended, or
+    that its driver went away, where the worker's entrypoint sees it (JOB_END_FILE) and stops the worker."""
     Path(claimed).touch()
     message = stdin.readline().strip()
     if message == KEEP_RUNNING:
@@ -167,7 +169,7 @@ def main(argv: list[str]) -> int:
     following = commands.add_parser("follow", help=f"print {JOB_LOG} until the job ends; exit with its status")
     following.add_argument("--from", dest="start", type=int, default=0, help="the byte to start at")
     commands.add_parser("discover", help="elastic host discovery")
-    line = commands.add_parser("lifeline", help="a worker's end of the agent's lifeline")
+    line = commands.add_parser(AGENT_LINK, help="a worker's end of the agent's ssh connection")
     line.add_argument("--driver", default="the job's agent")
     stacking = commands.add_parser("stacks", help="every rank's stack now, grouped")
     stacking.add_argument("--native", action="store_true", help="native (C/C++) frames too")

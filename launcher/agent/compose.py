@@ -1,7 +1,7 @@
-"""Compose's door: its launcher container's environment (compose.yaml, .env) as a JobSpec for the job agent.
+"""Compose's launch: its launcher container's environment (compose.yaml, .env) as a JobSpec for the job agent.
 
-Compose finds its workers by the worker service's DNS name and waits for WORKERS of them; everything after that
-is the agent's, as for the multi-host launcher. The job's options are the same JobOptions every door builds, their
+Compose finds its workers by the worker service's DNS name and waits for WORKERS of them; everything after that is the
+agent's, as for the multi-host launcher. The job's options are the same JobOptions every launch method builds, their
 rules its own; every bad value is refused in one line that names the .env key.
 """
 

@@ -1,10 +1,10 @@
-"""Host keys learnt at first contact, for the doors whose workers share no folder with rank 0's container that only
-they could publish in: an MPIJob's pods (the operator hands over no host keys) and compose's services (replicas of
+"""Host keys learnt at first contact, for the launch methods whose workers share no folder with rank 0's container that
+only they could publish in: an MPIJob's pods (the operator hands over no host keys) and compose's services (replicas of
 one service would share one writable folder, and any worker could then replace another's key).
 
 The agent reads each worker's ed25519 host key as its sshd offers it (ssh-keyscan, inside the cluster's own network,
 before the job starts: no job code runs on any worker yet) and stores it where the launcher's published keys go
-(HOSTKEYS_DIR); from then on pinning is as strict as for the published keys: mpirun, the lifelines and elastic
+(HOSTKEYS_DIR); from then on pinning is as strict as for the published keys: mpirun, the agent's connections and elastic
 discovery refuse a worker whose key changes during the job. This is trust on first use: it rests on the cluster's
 network at the job's start (compose: the project's own bridge network, whose containers have no NET_RAW to spoof an
 address; an MPIJob: the cluster's DNS and pod network, the ground the operator's own images stand on).

@@ -1,17 +1,17 @@
 """The job agent: owns one job from inside the rank-0 container (or compose's launcher container, or an MPIJob's
-launcher pod), whichever door started it.
+launcher pod), however the job was launched.
 
 One job, in order (Agent.run): ssh client set-up (for compose also the cluster's key pair) -> readiness: every
-worker's published host key pinned and its sshd answering -> a lifeline to every worker -> a check that every
+worker's published host key pinned and its sshd answering -> an ssh connection to every worker -> a check that every
 worker can start the command -> the hostfile and mpirun (or elastic horovodrun) -> its exit status and root cause
--> every worker told that the job ended. While it runs, a lifeline watch notices a worker that is lost (its container
+-> every worker told that the job ended. While it runs, a connection watch notices a worker that is lost (its container
 stopped, or silent: link down, host down, powered off) and ends a fixed-size job at once or drops the worker from an
 elastic one; a stall watch notices a job that prints nothing and records no new metrics for the stall timeout, and
 gathers every rank's stack once (launcher/core/stall.py, launcher/agent/stacks.py). The job's life is the cluster's:
 it does not depend on the client that started it, and when the agent itself dies (its container killed, out of
-memory, a reboot) its lifelines close and every worker stops by itself.
+memory, a reboot) its connections close and every worker stops by itself.
 
-Its parts, each in its own module: the agent's contact with its workers (finding and trusting them, their lifelines,
+Its parts, each in its own module: the agent's contact with its workers (finding and trusting them, their connections,
 the lost ones, their stacks, the last word: launcher/agent/workers.py), the restarts (launcher/agent/restarts.py), the
 watches beside the running job (launcher/agent/watches.py) and Horovod's records summarised at the end
 (launcher/agent/records.py). Side effects go through a Transport (launcher/agent/transport.py), so every decision
@@ -235,7 +235,7 @@ class Agent(RestartingAgent):
         self.wind_down(end, workers, patience)
 
     def keep_output(self) -> None:
-        """The job's whole output (JOB_LOG, where the launcher's door keeps it) into its run folder: the containers
+        """The job's whole output (JOB_LOG, where the multi-host launcher keeps it) into its run folder: the containers
         and their logs go when the job ends, the shared folder stays."""
         folder = self.spec.run_folder
         output = self.transport.read(JOB_LOG) if folder else None
@@ -245,7 +245,7 @@ class Agent(RestartingAgent):
     def wind_down(self, end: JobEnd, workers: list[Worker], patience: float = 0) -> None:
         """Tells every worker the job ended, then removes the job's private files (the cluster's key, the secrets, the
         job spec; not with --keep-running, whose containers stay up for debugging). The worker whose container runs
-        this agent (the launcher's rank 0) hears last, over its open lifeline: it stops soon after, and this agent
+        this agent (the launcher's rank 0) hears last, over its open connection: it stops soon after, and this agent
         with it."""
         message = KEEP_RUNNING if self.spec.keep_running else end.message()
         own = self.spec.agent_host

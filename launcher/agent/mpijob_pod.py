@@ -1,4 +1,4 @@
-"""The MPIJob door: a Kubeflow MPIJob's launcher pod (MPI Operator v0.8) as a JobSpec for the job agent.
+"""The MPIJob launch: a Kubeflow MPIJob's launcher pod (MPI Operator v0.8) as a JobSpec for the job agent.
 
     python -m launcher.agent.mpijob_pod [--job NAME] [--ssh-auth DIR] [--hostfile FILE] [--network-interface NIC]
                                         [--schedule-timeout S] [--ptrace] [--min-workers M] [--env KEY=VALUE]...
@@ -8,12 +8,12 @@ The pod starts with the workers (launcherCreationPolicy AtStartup), so the agent
 the wait for the workers to be scheduled: as long as it takes, or --schedule-timeout seconds, after which the job
 fails with the workers still missing named (and the MPIJob with it).
 
-The operator finds the workers and writes them into its hostfile (MPIJOB_HOSTFILE: one
-`<job>-worker-<i>.<job>.<ns>.svc slots=N` line each); everything after that is the agent's, as for the other doors:
-readiness, lifelines, mpirun over a hostfile of those same names and slots (given with --hostfile: Open MPI 5
-ignores the operator's ORTE variables), the exit status and root cause. The pod's arguments are the pod contract's
-(launcher/core/pod_contract.py): `launcher export mpijob` (launcher/k8s/mpijob.py) writes them with agent_args, and
-this module reads them with parse into the same JobOptions every door builds.
+The operator finds the workers and writes them into its hostfile (MPIJOB_HOSTFILE: one `<job>-worker-<i>.<job>.<ns>.svc
+slots=N` line each); everything after that is the agent's, as for the other launch methods: readiness, ssh connections,
+mpirun over a hostfile of those same names and slots (given with --hostfile: Open MPI 5 ignores the operator's ORTE
+variables), the exit status and root cause. The pod's arguments are the pod contract's (launcher/core/pod_contract.py):
+`launcher export mpijob` (launcher/k8s/mpijob.py) writes them with agent_args, and this module reads them with parse
+into the same JobOptions every launch method builds.
 
 Keys: the operator mounts its Secret at sshAuthMountPath (MPIJOB_SSH_AUTH_DIR): id_rsa, id_rsa.pub and
 authorized_keys, root-owned with mode 0644. The agent copies the private key to where the stack's ssh client reads
@@ -51,7 +51,7 @@ WORDS = DoorWords(
     command_fix="use an image FROM horovod-stack:latest that has your code (launcher export mpijob --image), or put "
     "the code on the shared claim and run it from /shared",
     workers_fix="`kubectl get pods` and `kubectl describe pod` show why a worker pod is not running (Pending: no "
-    "node has room for it, or the namespace's quota is used up)",
+    "node has the free resources for it, or the namespace's quota is used up)",
     lost_hint="`kubectl describe pod` shows how the worker pod ended",
     unreached_hint="the MPI Operator removes the worker pods once the launcher pod has ended (cleanPodPolicy Running)",
 )
@@ -83,7 +83,7 @@ def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]],
     """The job a launcher pod runs: the operator's workers with their slots; the bundled trainer writes into a run
     folder of its own on the shared claim (RUNS_DIR/<job>-<time>-<random>), so a second run never overwrites the
     first. With no NIC pinned, the virtual NICs of the launcher's own pod (a pod with host networking sees its node's)
-    are left out, as the launcher door does with each node's."""
+    are left out, as the multi-host launcher does with each node's."""
     workers = hostfile_workers(hostfile_text, pod.hostfile)
     run_id = f"{pod.name}-{new_run_id(now)}"
     options = pod.options

@@ -33,11 +33,11 @@ class JobWatch(threading.Thread):
 
     def stop(self) -> None:
         self.done.set()
-        self.join()  # before the wind-down reads the lifelines and the causes
+        self.join()  # before the wind-down reads the connections and the causes
 
 
 class ElasticClaims(JobWatch):
-    """During an elastic job: a lifeline to every worker that joins or comes back (discovery lets it in)."""
+    """During an elastic job: an ssh connection to every worker that joins or comes back (discovery lets it in)."""
 
     def __init__(self, agent: WorkerContact) -> None:
         super().__init__(agent, "elastic-claims")
@@ -52,7 +52,7 @@ class ElasticClaims(JobWatch):
                 self.agent.say(f"could not claim a returning worker: {error}")
 
     def claim_round(self) -> None:
-        """One round: every candidate without a live lifeline that answers is claimed, unless it is a lost worker's
+        """One round: every candidate without a live connection that answers is claimed, unless it is a lost worker's
         old container (a lost worker comes back only as a new one, its container started again; the old one stops)."""
         agent = self.agent
         unclaimed = [
@@ -81,15 +81,15 @@ class ElasticClaims(JobWatch):
 
 
 class LifelineWatch(JobWatch):
-    """While the job runs: every claimed worker's lifeline. A worker whose line closes is lost: its container stopped
-    or was killed, or it went silent (no answer for SILENCE_SECONDS: link down, host down or powered off). A
-    fixed-size job cannot go on without it, and its ranks would wait in a collective that never completes: the job is
-    ended at once, the loss its cause. An elastic job goes on without it: host discovery stops listing it (JOB_LOST);
-    should the job then show no progress for its elastic timeout and ELASTIC_RECOVERY_GRACE_SECONDS (Horovod neither
-    went on nor failed), it is ended, the loss its cause."""
+    """While the job runs: the agent's ssh connection to every claimed worker. A worker whose connection closes is
+    lost: its container stopped or was killed, or it went silent (no answer for SILENCE_SECONDS: link down, host down
+    or powered off). A fixed-size job cannot go on without it, and its ranks would wait in a collective that never
+    completes: the job is ended at once, the loss its cause. An elastic job goes on without it: host discovery stops
+    listing it (JOB_LOST); should the job then show no progress for its elastic timeout and
+    ELASTIC_RECOVERY_GRACE_SECONDS (Horovod neither went on nor failed), it is ended, the loss its cause."""
 
     def __init__(self, agent: WorkerContact) -> None:
-        super().__init__(agent, "lifeline-watch")
+        super().__init__(agent, "connection-watch")
         self.last_loss: float | None = None
 
     def run(self) -> None:
@@ -97,7 +97,7 @@ class LifelineWatch(JobWatch):
             try:
                 self.check()
             except Exception as error:  # noqa: BLE001  the job goes on; the next round looks again
-                self.agent.say(f"lifeline watch: {type(error).__name__}: {error}")
+                self.agent.say(f"connection watch: {type(error).__name__}: {error}")
 
     def check(self) -> None:
         agent = self.agent

@@ -1,7 +1,7 @@
-"""The agent's contact with its workers, whichever door started the job: which workers the job may use, their host
-keys pinned (never trusted over the network), the lifeline to each (it ends when the job ends, or when the agent dies),
-which ones were lost during the run and how, whether each can start the command, every rank's stack on them, and the
-last word each is told. Also the agent's log line (say) and the one error the agent names a fix in (JobError).
+"""The agent's contact with its workers, however the job was launched: which workers the job may use, their host
+keys pinned (never trusted over the network), an ssh connection to each (it ends when the job ends, or when the agent
+dies), which ones were lost during the run and how, whether each can start the command, every rank's stack on them,
+and the last word each is told. Also the agent's log line (say) and the one error the agent names a fix in (JobError).
 
 Every part of the agent builds on WorkerContact: the restarts (launcher/agent/restarts.py), the watches beside the
 running job (launcher/agent/watches.py) and the job itself (launcher/agent/job.py).
@@ -19,6 +19,7 @@ from launcher.agent.transport import Lifeline, Transport
 from launcher.core.job import JobSpec, Worker, command_probe, pin_known_host
 from launcher.core.protocol import (
     AGENT,
+    AGENT_LINK,
     HOSTKEYS_DIR,
     JOB_LOST,
     KEEPALIVE_INTERVAL_SECONDS,
@@ -44,12 +45,12 @@ class JobError(RuntimeError):
 
 
 def lifeline_command(driver: str) -> str:
-    return shlex.join([*AGENT, "lifeline", "--driver", driver])
+    return shlex.join([*AGENT, AGENT_LINK, "--driver", driver])
 
 
 @dataclass(frozen=True)
 class LostWorker:
-    """A worker lost during the run: its lifeline closed (its container stopped or was killed), or it went silent."""
+    """A worker lost during the run: its connection closed (its container stopped or was killed), or it went silent."""
 
     name: str
     silent: bool
@@ -74,8 +75,8 @@ def lost_addresses(text: str | None) -> set[str]:
 
 
 class WorkerContact:
-    """The agent's workers and its lifelines to them (the module's docstring); the job agent (launcher/agent/job.py)
-    is one."""
+    """The agent's workers and its ssh connections to them (the module's docstring); the job agent
+    (launcher/agent/job.py) is one."""
 
     def __init__(
         self,
@@ -87,9 +88,9 @@ class WorkerContact:
     ) -> None:
         self.spec, self.transport, self.say, self.clock, self.sleep = spec, transport, say, clock, sleep
         self.lifelines: dict[str, Lifeline] = {}
-        """Open lifelines, by worker address."""
+        """Open connections to workers, by worker address."""
         self.claimed: dict[str, Worker] = {}
-        """Every worker a lifeline was opened to, by address."""
+        """Every worker a connection was opened to, by address."""
         self.lost: dict[str, LostWorker] = {}
         """Workers lost during the run and not claimed again, by address."""
         self.running: set[str] = set()
@@ -132,9 +133,9 @@ class WorkerContact:
                     f"{spec.words.command_fix}"
                 )
 
-    # --- lifelines and lost workers -------------------------------------------------------------------------------
+    # --- connections and lost workers ----------------------------------------------------------------------------
     def claim(self, workers: list[Worker]) -> None:
-        """A lifeline to every worker that has none open: it ends when the job ends, or when this agent dies."""
+        """An ssh connection to every worker that has none open: it ends when the job ends, or when this agent dies."""
         for worker in workers:
             line = self.lifelines.get(worker.address)
             if line is None or not line.alive():
@@ -145,7 +146,7 @@ class WorkerContact:
 
     def unclaimed_since_start(self, worker: Worker) -> bool:
         """The worker has never been claimed since its container started: a new worker, not a lost one that came
-        back (that one stops by itself once it notices its lifeline closed)."""
+        back (that one stops by itself once it notices its agent's connection closed)."""
         return self.transport.ssh(worker.address, f"test ! -e {WORKER_CLAIMED}", DISCOVERY_SSH_TIMEOUT)[0] == 0
 
     def mark_lost(self, address: str, loss: LostWorker | None) -> None:
@@ -158,7 +159,7 @@ class WorkerContact:
             self.transport.write(JOB_LOST, "".join(f"{lost}\n" for lost in sorted(self.lost)))
 
     def loss(self, worker: Worker) -> LostWorker | None:
-        """How the worker was lost during the run, or None while its lifeline holds and it answers."""
+        """How the worker was lost during the run, or None while its connection holds and it answers."""
         if worker.address in self.lost:
             return self.lost[worker.address]
         line = self.lifelines.get(worker.address)
@@ -169,8 +170,8 @@ class WorkerContact:
         return None
 
     def went_silent(self, line: Lifeline) -> bool:
-        """Whether a lifeline whose worker does not answer closes for silence (mpirun may notice a silent node just
-        before the lifeline does): waits for it to close, SILENCE_SECONDS and one keepalive round at most."""
+        """Whether a connection whose worker does not answer closes for silence (mpirun may notice a silent node just
+        before the connection does): waits for it to close, SILENCE_SECONDS and one keepalive round at most."""
         deadline = self.clock() + SILENCE_SECONDS + KEEPALIVE_INTERVAL_SECONDS
         while line.alive() and self.clock() < deadline:
             self.sleep(0.5)
@@ -210,7 +211,7 @@ class WorkerContact:
 
     # --- the last word --------------------------------------------------------------------------------------------
     def tell_all(self, workers: list[Worker], message: str, patience: float = 0) -> None:
-        """Every open lifeline gets the word before any is waited on. A worker whose lifeline closed has recorded
+        """Every open connection gets the word before any is waited on. A worker whose connection closed has recorded
         that itself and stopped: one more word costs a short try. One never claimed is told over a new connection,
         retried for `patience` seconds."""
         lines = {

@@ -1,6 +1,6 @@
-"""One job as the job agent runs it, whichever door made it: its options (launcher.core.options), where its workers
-are, and how it ends; and the command lines built from it (mpirun over a hostfile, or elastic horovodrun over the
-agent's host discovery), the hostfile, and the ssh client settings every connection into the cluster uses.
+"""One job as the job agent runs it, whichever launch method made it: its options (launcher.core.options), where its
+workers are, and how it ends; and the command lines built from it (mpirun over a hostfile, or elastic horovodrun over
+the agent's host discovery), the hostfile, and the ssh client settings every connection into the cluster uses.
 
 Pure functions of their inputs, so every line mpirun will see is unit-tested. A command line is built only from a
 valid JobSpec, so building one never fails.
@@ -288,7 +288,7 @@ class Worker:
 
 @dataclass(frozen=True)
 class DoorWords:
-    """How one door words the fixes in the agent's errors (its users set different knobs)."""
+    """How one launch method words the fixes in the agent's errors (its users set different knobs)."""
 
     command_fix: str = (
         "pass --workdir with the folder that holds your code, or build an image FROM horovod-stack:latest that has it"
@@ -303,9 +303,9 @@ class DoorWords:
 class JobSpec:
     """One job, as the job agent runs it: what the user asked for (options), where its workers are, and how it ends.
 
-    Doors differ only in how workers are found: a fixed list (the multi-host launcher's nodes, rank 0's first; the
-    MPI Operator's hostfile) or a DNS name that resolves to every worker (compose's service) with the number to
-    wait for."""
+    Launch methods differ only in how workers are found: a fixed list (the multi-host launcher's nodes, rank 0's first;
+    the MPI Operator's hostfile) or a DNS name that resolves to every worker (compose's service) with the number to wait
+    for."""
 
     job_id: str
     options: JobOptions

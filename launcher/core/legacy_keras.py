@@ -1,5 +1,6 @@
-"""Keras 2 code on Keras 3, said as such: the one rule behind every door's failure line for it (the job agent's cause,
-which `launcher start`, compose, an MPIJob's launcher and `launcher status` show; the smoke role's last line). Pure.
+"""Keras 2 code on Keras 3, said as such: the one rule behind every launch method's failure line for it (the job agent's
+cause, which `launcher start`, compose, an MPIJob's launcher and `launcher status` show; the smoke role's last line).
+Pure.
 
 horovod-stack:tensorflow runs Keras 3, TensorFlow 2.21's default; Keras 2 is there as well (tf_keras), for ranks
 whose environment has TF_USE_LEGACY_KERAS=1. Code written for Keras 2, as Horovod's own TensorFlow 2 examples are
@@ -44,7 +45,7 @@ FIXES = {
     "mpijob": f"launcher export mpijob --env {SETTING} ...",
     "smoke": f"docker run -e {SETTING} ... smoke ...",
 }
-"""How each door gives every rank the setting (compose's: fix)."""
+"""How each launch method gives every rank the setting (compose's: fix)."""
 
 
 def fix(door: str, command: Sequence[str] = ()) -> str:

@@ -1,10 +1,10 @@
-"""One job's options, whichever door runs it: the command, its environment, the NIC, the SSH port, the timeouts, the
-stall and elastic settings, the user's code and folders. Validated once, at construction; every rule about a job's
-options is here and nowhere else, and each error names the setting as the door's users write it (a flag, an .env
-key, an MPIJob export option) and the fix.
+"""One job's options, whichever launch method runs it: the command, its environment, the NIC, the SSH port, the
+timeouts, the stall and elastic settings, the user's code and folders. Validated once, at construction; every rule about
+a job's options is here and nowhere else, and each error names the setting as the launch method's users write it (a
+flag, an .env key, an MPIJob export option) and the fix.
 
-A door builds one JobOptions from what its users set (the launcher from .env and flags, compose from its
-environment, the MPIJob door from its arguments); the job spec the agent runs carries it (launcher.core.job).
+A launch method builds one JobOptions from what its users set (the launcher from .env and flags, compose from its
+environment, the MPIJob launch method from its arguments); the job spec the agent runs carries it (launcher.core.job).
 Adding an option is one field here, its rule in `problems`, and the flag that sets it.
 """
 
@@ -43,7 +43,7 @@ MOUNT_FIX = "mount it elsewhere, e.g. /data"
 
 
 class SettingsError(ValueError):
-    """Settings a door refuses: one line per problem, each naming the setting and the fix."""
+    """Settings a launch method refuses: one line per problem, each naming the setting and the fix."""
 
     def __init__(self, *problems: str) -> None:
         super().__init__("\n".join(problems))
@@ -51,13 +51,13 @@ class SettingsError(ValueError):
 
 
 def one_line(error: Exception) -> str:
-    """An error as one line (a job-end message is one line: JOB_STATUS, a lifeline's last word)."""
+    """An error as one line (a job-end message is one line: JOB_STATUS, the agent's last line to a worker)."""
     return "; ".join(error.problems) if isinstance(error, SettingsError) else " ".join(str(error).split())
 
 
 DOORS = ("launcher", "compose", "mpijob")
-"""The doors that build JobOptions: the multi-host launcher, compose's launcher service, the MPIJob export and its
-launcher pod. Each names the options its own way (`option`)."""
+"""The launch methods that build JobOptions: the multi-host launcher, compose's launcher service, the MPIJob export and
+its launcher pod. Each names the options its own way (`option`)."""
 
 
 def option(
@@ -68,18 +68,19 @@ def option(
     compose: str | None = None,
     mpijob: str | None = None,
 ) -> Any:
-    """A JobOptions field and how each door's users set it: the launcher's `flag` and its .env `key`, compose's
+    """A JobOptions field and how each launch method's users set it: the launcher's `flag` and its .env `key`, compose's
     .env key, `launcher export mpijob`'s flag (which the MPIJob's launcher pod reads back)."""
     return field(default=default, metadata={"flag": flag, "key": key, "compose": compose, "mpijob": mpijob})
 
 
 @dataclass(frozen=True)
 class Spelling:
-    """How one door's users write each option, for its errors: a flag (`--ssh-port 70000`, fixed by passing it
+    """How one launch method's users write each option, for its errors: a flag (`--ssh-port 70000`, fixed by passing it
     again) or a settings file's key (`SSH_PORT=70000`, fixed in .env)."""
 
     names: Mapping[str, str]
-    """JobOptions field -> how it is set (`--ssh-port`, `SSH_PORT`); "workers": what counts the door's workers."""
+    """JobOptions field -> how it is set (`--ssh-port`, `SSH_PORT`); "workers": what counts the launch method's
+    workers."""
     flag_fix: str = "pass {name} with one that is"
 
     def of(self, option: str, value: object = None) -> str:
@@ -107,7 +108,8 @@ class Bind:
 
 def bind_problem(text: str, name: str = "--mount") -> str | None:
     """Why `text` is not HOST_PATH:CONTAINER_PATH[:ro|rw], both absolute, its target (normalised: /data/../cluster is
-    /cluster) clear of the stack's and the system's folders; None if it is. `name`: how the door's users set it."""
+    /cluster) clear of the stack's and the system's folders; None if it is. `name`: how the launch method's users set
+    it."""
     parts = text.split(":")
     if len(parts) == 3 and parts[2] in ("ro", "rw"):
         parts.pop()
@@ -157,7 +159,8 @@ def parse_bind(text: str) -> Bind:
 
 
 def env_problem(item: str, name: str = "--env") -> str | None:
-    """Why `item` is not KEY=VALUE for a rank's environment; None if it is. `name`: how the door's users set it."""
+    """Why `item` is not KEY=VALUE for a rank's environment; None if it is. `name`: how the launch method's users set
+    it."""
     key, separator, _ = item.partition("=")
     if not separator or not ENV_NAME.fullmatch(key):
         return f"{name} {item!r} is not KEY=VALUE with a variable name as KEY"
@@ -259,7 +262,7 @@ class JobOptions:
     mounts: tuple[str, ...] = option((), flag="--mount", key="MOUNTS")
     """Host folders every worker gets, HOST_PATH:CONTAINER_PATH[:ro] each."""
     door: str = field(default=DOORS[0], compare=False)
-    """The door that made these options (DOORS): how its errors name them, here and in the job agent."""
+    """The launch method that made these options (`DOORS`): how its errors name them, here and in the job agent."""
 
     def __post_init__(self) -> None:
         try:
@@ -275,7 +278,7 @@ class JobOptions:
     def problems(self) -> list[str]:
         """Every rule about a job's options: one line per problem, naming the setting and the fix."""
         if self.door not in DOORS:
-            return [f"JobOptions from an unknown door {self.door!r}: one of {', '.join(DOORS)} builds them"]
+            return [f"JobOptions from an unknown launch method {self.door!r}: one of {', '.join(DOORS)} builds them"]
         say = self.spelling
         found: list[str] = []
         if not self.command:
@@ -386,7 +389,7 @@ class JobOptions:
         return found
 
     def workers_problem(self, workers: int) -> str | None:
-        """Why the elastic sizes do not fit a job of `workers` workers (the door's count: its nodes, compose's
+        """Why the elastic sizes do not fit a job of `workers` workers (the launch method's count: its nodes, compose's
         WORKERS, the MPIJob's worker pods); None if they do."""
         say = self.spelling
         if not self.elastic and not (self.max_restarts and self.elastic_min_workers is not None):
@@ -406,7 +409,7 @@ class JobOptions:
 
     @property
     def spelling(self) -> Spelling:
-        """How this door's users set each option (SPELLINGS)."""
+        """How this launch method's users set each option (SPELLINGS)."""
         return SPELLINGS[self.door]
 
     @property
@@ -473,4 +476,4 @@ SPELLINGS = {
         flag_fix="pass {name} to `launcher export mpijob` with one that is",
     ),
 }
-"""Each door's spelling, for the errors JobOptions and the job agent word."""
+"""Each launch method's spelling, for the errors JobOptions and the job agent word."""

@@ -1,5 +1,5 @@
 """The pod contract between the MPIJob document and its launcher pod: the arguments `launcher export mpijob`
-(launcher/k8s/mpijob.py) writes into the launcher pod's command, and the launcher pod's door
+(launcher/k8s/mpijob.py) writes into the launcher pod's command, and the launcher pod's agent
 (launcher/agent/mpijob_pod.py, run by the image's `mpijob-launcher` role) reads back, so neither side imports the
 other. The paths the operator mounts are the stack's shared facts (launcher/core/protocol.py MPIJOB_*).
 """

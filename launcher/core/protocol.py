@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 from app import frameworks
 
-# --- defaults every door shares ---------------------------------------------------------------------------------
+# --- defaults every launch method shares ------------------------------------------------------------------------
 SSH_PORT = 12345
 """The workers' sshd port (SSH_PORT, --ssh-port)."""
 READY_TIMEOUT_SECONDS = 180
@@ -33,19 +33,19 @@ KEEPALIVE_COUNT = 3
 SILENCE_SECONDS = KEEPALIVE_INTERVAL_SECONDS * KEEPALIVE_COUNT
 """A peer that answers nothing this long is gone (a pulled cable, a failed switch port, a kernel panic or a power
 loss send no TCP reset): every ssh into the cluster gives up on it then (ServerAlive*, launcher.core.job.ssh_config:
-the agent's lifelines, mpirun's and horovodrun's sessions), and so does each worker's sshd (docker/sshd_config's
+the agent's to its workers, mpirun's and horovodrun's sessions), and so does each worker's sshd (docker/sshd_config's
 ClientAlive*, which must agree)."""
 WORKER_STOP_GRACE_SECONDS = 2
 """A worker told that the job ended waits this long before it stops, so the job's driver exits first (compose's
 `up --exit-code-from launcher` then reports the job's status, not a worker's)."""
 WORKER_CLAIM_TIMEOUT_SECONDS = 900
-"""A worker that no job's agent has claimed (no lifeline) this long after it started stops by itself: nothing is
+"""A worker that no job's agent has claimed (no agent connected) this long after it started stops by itself: nothing is
 left running when the client that started it died before the job began. Not an MPIJob's workers (role
 mpijob-worker): they wait while the job may be scheduled, and the MPI Operator removes them when the job ends.
 WORKER_CLAIM_TIMEOUT in a worker's environment overrides it (0: never)."""
 
 DEFAULT_IMAGE = frameworks.PYTORCH.image
-"""The image every door runs unless told otherwise (IMAGE, --image): PyTorch's; TensorFlow's is
+"""The image every launch method runs unless told otherwise (IMAGE, --image): PyTorch's; TensorFlow's is
 frameworks.TENSORFLOW.image."""
 SHARED_VOLUME = "horovod-stack-shared"
 """The shared folder's default: a Docker volume of this name on each node, compose's volume, the MPIJob's claim."""
@@ -54,7 +54,7 @@ SHM_SIZE = "1g"
 MPIUSER_UID = 1000
 """The image's user, who runs sshd and every rank, and owns what the stack writes into containers."""
 
-# --- the worker container, as every door starts it ------------------------------------------------------------------
+# --- the worker container, as every launch method starts it ---------------------------------------------------------
 WORKER_ULIMITS = {"stack": 64 * 1024**2}
 """NCCL's container advice, for every worker: a 64 MB stack (compose.yaml sets the same)."""
 GPU_WORKER_ULIMITS = {**WORKER_ULIMITS, "memlock": -1}
@@ -114,15 +114,18 @@ containers are gone (`launcher results` brings it home)."""
 JOB_STATUS = f"{HOME}/job.status"
 """How the job ended (JobEnd as JSON), written once it has ended, however it ended."""
 JOB_END_FILE = f"{HOME}/.job-ended"
-"""In every worker: the job-end message its lifeline received; the entrypoint stops the worker when it appears."""
+"""In every worker: the job-end message its agent sent; the entrypoint stops the worker when it appears."""
 WORKER_CLAIMED = f"{HOME}/.claimed"
-"""In every worker: made when an agent's lifeline first reaches it."""
+"""In every worker: made when an agent's ssh connection first reaches it."""
 AGENT = ("python", "-m", "launcher.agent")
+AGENT_LINK = "agent-link"
+"""The agent's subcommand a worker runs at the far end of the agent's ssh connection to it: it holds the
+connection open and records how the job ended (`python -m launcher.agent agent-link --driver D`)."""
 STACKS = ("python", "-m", "launcher.agent.stacks")
 """In a worker container: its ranks' stacks, as JSON (`STACKS collect --node NAME [--native]`)."""
 JOB_LOST = f"{HOME}/job.lost"
-"""In the agent's container while an elastic job runs: the addresses of the workers it lost (lifeline closed, or
-silent), one a line. Host discovery leaves them out until the agent claims a new worker there."""
+"""In the agent's container while an elastic job runs: the addresses of the workers it lost (their ssh connection
+closed, or silent), one a line. Host discovery leaves them out until the agent claims a new worker there."""
 JOB_STALL = f"{HOME}/job.stall"
 """In the agent's container while the job runs: the stall watch's record (launcher/core/stall.py), for `status`."""
 JOB_RESTARTS = f"{HOME}/job.restarts"
@@ -182,7 +185,7 @@ def agent_message(line: str) -> str | None:
 LOST_PREFIX = "lost: "
 """How a worker's end file starts when the job's driver went away instead of ending the job."""
 KEEP_RUNNING = "keep running"
-"""Sent over a lifeline instead of a job-end message: the job ended, but the worker stays (--keep-running)."""
+"""Sent to a worker by its agent instead of a job-end message: the job ended, but the worker stays (--keep-running)."""
 _JOB_END = re.compile(r"^exit status (\d+)(?:: (.*))?$")
 
 
@@ -214,8 +217,8 @@ class JobEnd:
         return cause
 
     def message(self) -> str:
-        """'exit status 3', or 'exit status 2: ROOT CAUSE': a lifeline's last line, which a worker's entrypoint
-        reads (`python -m launcher.core.protocol exit-code`)."""
+        """'exit status 3', or 'exit status 2: ROOT CAUSE': the agent's last line to a worker, which the worker's
+        entrypoint reads (`python -m launcher.core.protocol exit-code`)."""
         cause = self.root_cause()
         return f"exit status {self.status}" + (f": {cause}" if cause else "")
 
@@ -241,8 +244,8 @@ class JobEnd:
 
 
 def parse_job_end(text: str | None) -> JobEnd | None:
-    """The JobEnd in JOB_STATUS's record or a lifeline's message; None for anything else (no message, a lost
-    driver). (A message's cause is its whole root cause.)"""
+    """The JobEnd in JOB_STATUS's record or the agent's last line to a worker; None for anything else (no message,
+    a lost driver). (A message's cause is its whole root cause.)"""
     first = (text or "").strip().splitlines()[:1]
     if first and first[0].startswith("{"):
         return JobEnd.from_json(first[0])
@@ -255,8 +258,8 @@ def parse_job_end(text: str | None) -> JobEnd | None:
 
 
 def lost_driver_message(driver: str) -> str:
-    """What a worker's lifeline records when its agent went away without a job-end message."""
-    return f"{LOST_PREFIX}{driver} went away (its ssh lifeline closed)"
+    """What a worker records when its agent went away without a job-end message."""
+    return f"{LOST_PREFIX}{driver} went away (its ssh connection closed)"
 
 
 def shell_settings() -> dict[str, str]:
@@ -284,7 +287,7 @@ def main(argv: list[str]) -> int:
     return 2
 
 
-# --- the MPIJob door (launcher/k8s/mpijob.py writes these paths into the document; agent/mpijob_pod.py reads them) --
+# --- the MPIJob export (launcher/k8s/mpijob.py writes these paths into the document; agent/mpijob_pod.py reads them) --
 MPIJOB_SSH_AUTH_DIR = "/cluster/mpi-operator-ssh"
 """The MPIJob's sshAuthMountPath: where the MPI Operator mounts its Secret (id_rsa, id_rsa.pub, authorized_keys;
 root-owned, mode 0644) in the launcher and every worker. The entrypoint and the agent copy from there to the

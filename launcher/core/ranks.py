@@ -1,12 +1,12 @@
 """Ranks per node: how many ranks one worker runs (a node's container under the launcher, compose's worker, an MPIJob's
-worker pod), from the slots and the GPUs it was given. One rule for every door:
+worker pod), from the slots and the GPUs it was given. One rule for every launch method:
 
 - with GPUs, one rank per GPU: the GPUs imply the slots, and slots given as well must be the same count (a
   different one is refused in one line naming the fix, rather than one of the two silently winning);
 - without GPUs, the slots given, else 1.
 
-Each door names the two counts in its own words (RankNames: the launcher's and the export's flags, compose's .env
-keys). A node's own count (`--nodes HOST:N`, a hostfile's `slots=N`) is that node's, GPUs or not (the plan's).
+Each launch method names the two counts in its own words (RankNames: the launcher's and the export's flags, compose's
+.env keys). A node's own count (`--nodes HOST:N`, a hostfile's `slots=N`) is that node's, GPUs or not (the plan's).
 
 And which ranks each node runs in a fixed-size job (mpirun's `-map-by slot` fills the hostfile in order), in the one
 line the job agent says at each run's start and `launcher logs --node` reads back.
@@ -21,7 +21,7 @@ from launcher.core.options import SettingsError
 
 @dataclass(frozen=True)
 class RankNames:
-    """How a door's one-line errors name its slots and GPUs: templates taking the value (`--slots {}`,
+    """How a launch method's one-line errors name its slots and GPUs: templates taking the value (`--slots {}`,
     `SLOTS_PER_WORKER={}`), and what to drop where slots and GPUs disagree."""
 
     slots: str

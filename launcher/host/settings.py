@@ -280,7 +280,7 @@ def _as_number(values: Mapping[str, str], key: str, fix: str, kind: type[int] | 
 
 
 def as_bool(key: str, raw: str, fix: str) -> bool:
-    """A yes/no .env value, in the words every door takes (options.SWITCH_WORDS)."""
+    """A yes/no .env value, in the words every launch method takes (options.SWITCH_WORDS)."""
     value = SWITCH_WORDS.get(raw.strip().lower())
     if value is None:
         raise SettingsError(f"{key}={raw!r} in the .env file is not 1 or 0 (true or false): {fix}")

@@ -1,17 +1,17 @@
-"""The Kubernetes door's document: a job as a Kubeflow MPIJob (kubeflow.org/v2beta1, MPI Operator v0.8).
+"""The Kubernetes document: a job as a Kubeflow MPIJob (kubeflow.org/v2beta1, MPI Operator v0.8).
 
-Pure: from an MpiJobRequest (what `launcher export mpijob` was given: where to run, plus the JobOptions every door
-builds) to the MPIJob as a dict, then YAML. Nothing here talks to a cluster. The launcher pod runs the job agent
+Pure: from an MpiJobRequest (what `launcher export mpijob` was given: where to run, plus the JobOptions every launch
+method builds) to the MPIJob as a dict, then YAML. Nothing here talks to a cluster. The launcher pod runs the job agent
 (launcher/agent/mpijob_pod.py; the pod's arguments are the pod contract's, launcher/core/pod_contract.py agent_args);
 every worker pod runs the image's sshd as mpiuser on the stack's port.
 
 What the document says, and why:
-- the same image, command and Horovod defaults as the other doors, the user's --env, slots per worker; the image
-  from a registry with a tag or digest (`:latest` pulled Always, so every node runs the same build);
+- the same image, command and Horovod defaults as the other launch methods, the user's --env, slots per worker; the
+  image from a registry with a tag or digest (`:latest` pulled Always, so every node runs the same build);
 - CPU and memory requests on every pod (Burstable: a ResourceQuota counts them, and BestEffort pods go first),
   limits where the user gives them; GPUs as `nvidia.com/gpu` limits on the workers only (the launcher runs no rank);
-- the shared folder as a PersistentVolumeClaim at /shared in every pod, and the shared memory the other doors give
-  (an emptyDir of medium Memory at /dev/shm);
+- the shared folder as a PersistentVolumeClaim at /shared in every pod, and the shared memory the other launch methods
+  give (an emptyDir of medium Memory at /dev/shm);
 - pods that pass the Pod Security profile asked for (launcher/k8s/podsecurity.py checks each one): every
   capability dropped, none added unless --ptrace or --rdma, which need the privileged profile;
 - `launcherCreationPolicy: AtStartup`: the launcher pod's agent waits for the workers (as long as they may be
@@ -21,9 +21,9 @@ What the document says, and why:
   (`runPolicy.activeDeadlineSeconds`, which the operator gives the launcher's Job);
 - an exec readiness probe (the image's `healthcheck` role, which opens no connection: sshd logs nothing for it);
 - `sshAuthMountPath` where the image's entrypoint and agent take the operator's keys from (MPIJOB_SSH_AUTH_DIR);
-- restart policies Never and `runPolicy.backoffLimit: 0`: a job's status is its first run's, as with the other doors
-  (the workers end with the job, so a retried launcher would find none), and a failed launcher pod stays, with its
-  log; `cleanPodPolicy: Running` removes the workers that still run, or wait to be scheduled, once it has ended;
+- restart policies Never and `runPolicy.backoffLimit: 0`: a job's status is its first run's, as with the other launch
+  methods (the workers end with the job, so a retried launcher would find none), and a failed launcher pod stays, with
+  its log; `cleanPodPolicy: Running` removes the workers that still run, or wait to be scheduled, once it has ended;
 - gang scheduling (`runPolicy.schedulingPolicy`, --scheduler volcano or scheduler-plugins), a Kueue LocalQueue
   (--scheduler kueue: its label, and the job created suspended for Kueue to admit), a priority class.
 Elastic jobs are refused; what the request may be, and why not, is launcher/k8s/mpijob_request.py's.
@@ -82,7 +82,7 @@ def pod_args(request: MpiJobRequest) -> PodArgs:
 
 def container_security(request: MpiJobRequest, capabilities: list[str]) -> dict[str, Any]:
     """A container's securityContext: every capability dropped, `capabilities` added back; no new privileges
-    unless ptrace is asked for (py-spy's file capability needs them, as in the other doors)."""
+    unless ptrace is asked for (py-spy's file capability needs them, as in the other launch methods)."""
     context: dict[str, Any] = {"capabilities": {"drop": ["ALL"], **({"add": capabilities} if capabilities else {})}}
     if not request.job.ptrace:
         context = {"allowPrivilegeEscalation": False, **context}

@@ -1,6 +1,6 @@
 """What `launcher export mpijob` was given, checked before anything is written: the MpiJobRequest (where the job runs,
-and the job's JobOptions every door builds), and every reason the MPI Operator would refuse the MPIJob or the stack
-could not run it, one line each naming the fix (problems; request makes one from the flags and raises them all):
+and the job's JobOptions every launch method builds), and every reason the MPI Operator would refuse the MPIJob or the
+stack could not run it, one line each naming the fix (problems; request makes one from the flags and raises them all):
 names Kubernetes takes, sizes, the image (from a registry, with a tag or digest), the Pod Security profile and the
 capabilities it allows, the scheduler and its queue, the secrets' sources. Elastic jobs are refused (ELASTIC_REFUSED).
 The document itself is built in launcher/k8s/mpijob.py. Pure.
@@ -38,7 +38,8 @@ POD_SECURITY = "baseline"
 RUN_AS_PLATFORM = "platform"
 """--run-as-user platform: no user ids in the pods, for platforms that assign them (OpenShift's restricted SCC)."""
 RDMA_CAPABILITIES = WORKER_CAPABILITIES
-"""--rdma: what lets a rank lock the memory it registers for InfiniBand or RoCE (the other doors' workers' set)."""
+"""--rdma: what lets a rank lock the memory it registers for InfiniBand or RoCE (the other launch methods' workers'
+set)."""
 
 SCHEDULERS = ("volcano", "scheduler-plugins", "kueue")
 """--scheduler: the MPI Operator's gang schedulers (runPolicy.schedulingPolicy), or Kueue's admission."""
@@ -66,7 +67,7 @@ class MpiJobRequest:
     """GPUs per worker, one rank each (core/ranks.py: slots given too must agree)."""
     namespace: str = DEFAULT_NAMESPACE
     shared_claim: str = SHARED_VOLUME
-    """The claim's name is the other doors' shared volume's name."""
+    """The claim's name is the other launch methods' shared volume's name."""
     shm_size: str = SHM_SIZE
     secret_refs: tuple[str, ...] = ()
     """--secret NAME=SECRET/KEY each: the launcher pod's NAME comes from key KEY of the Kubernetes Secret SECRET."""
