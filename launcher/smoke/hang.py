@@ -1,7 +1,8 @@
 """Every rank's Python stack when a smoke run times out: py-spy, as `launcher stacks` takes them
 (launcher/agent/stacks.py); where py-spy may not trace (the role started as root drops every capability, and a
-container started as the owner may lack SYS_PTRACE, which py-spy's file capability needs), Python's own faulthandler: the ranks run with PYTHONFAULTHANDLER=1, and SIGABRT makes each
-one print its threads' stacks as it ends. Either way the stacks are grouped and worded by launcher/agent/stacks.py.
+container started as the owner may lack SYS_PTRACE, which py-spy's file capability needs), Python's own
+faulthandler: the ranks run with PYTHONFAULTHANDLER=1, and SIGABRT makes each one print its threads' stacks as it
+ends. Either way the stacks are grouped and worded by launcher/agent/stacks.py.
 """
 
 from __future__ import annotations
