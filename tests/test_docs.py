@@ -500,14 +500,12 @@ def test_no_shorthand_in_what_the_code_shows():
         for problem in shorthand_problems(path, path.read_text(errors="replace"))
     ]
     assert found == []
-    assert {str(path.relative_to(REPO)) for path in user_facing_files()} >= {
-        "launcher/core/protocol.py",
-        "docker/entrypoint.sh",
-        "docker/sshd_config",
-        "compose.yaml",
-        "Dockerfile",
-        "docs/compose.md",
-    }
+    # The walk reaches the files that once held such words (launcher/ only where this checkout has it: the launcher's
+    # install test runs these tests against the installed package, its source folder removed).
+    expected = {"docker/entrypoint.sh", "docker/sshd_config", "compose.yaml", "Dockerfile", "docs/compose.md"}
+    if (REPO / "launcher").is_dir():
+        expected.add("launcher/core/protocol.py")
+    assert {str(path.relative_to(REPO)) for path in user_facing_files()} >= expected
 
 
 def test_shorthand_in_a_string_or_comment_is_found_and_a_name_is_not(tmp_path):
