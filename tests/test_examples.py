@@ -100,6 +100,22 @@ def learned_on_identical_ranks(output: str, ranks: int = 2) -> tuple[float, set[
     return accuracies[-1], {host for host, _ in lines.values()}
 
 
+def launch_example_as_typed(script: str, launch, measured) -> None:
+    """The README's `launcher start ... --workdir ./examples -- python SCRIPT` line run through `launch` (the test
+    cluster's launcher, given the words after `launcher`, the test images named): the example learns the digits on
+    both nodes and its ranks end with the same parameters; nothing is left running."""
+    words = shlex.split(with_test_images(readme_commands()["launcher", script]))
+    assert words[:2] == ["launcher", "start"]
+    started = time.monotonic()
+    result = launch([str(EXAMPLES) if word == "./examples" else word for word in words[1:]])
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    assert "copied to /workdir on 2 node(s)" in result.stderr
+    accuracy, hosts = learned_on_identical_ranks(result.stdout)
+    measured(f"{script} through launcher start --workdir, 2 nodes: {seconds:.0f} s, val accuracy {accuracy}")
+    assert hosts == {"node-1", "node-2"}, hosts
+
+
 # --- unit tests ------------------------------------------------------------------------------------------------------
 def test_each_readme_snippet_is_an_excerpt_of_its_example():
     found = snippets(own_script_section())

@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import pytest
 
 from launcher.core.protocol import LOST_PREFIX, SILENCE_SECONDS, lost_driver_message
 from tests.multihost import SHARED_HOST_NAME, Cluster
-from tests.test_examples import EXAMPLES, learned_on_identical_ranks, readme_commands
+from tests.test_examples import launch_example_as_typed
 
 pytestmark = pytest.mark.integration
 
@@ -243,16 +242,9 @@ def test_users_script_from_workdir_runs_on_both_hosts_with_its_exit_status(clust
 def test_the_pytorch_example_trains_on_both_hosts_as_the_readme_types_it(cluster, measured):
     """README.md's `launcher start --nodes node_1,node_2 --workdir ./examples -- python pytorch_digits.py`: the
     example learns the digits on both nodes and its ranks end with the same parameters (tests/test_examples.py)."""
-    words = shlex.split(readme_commands()["launcher", "pytorch_digits.py"])
-    assert words[:2] == ["launcher", "start"]
-    started = time.monotonic()
-    result = launcher(cluster, *start_args(cluster), *[str(EXAMPLES) if w == "./examples" else w for w in words[2:]])
-    seconds = time.monotonic() - started
-    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    assert "copied to /workdir on 2 node(s)" in result.stderr
-    accuracy, hosts = learned_on_identical_ranks(result.stdout)
-    measured(f"pytorch_digits.py through launcher start --workdir, 2 nodes: {seconds:.0f} s, val accuracy {accuracy}")
-    assert hosts == {"node-1", "node-2"}, hosts
+    launch_example_as_typed(
+        "pytorch_digits.py", lambda words: launcher(cluster, *start_args(cluster), *words[1:]), measured
+    )
     assert_nothing_left(cluster)
 
 

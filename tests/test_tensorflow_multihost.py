@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import time
 
 import docker
 import pytest
 
 from tests.multihost import Cluster
-from tests.test_examples import EXAMPLES, learned_on_identical_ranks, readme_commands, with_test_images
+from tests.test_examples import launch_example_as_typed
 from tests.test_launcher_multihost import BackgroundLaunch, assert_nothing_left, kill_worker, launcher
 from tests.test_launcher_multihost import start_args as env_file_args
 from tests.test_tensorflow import TF_IMAGE
@@ -104,16 +103,9 @@ def test_the_keras_example_trains_on_both_hosts_as_the_readme_types_it(stopped_a
     """README.md's `launcher start --nodes node_1,node_2 --image horovod-stack:tensorflow --workdir ./examples --
     python keras_digits.py`: the example learns the digits on both nodes, its ranks end with the same weights."""
     cluster = stopped_after
-    words = shlex.split(with_test_images(readme_commands()["launcher", "keras_digits.py"]))
-    assert words[:2] == ["launcher", "start"]
-    started = time.monotonic()
-    result = launcher(cluster, *env_file_args(cluster), *[str(EXAMPLES) if w == "./examples" else w for w in words[2:]])
-    seconds = time.monotonic() - started
-    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    assert "copied to /workdir on 2 node(s)" in result.stderr
-    accuracy, hosts = learned_on_identical_ranks(result.stdout)
-    measured(f"keras_digits.py through launcher start --workdir, 2 nodes: {seconds:.0f} s, val accuracy {accuracy}")
-    assert hosts == {"node-1", "node-2"}, hosts
+    launch_example_as_typed(
+        "keras_digits.py", lambda words: launcher(cluster, *env_file_args(cluster), *words[1:]), measured
+    )
     assert_nothing_left(cluster)
 
 
