@@ -397,7 +397,7 @@ def test_doctor_with_push_image_copies_the_image_first_so_every_check_runs_on_ev
     node_1, node_2 = node_engine("node_1", ("lo", "eth0")), node_engine("node_2", ("lo", "eth0"))
     node_2.image = None
     here = StandInEngine("this machine", chunks=[b"layer"], image=source_image)
-    monkeypatch.setattr(doctor, "this_machine", lambda image: (here, here.image))
+    monkeypatch.setattr(nodechecks, "this_machine", lambda image: (here, here.image))
     printed: list[str] = []
     settings = launch_settings(nodes=("node_1", "node_2"), network_interface="eth0", push_image=True)
     problems, _, views = doctor.check(settings, printed.append, connect=connect_to(node_1, node_2))

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
 from launcher.core.protocol import LINK_SECONDS
-from launcher.host import images, linkcheck, links, preflight
+from launcher.host import linkcheck, links, preflight
 from launcher.host.docker_driver import NodeDriver
 from launcher.host.engines import Connect, NodeEngine, NodeError, connecting_line
-from launcher.host.nodechecks import engine_facts, host_facts, image_coming, this_machine
+from launcher.host.nodechecks import engine_facts, host_facts, image_coming, push_from_this_machine
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import HostView, NodeFacts
 from launcher.host.rootcause import LaunchError
@@ -94,12 +94,9 @@ def bring_image(
     if not targets:
         return facts, []
     try:
-        source, source_image = this_machine(settings.image)
-        here = NodeFacts(source.node.name, source.node.engine_url, image_id=source_image)
-        stop = preflight.push_source_findings(settings, here)
+        stop = push_from_this_machine(settings, targets, say)
         if stop:
             return facts, stop
-        images.push_everywhere(source, targets, settings.image, say)
     except (LaunchError, NodeError) as error:
         return facts, [preflight.Finding("all", "image", preflight.Severity.BLOCKING, f"the copy failed: {error}")]
     now = {engine.node.name: engine.image_id(settings.image) for engine in targets}

@@ -151,6 +151,19 @@ def this_machine(image: str) -> tuple[NodeEngine, str | None]:
         raise LaunchError(f"--push-image: {error}") from None
 
 
+def push_from_this_machine(
+    settings: LaunchSettings, targets: list[NodeEngine], say: Callable[[str], None]
+) -> list[preflight.Finding]:
+    """--push-image: the image copied from this machine's engine to `targets` (only the layers each lacks). What
+    stops the copy before it starts (this machine lacks the image) comes back as findings, nothing copied then."""
+    source, source_image = this_machine(settings.image)
+    here = NodeFacts(source.node.name, source.node.engine_url, image_id=source_image)
+    stop = preflight.push_source_findings(settings, here)
+    if not stop:
+        images.push_everywhere(source, targets, settings.image, say)
+    return stop
+
+
 def ensure_image_everywhere(
     settings: LaunchSettings, engines: list[NodeEngine], facts: list[NodeFacts], say: Callable[[str], None]
 ) -> list[NodeFacts]:
@@ -159,10 +172,7 @@ def ensure_image_everywhere(
     image = settings.image
     missing = [engine for engine, fact in zip(engines, facts, strict=True) if fact.image_id is None]
     if missing and settings.push_image:
-        source, source_image = this_machine(image)
-        here = NodeFacts(source.node.name, source.node.engine_url, image_id=source_image)
-        refuse_on(preflight.push_source_findings(settings, here), say)
-        images.push_everywhere(source, missing, image, say)
+        refuse_on(push_from_this_machine(settings, missing, say), say)
     elif missing:
         images.pull_everywhere(missing, image, say)
     if missing:
