@@ -20,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from app.frameworks import TENSORFLOW
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 README = REPO / "README.md"
 SCRIPTS = ("pytorch_digits.py", "keras_digits.py")
 IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
-TF_IMAGE = os.environ.get("TENSORFLOW_IMAGE", "horovod-stack:tensorflow")
+TF_IMAGE = os.environ.get("TENSORFLOW_IMAGE", TENSORFLOW.image)
 """The images the README's lines name, as this run's tests name them (the same unless IMAGE or TENSORFLOW_IMAGE)."""
 LEARNED = 0.85
 """Validation accuracy the examples must reach in their default 5 epochs on 2 ranks (chance: 0.1; they reach 0.93 to

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from app.frameworks import TENSORFLOW
+
 pytestmark = pytest.mark.integration
 
 IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
@@ -265,7 +267,7 @@ def test_a_user_who_is_not_the_owner_reads_and_is_told_the_fix_only_to_write(tmp
     assert set(owners(folder)) == {PROBE.name}
 
 
-TF_IMAGE = os.environ.get("TENSORFLOW_IMAGE", "horovod-stack:tensorflow")
+TF_IMAGE = os.environ.get("TENSORFLOW_IMAGE", TENSORFLOW.image)
 PLANT = """cp /usr/bin/id s; chmod 6755 s; chmod g+s .
 setsid sh -c 'sleep 4; chmod 6755 s; echo tampered > smoke.xml' > /dev/null 2>&1 &
 """

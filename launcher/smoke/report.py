@@ -133,10 +133,8 @@ def judge(
         return error
 
     def result(number: int) -> RankResult:
-        status = status_of(number)
         untold = timeout is None and number == culprit and number not in ended
-        if untold:
-            status = None
+        status = None if untold else status_of(number)
         error = error_of(number) if status or untold else None
         after = culprit if status and culprit is not None and culprit != number else None
         return RankResult(number, status, error, log.ranks[number].text(), stacks.get(number, ""), after, untold)
