@@ -19,6 +19,7 @@ from app.entrypoint import TRAINER
 from app.gpu import gpu_rank_env
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from app.timeline import FILE as TIMELINE_FILE
+from launcher.core.mpiports import port_selection
 from launcher.core.nics import NIC_VARIABLES, nic_selection, nic_variables, subnet_of
 from launcher.core.options import JobOptions, SettingsError, names_in
 from launcher.core.protocol import (
@@ -118,9 +119,10 @@ def mpirun_argv(
     workdir: str | None = None,
 ) -> list[str]:
     """The one mpirun command line of a job: the seed article's flags, each rank's lines tagged with its rank
-    (TAG_OUTPUT), NIC selection for Open MPI, NCCL and Gloo (nic_selection), the user's variables (-x), the secret
-    ones by name alone (mpirun hands their values from its own environment to every rank), the stack's Horovod
-    defaults the user did not set, the working directory, then the command every rank runs."""
+    (TAG_OUTPUT), NIC selection for Open MPI, NCCL and Gloo (nic_selection), Open MPI's listening ports
+    (port_selection), the user's variables (-x), the secret ones by name alone (mpirun hands their values from its
+    own environment to every rank), the stack's Horovod defaults the user did not set, the working directory, then
+    the command every rank runs."""
     argv = [
         "mpirun",
         "-np",
@@ -143,6 +145,7 @@ def mpirun_argv(
     ]
     user_set = names_in(env)
     argv += nic_selection(network_interface, excluded_subnets, across_hosts, user_set)
+    argv += port_selection()  # Open MPI listens on every address: its ports are held to one range a firewall names
     for item in (*env, *secrets):
         argv += ["-x", item]
     for item in defaults_unless_set(env):
