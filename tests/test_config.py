@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app import gpu, train_loop
+from app import gpu
 from app.config import ConfigError, TrainConfig, check_options, parse_config
 from tests.extras import needs
 
@@ -143,9 +143,12 @@ def test_ranks_given_gpus_refuse_to_train_on_the_cpu(environ, cuda, no_cuda, ref
     [("1", True), ("true", True), ("yes", True), ("0", False), ("", False), ("no", False), ("false", False)],
 )
 @pytest.mark.parametrize("build", [gpu.TORCH_BUILD, gpu.TENSORFLOW_BUILD])
+@needs("numpy")
 def test_both_trainers_read_the_gpu_request_by_one_rule(value, asked, build):
     """HOROVOD_STACK_GPUS says yes only as 1, true or yes, for PyTorch's trainer and Keras' alike (the Keras trainer
     once took any value, 0 too, as yes); the framework is asked whether CUDA works only when it says yes."""
+    from app import train_loop
+
     questions = []
 
     def cuda_available() -> bool:

@@ -9,12 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from tests.extras import skip_module_without
 
-from app import observe, train_loop
-from app.config import TrainConfig
-from app.run_record import ResetLog
-from app.train_loop import Batch, FixedProgress
+skip_module_without("numpy")
+
+import numpy as np  # noqa: E402
+
+from app import observe, train_loop  # noqa: E402
+from app.config import TrainConfig  # noqa: E402
+from app.run_record import ResetLog  # noqa: E402
+from app.train_loop import Batch, FixedProgress  # noqa: E402
 
 
 class OneRank:
