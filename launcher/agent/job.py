@@ -165,7 +165,7 @@ class Agent(RestartingAgent):
             self.ended_by = "its time limit"
             return JobEnd(watches.TimeLimit.STATUS, limit.cause)
         if lifelines.cause:
-            if spec.options.max_restarts:
+            if spec.options.can_restart:
                 self.run_losses = self.losses(ready)
             lost = self.run_losses or list(self.lost.values())
             return JobEnd(status or 1, lifelines.cause, lost=tuple(sorted(loss.name for loss in lost)))
@@ -175,7 +175,7 @@ class Agent(RestartingAgent):
         if status == 0:
             return JobEnd(0)
         losses = self.losses(ready)
-        self.run_losses = losses if spec.options.max_restarts else []
+        self.run_losses = losses if spec.options.can_restart else []
         cause = self.cause_of(losses) or self.rank_cause()
         return JobEnd(status, cause, lost=tuple(loss.name for loss in losses))
 
