@@ -126,6 +126,16 @@ class TestNode:
     def in_namespace(self, *argv: str) -> list[str]:
         return ["nsenter", f"--net=/run/netns/{self.namespace}", *argv]
 
+    def listening(self) -> list[tuple[str, int, str]]:
+        """(address, port, process) of every TCP socket listening in the node's namespace, as `ss` shows them."""
+        lines = subprocess.run(self.in_namespace("ss", "-Hltnp"), capture_output=True, text=True, check=True).stdout
+        sockets = []
+        for line in lines.splitlines():
+            words = line.split()
+            address, port = words[3].rsplit(":", 1)
+            sockets.append((address, int(port), words[-1]))
+        return sockets
+
 
 @dataclass
 class Cluster:

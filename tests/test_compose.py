@@ -23,6 +23,7 @@ import pytest
 
 from launcher.core import stall
 from launcher.core.protocol import LOST_PREFIX, lost_driver_message
+from tests.logwait import wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -353,16 +354,6 @@ def test_derived_image_with_the_users_code_runs_through_compose(engine, compose_
         run.down()
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
-
-
-def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout: float) -> float:
-    """Waits until `text` is in the log; returns when it was seen (time.monotonic)."""
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text():
-        assert process.poll() is None, f"compose ended before {text!r}:\n{log.read_text()[-5000:]}"
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout} s:\n{log.read_text()[-5000:]}"
-        time.sleep(0.1)
-    return time.monotonic()
 
 
 def horovod_rank(container) -> int | None:

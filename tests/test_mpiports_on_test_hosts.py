@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher.core.mpiports import OPEN_MPI_PORTS
+from tests.logwait import wait_for_line
 from tests.multihost import NIC, Cluster, TestNode, sh
 
 pytestmark = pytest.mark.integration
@@ -118,29 +119,14 @@ def test_doctor_says_whether_an_address_outside_the_subnet_reaches_open_mpis_por
         assert node.client().containers.list(all=True, filters={"label": "horovod-stack.role=ports"}) == []
 
 
-def listening(node: TestNode) -> list[tuple[str, int, str]]:
-    """(address, port, process) of every TCP socket listening in the node's namespace."""
-    lines = subprocess.run(node.in_namespace("ss", "-Hltnp"), capture_output=True, text=True, check=True).stdout
-    sockets = []
-    for line in lines.splitlines():
-        words = line.split()
-        address, port = words[3].rsplit(":", 1)
-        sockets.append((address, int(port), words[-1]))
-    return sockets
-
-
 def test_a_fixed_size_job_trains_with_every_open_mpi_listener_in_the_range(cluster, tmp_path, measured):
     log = tmp_path / "launcher.log"
     job = ["start", "--env-file", str(cluster.env_file()), "--", "--dataset", "synthetic", "--epochs", "4"]
     with open(log, "w") as out:
         process = subprocess.Popen([LAUNCHER, *job], env=cluster.launcher_env(), stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 300
-        while "epoch 1/4:" not in log.read_text():
-            assert process.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-        seen = {node.name: listening(node) for node in cluster.nodes}
+        wait_for_line(log, "epoch 1/4:", process, timeout=300)
+        seen = {node.name: node.listening() for node in cluster.nodes}
         process.wait(timeout=400)
     finally:
         if process.poll() is None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.logwait import wait_for_line
 from tests.multihost import Cluster
 
 pytestmark = pytest.mark.integration
@@ -36,21 +37,6 @@ def cluster(test_hosts: Cluster) -> Cluster:
     for node in test_hosts.nodes:
         test_hosts.ensure_image(IMAGE, node)
     return test_hosts
-
-
-def listening(cluster: Cluster, node_index: int) -> list[tuple[str, str]]:
-    """(local address:port, process) of every TCP socket listening in the node's network namespace."""
-    node = cluster.nodes[node_index]
-    lines = subprocess.run(node.in_namespace("ss", "-Hltnp"), capture_output=True, text=True, check=True).stdout
-    return [(line.split()[3], line.split()[-1]) for line in lines.splitlines() if line.strip()]
-
-
-def wait_for(process: subprocess.Popen, log: Path, text: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text():
-        assert process.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout} s: {log.read_text()[-3000:]}"
-        time.sleep(0.5)
 
 
 def threads_and_memory(pid: int) -> tuple[int, int]:
@@ -108,8 +94,8 @@ def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_fi
     with open(log, "w") as out:
         process = subprocess.Popen([LAUNCHER, *job], env=cluster.launcher_env(), stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(process, log, "epoch 1/", timeout=300)
-        sockets = listening(cluster, 0)
+        wait_for_line(log, "epoch 1/", process, timeout=300)
+        sockets = [(f"{address}:{port}", who) for address, port, who in cluster.nodes[0].listening()]
         print("listening on node_1 during the job:\n" + "\n".join(f"  {local} {who}" for local, who in sockets))
         assert [local for local, _ in sockets if local.startswith(WILDCARDS)] == [], sockets
         ports = sorted({int(local.rsplit(":", 1)[1]) for local, _ in sockets})
@@ -127,7 +113,7 @@ def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_fi
         assert not [port for port, got in answers.items() if "200" in got], answers
         notification = [(local, who) for local, who in sockets if '"python' in who and answers[local] != ["403"] * 3]
         assert len(notification) == 1, (notification, answers)  # rank 0's notification service
-        wait_for(process, log, "epoch 5/", timeout=300)
+        wait_for_line(log, "epoch 5/", process, timeout=300)
         flood_the_notification_service(*notification[0], measured)
         rank0 = cluster.nodes[0].client().containers.list(filters={"label": "horovod-stack.node=node_1"})
         assert len(rank0) == 1 and rank0[0].exec_run(["test", "-d", "/tmp"]).exit_code == 0  # the check's control
