@@ -110,7 +110,7 @@ class Agent:
         """The job's end after its last run: the decision not to start it again is said, when there is a reason."""
         if decision.reason:
             self.say(decision.reason)
-        return JobEnd.of_run(result, self.restarts.made, decision)
+        return JobEnd.of_run(result, self.restarts.made(), decision)
 
     # --- readiness -----------------------------------------------------------------------------------------------
     def prepare(self) -> None:

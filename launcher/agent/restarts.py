@@ -24,9 +24,13 @@ class Restarts:
 
     def __init__(self, workers: Workers) -> None:
         self.workers = workers
-        self.made: list[restart.Restart] = []
-        self.spares_left: list[Worker] = list(workers.spec.spares)
+        self._made: list[restart.Restart] = []
+        self._spares_left: list[Worker] = list(workers.spec.spares)
         """Spares no restart has used yet."""
+
+    def made(self) -> tuple[restart.Restart, ...]:
+        """The restarts made so far, in order."""
+        return tuple(self._made)
 
     def decide(self, run: RunResult, ready: list[Worker]) -> restart.Restart | restart.NotRestarted:
         """Whether the ended `run` on `ready` starts again, and on which workers (launcher/core/restart.py decides);
@@ -35,7 +39,7 @@ class Restarts:
         refused = restart.refusal(
             run,
             stop_asked=workers.transport.stop_asked(),
-            history=self.made,
+            history=self._made,
             max_restarts=options.max_restarts,
             say=options.spelling,
         )
@@ -54,7 +58,7 @@ class Restarts:
         return restart.decide(
             run,
             stop_asked=workers.transport.stop_asked(),
-            history=self.made,
+            history=self._made,
             max_restarts=options.max_restarts,
             workers=names,
             spares=spares,
@@ -68,9 +72,9 @@ class Restarts:
         """The restart `done` said, recorded and prepared: the job is now the restart's (its run number, its
         workers); returns the workers it runs on."""
         workers, spec = self.workers, self.workers.spec
-        by_name = {worker.name: worker for worker in [*ready, *self.spares_left]}
+        by_name = {worker.name: worker for worker in [*ready, *self._spares_left]}
         chosen = [by_name[name] for name in done.workers]
-        self.spares_left = [spare for spare in self.spares_left if spare.name not in done.workers]
+        self._spares_left = [spare for spare in self._spares_left if spare.name not in done.workers]
         workers.use(
             dataclasses.replace(
                 spec,
@@ -79,9 +83,9 @@ class Restarts:
                 expected_workers=len(chosen),
             )
         )
-        self.made.append(done)
+        self._made.append(done)
         workers.say(done.line())
-        records = "".join(item.record() for item in self.made)
+        records = "".join(item.record() for item in self._made)
         workers.transport.write(JOB_RESTARTS, records)  # for `launcher status` while the job runs
         if spec.output_dir:
             workers.transport.write(f"{spec.output_dir}/{restart.RECORDS_FILE}", records)
@@ -100,7 +104,7 @@ class Restarts:
         """Every spare that answers is claimed and checked as the workers were, and stays out of the hostfile; one
         that does not answer yet is tried again when a restart needs it."""
         workers = self.workers
-        for spare in list(self.spares_left):
+        for spare in list(self._spares_left):
             if not workers.answers(spare, DISCOVERY_SSH_TIMEOUT):
                 workers.say(f"{spare.name}: spare, does not answer yet; tried again when a restart needs it")
                 continue
@@ -108,7 +112,7 @@ class Restarts:
             try:
                 workers.check_command([spare])
             except JobError as error:
-                self.spares_left.remove(spare)
+                self._spares_left.remove(spare)
                 workers.say(f"spare {error}; it will not be used")
                 continue
             workers.say(f"{spare.name}: spare, sshd answers; out of the hostfile until a restart needs it")
@@ -117,7 +121,7 @@ class Restarts:
         """Up to `count` unused spares that answer now, in the order given."""
         workers = self.workers
         found: list[Worker] = []
-        for spare in self.spares_left:
+        for spare in self._spares_left:
             if (
                 len(found) < count
                 and not workers.is_lost(spare.address)

@@ -100,7 +100,7 @@ class LifelineWatch(JobWatch):
         self.last_loss: float | None = None
 
     def run(self) -> None:
-        while self._cause is None and not self.done.wait(LIFELINE_POLL_SECONDS):
+        while self.cause is None and not self.done.wait(LIFELINE_POLL_SECONDS):
             try:
                 self.check()
             except Exception as error:  # noqa: BLE001  the job goes on; the next round looks again

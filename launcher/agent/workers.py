@@ -70,8 +70,8 @@ class Workers:
         sleep: Callable[[float], None] = time.sleep,
         scan: Scan | None = None,
     ) -> None:
-        self.spec, self.transport, self.say, self.clock, self.sleep = spec, transport, say, clock, sleep
-        self.scan = scan
+        self._spec = spec
+        self.transport, self.say, self.clock, self.sleep, self.scan = transport, say, clock, sleep, scan
         self._lifelines: dict[str, Lifeline] = {}
         """Open connections to workers, by worker address."""
         self._claimed: dict[str, Worker] = {}
@@ -81,9 +81,14 @@ class Workers:
         self._running: set[str] = set()
         """The addresses of the workers the job runs on now (not a spare's)."""
 
+    @property
+    def spec(self) -> JobSpec:
+        """The job as it runs now: its first run's, or its latest restart's (use)."""
+        return self._spec
+
     def use(self, spec: JobSpec) -> None:
         """From now on the job is `spec` (a restart's: its run number, its workers)."""
-        self.spec = spec
+        self._spec = spec
 
     def start_run(self, workers: list[Worker]) -> None:
         """The job runs on `workers` now (the others claimed are spares)."""
