@@ -257,6 +257,22 @@ def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end
     )
 
 
+@pytest.mark.parametrize(
+    "restart_workers, most, holds_driver, restarts, policy",
+    [
+        (True, 2, False, 2, {"Name": "on-failure", "MaximumRetryCount": 2}),
+        (True, 2, True, 0, None),  # rank 0's worker holds the agent and the driver: its end is the job's
+        (False, 2, False, 0, None),  # --restart-workers off
+        (True, 0, False, 0, None),
+    ],
+)
+def test_which_workers_their_engine_starts_again_after_they_failed(
+    restart_workers, most, holds_driver, restarts, policy
+):
+    assert restart.worker_restarts(restart_workers, most, holds_driver) == restarts
+    assert restart.worker_restart_policy(restarts) == policy
+
+
 # --- the options ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "overrides, message",

@@ -6,6 +6,11 @@ on which workers, and the one line each restart is said and recorded in. Pure: `
 A run that lost a node is started again from the newest checkpoint in the shared folder: on every worker when the
 lost ones answer again, else on those that remain when the user allowed a smaller world (--min-nodes). A failure of
 the script itself (no node lost) is started again once at most: a second would fail the same way.
+
+Also a worker's own restarts (--restart-workers): which worker containers their node's engine starts again after
+they failed, and how often (worker_restarts, worker_restart_policy). The one part of it that only the container can
+apply, that a worker that stopped by itself stays stopped when its engine starts it again, is docker/entrypoint.sh's
+(RESTART_ON_FAILURE).
 """
 
 from __future__ import annotations
@@ -28,6 +33,18 @@ STOP_STATUSES = frozenset(128 + signum for signum in (signal.SIGINT, signal.SIGT
 """A job that exits so with no node lost was told to stop (Ctrl-C, docker stop): not restarted."""
 RECORDS_FILE = "restarts.jsonl"
 """In the run folder: one JSON object per restart (Restart.record)."""
+
+
+def worker_restarts(restart_workers: bool, most: int, holds_driver: bool) -> int:
+    """How often a worker's node engine starts it again after it failed (--restart-workers, at most `most` times,
+    --worker-restarts): never the one that holds the job's driver (rank 0's: the agent and the elastic driver)."""
+    return most if restart_workers and not holds_driver else 0
+
+
+def worker_restart_policy(restarts: int) -> dict[str, str | int] | None:
+    """The engine's restart policy for a worker started again `restarts` times at most: only after it failed (a crash,
+    an out-of-memory kill); a container stopped by hand (`docker stop`, `docker kill`) is not started again."""
+    return {"Name": "on-failure", "MaximumRetryCount": restarts} if restarts else None
 
 
 def metrics_epoch(metrics_text: str | None) -> int | None:
