@@ -68,8 +68,8 @@ run_worker() {
   echo "$SSH_PORT" > "$keydir/port"  # for the healthcheck, which runs often and needs no Python
   [ -f "$keydir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$keydir/host_ed25519"
   if [ "${RESTART_ON_FAILURE:-0}" = 1 ] && [ -f "$JOB_END_FILE" ]; then
-    # Its engine's restart policy (the launcher's --restart-workers; which workers and how often: launcher/core/restart.py)
-    # is for a container that failed (a crash, an out-of-memory kill), which leaves no such file; this one stopped by
+    # Its engine's restart policy (--restart-workers; which workers and how often: launcher/core/restart.py) is
+    # for a container that failed (a crash, an out-of-memory kill), which leaves no such file; this one stopped by
     # itself (its job ended, its driver went away, no job claimed it), so it stays stopped.
     ended=$(python -m launcher.core.jobend line "$(cat "$JOB_END_FILE")")
     log "started again after it stopped by itself ($ended); staying stopped"
