@@ -18,12 +18,6 @@ from pathlib import Path
 
 LOG = "autotune.csv"
 RECORD = "autotune.json"
-TUNING_VARIABLES = {
-    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "samples ignored at the start (3)",
-    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "steps per sample (10)",
-    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "samples for the fusion threshold and cycle time (20)",
-}
-"""Horovod's knobs for the tuning itself (with its defaults), passed with --env."""
 FLAGS = ("hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce", "cache_enabled")
 
 

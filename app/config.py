@@ -253,6 +253,18 @@ def check_options(argv: Sequence[str]) -> list[str]:
     return []
 
 
+def laid_out_paths(argv: Sequence[str]) -> dict[str, Path | None]:
+    """Where the trainer's options (`argv`) put its run: run_dir and each file or folder of RUN_DIR_LAYOUT, by its own
+    flag or --run-dir's layout (None: neither). For a launch method, which lays a run out without running the trainer
+    (and without torch); options the trainer would refuse name nothing here (check_options refuses them)."""
+    try:
+        values, _ = build_parser(_CheckingParser).parse_known_args(list(argv))
+    except (ConfigError, _HelpAsked):
+        return dict.fromkeys(("run_dir", *RUN_DIR_LAYOUT))
+    laid_out = _laid_out(vars(values))
+    return {key: laid_out[key] for key in ("run_dir", *RUN_DIR_LAYOUT)}
+
+
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Parses and validates; raises ConfigError (argparse's own errors still exit with status 2)."""
     values = vars(build_parser().parse_args(argv))

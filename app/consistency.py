@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from torch import nn
 
 
 def digest_arrays(named: Iterable[tuple[str, np.ndarray]]) -> str:
@@ -19,11 +15,6 @@ def digest_arrays(named: Iterable[tuple[str, np.ndarray]]) -> str:
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8).tobytes())
     return digest.hexdigest()
-
-
-def parameter_digest(model: nn.Module) -> str:
-    """A PyTorch model's digest over every parameter and buffer, in state_dict order."""
-    return digest_arrays((name, tensor.detach().to("cpu").numpy()) for name, tensor in model.state_dict().items())
 
 
 def ranks_differing_from_root(digests: list[str], root_rank: int = 0) -> list[int]:

@@ -5,9 +5,9 @@ share of an epoch.
 - digits: scikit-learn's 1,797 real 8x8 handwritten digits, upscaled to 28x28 (bilinear, as torch's
   `interpolate(..., align_corners=False)`) and split 80/20 with a fixed seed, so every rank sees the same split.
 - synthetic: one random prototype image per class plus noise; learnable, instant, no files.
-- mnist (the TensorFlow trainer's; PyTorch's reads it through torchvision, app/data.py): the four IDX files in
-  torchvision's layout under --data-dir (DATA_DIR/MNIST/raw), downloaded from torchvision's mirror when absent, so
-  one shared folder serves both images.
+- mnist (the TensorFlow trainer's; PyTorch's reads it through torchvision, app/torch_datasets.py): the four IDX
+  files in torchvision's layout under --data-dir (DATA_DIR/MNIST/raw), downloaded from torchvision's mirror when
+  absent, so one shared folder serves both images.
 """
 
 from __future__ import annotations

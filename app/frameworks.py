@@ -38,6 +38,14 @@ TENSORFLOW = Framework("TensorFlow", "horovod-stack:tensorflow", ("tensorflow", 
 FRAMEWORKS = (PYTORCH, TENSORFLOW)
 
 
+def of_image(image: str) -> Framework | None:
+    """The framework of one of the stack's images by its name (a registry's copy too:
+    REGISTRY/horovod-stack:tensorflow); None for any other name (an image FROM one of them tells by its label
+    instead: app/gpu.py FRAMEWORK_LABEL)."""
+    name = image.rsplit("/", 1)[-1]
+    return next((framework for framework in FRAMEWORKS if framework.image == name), None)
+
+
 def installed() -> Framework | None:
     """The framework this environment holds: the first whose main module can be found here (none is imported)."""
     return next((framework for framework in FRAMEWORKS if importlib.util.find_spec(framework.modules[0])), None)

@@ -1,7 +1,7 @@
-"""What both trainers (app.train_torch, app.train_keras) say and write the same way, whatever the framework: the
+"""What the training loop (app.train_loop, for both trainers) says and writes, whatever the framework: the
 rank-tagged log, the plan line, each epoch's line and metrics record, the elastic resets' account, the check that
-every rank ends identical, summary.json, and the entry's exit statuses. Framework-free: each trainer passes in what
-only its framework knows (world size, gathered digests).
+every rank ends identical, summary.json, and the entry's exit statuses. Framework-free: the loop passes in what
+only the framework knows (world size, gathered digests).
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ clusters already started launcher/host/clusters.py's, the MPIJob document launch
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -32,11 +34,36 @@ app = typer.Typer(
 EXTRA_WORDS = {"allow_extra_args": True, "ignore_unknown_options": True}
 """start and export pass the words they do not take on to the job, as its command."""
 
-# The options every command that reaches the nodes takes, declared once.
-Nodes = Annotated[str | None, typer.Option(help=flags.NODES)]
-Hostfile = Annotated[Path | None, typer.Option(help=flags.HOSTFILE)]
-EnvFile = Annotated[Path | None, typer.Option(help=flags.ENV_FILE)]
-InsecureEngine = Annotated[bool, typer.Option("--insecure-engine", help=flags.INSECURE)]
+
+def typer_parameter(row: flags.Flag) -> inspect.Parameter:
+    """The typer parameter of one row of flags.FLAGS: its type, spellings and --help (the row's text, default
+    included), not given by default (.env or the default decides)."""
+    kind = {tuple: list[str], bool: bool}.get(row.kind, row.kind | None)
+    option = typer.Option(*row.spellings, help=row.text, show_default=False)
+    default = False if row.kind is bool else None
+    return inspect.Parameter(
+        row.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option]
+    )
+
+
+def with_flags(*rows: flags.Flag) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A command whose parameters (after its typer.Context) are made from rows of flags.FLAGS; it takes them as
+    keyword arguments, by row name."""
+
+    def made(command: Callable[..., None]) -> Callable[..., None]:
+        context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+        command.__signature__ = inspect.Signature([context, *map(typer_parameter, rows)])  # type: ignore[attr-defined]
+        command.__annotations__ = {}
+        return command
+
+    return made
+
+
+# The flags every command that reaches the nodes takes, from their rows in flags.FLAGS.
+Nodes = Annotated[str | None, typer.Option(help=flags.NODES.text)]
+Hostfile = Annotated[Path | None, typer.Option(help=flags.HOSTFILE.text)]
+EnvFile = Annotated[Path | None, typer.Option(help=flags.ENV_FILE.text)]
+InsecureEngine = Annotated[bool, typer.Option(*flags.INSECURE.spellings, help=flags.INSECURE.text)]
 
 
 def echo_to_stderr(line: str) -> None:
@@ -81,6 +108,12 @@ def command_of(ctx: typer.Context) -> tuple[str, ...]:
         fail(str(error), 2)
 
 
+def reading_image(image: str | None, env_file: Path | None) -> str | None:
+    """The image `logs` and `results` were told to read the shared folder with (--image, IMAGE in .env); None: each
+    node's own choice (clusters.reading_image: the image its cluster ran, or one of the stack's it holds)."""
+    return image or load_env_file(env_file).get(flags.ROWS["image"].key or "")
+
+
 def engines_of(settings: LaunchSettings) -> list[NodeEngine]:
     try:
         return launch.connect_all(settings, lambda _: None)
@@ -89,42 +122,8 @@ def engines_of(settings: LaunchSettings) -> list[NodeEngine]:
 
 
 @app.command(context_settings=EXTRA_WORDS)
-def start(
-    ctx: typer.Context,
-    nodes: Nodes = None,
-    hostfile: Hostfile = None,
-    slots: int | None = typer.Option(None, help=flags.SLOTS),
-    gpus: str | None = typer.Option(None, "--gpus", "--gpus-per-node", help=flags.GPUS),
-    image: str | None = typer.Option(None, help=flags.START["image"]),
-    ssh_port: int | None = typer.Option(None, help=flags.START["ssh_port"]),
-    network_interface: str | None = typer.Option(None, help=flags.NIC),
-    env_file: EnvFile = None,
-    insecure_engine: InsecureEngine = False,
-    push_image: bool = typer.Option(False, help=flags.START["push_image"]),
-    detach: bool = typer.Option(False, help=flags.START["detach"]),
-    keep_running: bool = typer.Option(False, help=flags.START["keep_running"]),
-    workdir: Path | None = typer.Option(None, help=flags.START["workdir"]),
-    env: list[str] | None = typer.Option(None, "--env", help=flags.START["env"]),
-    secret: list[str] | None = typer.Option(None, "--secret", help=flags.START["secret"]),
-    elastic: bool = typer.Option(False, help=flags.START["elastic"]),
-    min_nodes: int | None = typer.Option(None, help=flags.START["min_nodes"]),
-    max_nodes: int | None = typer.Option(None, help=flags.START["max_nodes"]),
-    restart_workers: bool = typer.Option(False, help=flags.START["restart_workers"]),
-    worker_restarts: int | None = typer.Option(None, help=flags.START["worker_restarts"]),
-    max_restarts: int | None = typer.Option(None, help=flags.START["max_restarts"]),
-    spares: str | None = typer.Option(None, help=flags.START["spares"]),
-    device: list[str] | None = typer.Option(None, "--device", help=flags.START["device"]),
-    debug: bool = typer.Option(False, help=flags.START["debug"]),
-    mount: list[str] | None = typer.Option(None, "--mount", help=flags.START["mount"]),
-    stall_timeout: int | None = typer.Option(None, help=flags.START["stall_timeout"]),
-    stall_action: str | None = typer.Option(None, help=flags.START["stall_action"]),
-    time_limit: int | None = typer.Option(None, help=flags.START["time_limit"]),
-    no_ptrace: bool = typer.Option(False, "--no-ptrace", help=flags.START["no_ptrace"]),
-    timeline: bool = typer.Option(False, help=flags.START["timeline"]),
-    autotune: bool = typer.Option(False, help=flags.START["autotune"]),
-    dry_run: bool = typer.Option(False, help=flags.START["dry_run"]),
-    ranks: str | None = typer.Option(None, help=flags.START["ranks"]),
-) -> None:
+@with_flags(*flags.FLAGS)
+def start(ctx: typer.Context, **given: Any) -> None:
     """Start a worker on every node and run a job; rank 0's output streams here and the exit status is the job's.
 
     Your own script: launcher start --nodes node_1,node_2 --workdir ./code -- python train.py --epochs 5
@@ -139,45 +138,9 @@ def start(
     closed terminal remove the cluster on every node (exit 130, 143, 129); if this process dies outright, the job
     goes on, every container stops when it ends, and `launcher status` says how it ended.
     """
-    given = flags.StartFlags(
-        slots=slots,
-        gpus=gpus,
-        image=image,
-        ssh_port=ssh_port,
-        network_interface=network_interface,
-        push_image=push_image,
-        detach=detach,
-        keep_running=keep_running,
-        workdir=workdir,
-        env=tuple(env or ()),
-        secret=tuple(secret or ()),
-        elastic=elastic,
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        restart_workers=restart_workers,
-        worker_restarts=worker_restarts,
-        max_restarts=max_restarts,
-        spares=spares,
-        device=tuple(device or ()),
-        debug=debug,
-        mount=tuple(mount or ()),
-        stall_timeout=stall_timeout,
-        stall_action=stall_action,
-        time_limit=time_limit,
-        no_ptrace=no_ptrace,
-        timeline=timeline,
-        autotune=autotune,
-        ranks=ranks,
-    )
     command = command_of(ctx)
-    settings = settings_from(
-        env_file,
-        nodes=nodes,
-        hostfile=hostfile,
-        insecure_engines=insecure_engine,
-        **flags.start_settings(given, command),
-    )
-    if dry_run:
+    settings = settings_from(given["env_file"], **flags.start_settings(given, command))
+    if given["dry_run"]:
         try:
             launch.dry_run(settings, say=say)
         except (LaunchError, NodeError) as error:
@@ -251,7 +214,7 @@ def results(
     settings = settings_from(env_file, nodes=nodes, hostfile=hostfile, image=image, insecure_engines=insecure_engine)
     try:
         run, written = clusters.fetch_results(
-            engines_of(settings), settings.image, settings.shared_dir, cluster, to, checkpoints
+            engines_of(settings), reading_image(image, env_file), settings.shared_dir, cluster, to, checkpoints
         )
     except clusters.ClusterError as error:
         fail(str(error))
@@ -312,7 +275,8 @@ def logs(
     if problem:
         fail(problem, 2)
     try:
-        own, job, kept = clusters.logs(engines_of(settings), node, follow, tail, settings.image, settings.shared_dir)
+        engines, wanted = engines_of(settings), reading_image(image, env_file)
+        own, job, kept = clusters.logs(engines, node, follow, tail, wanted, settings.shared_dir)
         if kept:
             echo_to_stderr(f"note: {kept}")
         note = ranklogs.show(own, job, sys.stdout, rank, grep, ranklogs.Tee(tee) if tee else None, node)
@@ -329,7 +293,7 @@ def doctor_command(
     image: str | None = typer.Option(None, help=flags.DOCTOR["image"]),
     ssh_port: int | None = typer.Option(None, help=flags.DOCTOR["ssh_port"]),
     gpus: str | None = typer.Option(None, "--gpus", "--gpus-per-node", help=flags.DOCTOR["gpus"]),
-    network_interface: str | None = typer.Option(None, help=flags.NIC),
+    network_interface: str | None = typer.Option(None, help=flags.ROWS["network_interface"].text),
     env_file: EnvFile = None,
     insecure_engine: InsecureEngine = False,
     links: bool = typer.Option(False, help=flags.DOCTOR["links"]),
@@ -447,7 +411,7 @@ def export(
     command = command_of(ctx)
     try:
         request = mpijob_request.request(
-            **flags.export_request(given, command, lambda: load_env_file(env_file).get("IMAGE"))
+            **flags.export_request(given, command, lambda: load_env_file(env_file).get(flags.ROWS["image"].key or ""))
         )
     except SettingsError as error:
         fail(str(error), 2)

@@ -50,6 +50,7 @@ TEST_HOST_MODULES = frozenset(
     {
         "test_launcher_multihost.py",
         "test_mpijob_conformance.py",
+        "test_mpiports_on_test_hosts.py",
         "test_rendezvous_on_test_hosts.py",
         "test_tensorflow_multihost.py",
     }

@@ -13,7 +13,7 @@ skip_module_without("numpy", "torch")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app import checkpoint  # noqa: E402
+from app import checkpoint, train_loop  # noqa: E402
 
 
 def test_round_trip(tmp_path):
@@ -147,30 +147,30 @@ def test_the_refusal_names_what_torch_refused_not_its_advice(message, reason):
     assert checkpoint.unpickling_reason(message) == reason
 
 
-def test_resuming_from_a_refused_checkpoint_is_the_trainers_one_line_problem(tmp_path):
+def torch_trainer(config: SimpleNamespace):
+    """The PyTorch trainer's model and optimizer, built as the run builds them, before any training."""
     train_torch = pytest.importorskip("app.train_torch")  # imports horovod.torch
-    from app.model import SimpleNet
+    trainer = train_torch.TorchTrainer(SimpleNamespace(**{"base_lr": 0.1, "momentum": 0.0, **vars(config)}))
+    trainer.build()
+    return trainer
 
+
+def test_resuming_from_a_refused_checkpoint_is_the_trainers_one_line_problem(tmp_path):
     marker = tmp_path / "ran"
     checkpoint.save_checkpoint(tmp_path, {"epoch": 1, "dataset": "digits", "model": RunsCode(marker)})
     config = SimpleNamespace(checkpoint_dir=tmp_path, dataset="digits")
-    model = SimpleNet()
-    start_epoch, problem = train_torch.load_resume_point(config, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    start_epoch, problem = train_loop.load_resume_point(config, torch_trainer(config))
     assert start_epoch == 1 and problem.startswith(f"refusing checkpoint {tmp_path / checkpoint.LATEST}")
     assert not marker.exists()
 
 
 def test_resuming_from_a_trainer_checkpoint_continues_after_its_epoch(tmp_path):
-    train_torch = pytest.importorskip("app.train_torch")
-    from app.model import SimpleNet
-
     saved, trained, _ = trainer_state(epoch=4)
     checkpoint.save_checkpoint(tmp_path, saved)
-    model = SimpleNet()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     config = SimpleNamespace(checkpoint_dir=tmp_path, dataset="digits")
-    assert train_torch.load_resume_point(config, model, optimizer) == (5, None)
-    assert torch.equal(model.fc1.weight, trained.fc1.weight)
+    trainer = torch_trainer(config)
+    assert train_loop.load_resume_point(config, trainer) == (5, None)
+    assert torch.equal(trainer.model.fc1.weight, trained.fc1.weight)
 
 
 def test_tensorflow_checkpoints_round_trip_as_arrays_without_pickle(tmp_path):

@@ -139,6 +139,33 @@ def test_ranks_given_gpus_refuse_to_train_on_the_cpu(environ, cuda, no_cuda, ref
 
 
 @pytest.mark.parametrize(
+    "value, asked",
+    [("1", True), ("true", True), ("yes", True), ("0", False), ("", False), ("no", False), ("false", False)],
+)
+@pytest.mark.parametrize("build", [gpu.TORCH_BUILD, gpu.TENSORFLOW_BUILD])
+@needs("numpy")
+def test_both_trainers_read_the_gpu_request_by_one_rule(value, asked, build):
+    """HOROVOD_STACK_GPUS says yes only as 1, true or yes, for PyTorch's trainer and Keras' alike (the Keras trainer
+    once took any value, 0 too, as yes); the framework is asked whether CUDA works only when it says yes."""
+    from app import train_loop
+
+    questions = []
+
+    def cuda_available() -> bool:
+        questions.append(build)
+        return False
+
+    environ = {gpu.GPUS_ASKED: value}
+    if asked:
+        with pytest.raises(ConfigError, match=f"^GPUs were asked for .*{build.framework}"):
+            train_loop.checked_config(["--epochs", "1"], build, cuda_available, environ)
+    else:
+        assert train_loop.checked_config(["--epochs", "1"], build, cuda_available, environ).epochs == 1
+    assert questions == ([build] if asked else [])
+    assert gpu.gpus_asked(environ) is asked
+
+
+@pytest.mark.parametrize(
     "user_set, given",
     [
         ((), ("HOROVOD_STACK_GPUS=1", "TF_FORCE_GPU_ALLOW_GROWTH=true")),

@@ -9,18 +9,20 @@ from typing import cast
 
 import pytest
 
+from app.entrypoint import TRAINER
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.agent import compose
 from launcher.core.job import (
     JobSpec,
+    RunPaths,
     Worker,
     command_probe,
     horovodrun_argv,
     hostfile,
     mpirun_argv,
     pin_known_host,
+    run_paths,
     ssh_config,
-    trainer_option,
     with_run_dir,
 )
 from launcher.core.nics import nic_problem, nic_selection, virtual_subnets
@@ -203,16 +205,23 @@ def test_bad_compose_settings_are_refused_in_one_line(environ, message):
 
 
 @pytest.mark.parametrize(
-    "command, expected",
+    "options, folder, restartable, expected",
     [
-        (["python", "-m", "app.train", "--run-dir", "/r"], "/r"),
-        (["python", "-m", "app.train", "--run-dir=/r", "--epochs", "2"], "/r"),
-        (["python", "-m", "app.train", "--epochs", "2"], None),
-        (["python", "train.py", "--run-dir", "/r"], None),  # not the bundled trainer
+        (["--run-dir", "/r"], None, False, RunPaths(True, "/r", "/r/metrics.jsonl")),
+        (["--run-dir=/r", "--epochs", "2"], "/c1", True, RunPaths(True, "/r", "/r/metrics.jsonl", "/r/checkpoints")),
+        (["--epochs", "2"], None, True, RunPaths(True)),
+        (["--epochs", "2"], "/c1", False, RunPaths(True, "/c1", "/c1/metrics.jsonl")),
+        (["--metrics-file", "/m", "--checkpoint-dir", "/ck"], "/c1", True, RunPaths(True, "/c1", "/m", "/ck")),
+        (["--checkpoint-dir=/ck"], None, True, RunPaths(True, None, None, "/ck")),
+        ("python train.py --run-dir /r", "/c1", True, RunPaths(checkpoint_dir="/c1/checkpoints")),
+        ("python train.py --run-dir /r", "/c1", False, RunPaths()),  # a user's command: its own paths
     ],
-)
-def test_trainer_option(command, expected):
-    assert trainer_option(command, "--run-dir") == expected
+)  # fmt: skip
+def test_a_jobs_run_paths_are_laid_out_once_from_its_options_and_run_folder(options, folder, restartable, expected):
+    command = tuple(options.split()) if isinstance(options, str) else (*TRAINER, *options)
+    assert run_paths(command, folder, restartable) == expected
+    spec = JobSpec("j", JobOptions(command=command, max_restarts=1 if restartable else 0), 1, run_folder=folder)
+    assert spec.paths == expected and JobSpec.from_json(spec.to_json()).paths == expected
 
 
 @pytest.mark.parametrize(
@@ -271,6 +280,8 @@ def test_containers_are_named_and_labelled_per_cluster_and_node():
         "horovod-stack.node": "gpu-a",
         "horovod-stack.role": "rank0",
         "horovod-stack.ranks": "1",
+        "horovod-stack.image": "horovod-stack:latest",
+        "horovod-stack.framework": "PyTorch",
     }
     assert plan.labels(second)["horovod-stack.role"] == "worker"
 
@@ -579,7 +590,7 @@ def test_compose_builds_the_elastic_command_line_from_the_same_plan():
         ({"elastic_min_workers": 4}, "--min-nodes 4 is not from 1 to the 3 node(s) in --nodes"),
         ({"elastic_max_workers": 1}, "--max-nodes 1 is not from --min-nodes (2) up"),
         ({"elastic_max_workers": 4}, "--max-nodes 4 is not from --min-nodes (2) to the 3 node(s) in --nodes"),
-        ({"elastic_timeout": 0}, "ELASTIC_TIMEOUT=0 is not positive seconds"),
+        ({"elastic_timeout": 0}, "--elastic-timeout 0 is not positive seconds"),
         ({"network_interface": None}, "elastic training needs the NIC the workers reach each other on"),
         ({"elastic_min_workers": None, "elastic": False, "restart_workers": True}, "add --elastic"),
         ({"elastic_min_workers": None, "elastic": False, "elastic_max_workers": 2}, "--max-nodes is for elastic jobs"),
@@ -1030,7 +1041,7 @@ def test_a_rank_whose_host_has_no_address_in_the_subnet_says_so(monkeypatch, cap
     ],
 )
 def test_mounts(text, expected):
-    from launcher.core.options import parse_bind
+    from launcher.core.mounts import parse_bind
 
     if expected.startswith("Bind("):
         assert repr(parse_bind(text)) == expected

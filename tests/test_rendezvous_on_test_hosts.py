@@ -1,13 +1,15 @@
 """An elastic job's rank-0 node, scanned by a stranger on the job's network (the test hosts of tests/multihost.py:
 this machine's own address on their bridge is outside the job): nothing of the job listens on a wildcard address,
 the rendezvous refuses every request without the job's secret (403, and one line in the job's output naming the
-sender), a pickle sent to every listening port runs nothing, and the job finishes as if no one had asked. The rules
+sender), a pickle sent to every listening port runs nothing, a flood of rank 0's notification service costs it a
+bounded number of threads and little memory, and the job finishes as if no one had asked. The rules
 and the server alone: tests/test_rendezvous_guard.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -24,6 +26,9 @@ LAUNCHER = str(Path(sys.executable).parent / "launcher")
 PROBE = Path(__file__).parent / "user_script" / "rendezvous_probe.py"
 MARKER = "/tmp/hst-rendezvous-ran-code"
 WILDCARDS = ("0.0.0.0:", "*:", "[::]:")
+FLOOD = Path(__file__).parent / "user_script" / "notification_flood.py"
+STRANGERS_CONNECTIONS = 2000
+HELD_SECONDS = 6.0
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +53,43 @@ def wait_for(process: subprocess.Popen, log: Path, text: str, timeout: float) ->
         time.sleep(0.5)
 
 
+def threads_and_memory(pid: int) -> tuple[int, int]:
+    """A process's thread count and resident memory (bytes), from /proc."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(status["Threads"]), int(status["VmRSS"].split()[0]) * 1024
+
+
+def flood_the_notification_service(local: str, who: str, measured) -> None:
+    """A stranger's lengths of -1 and 1 GiB, then 2,000 idle connections held, against a rank's notification
+    service: each length closed at once, and the rank grows by at most MAX_CONNECTIONS threads (and a few of its
+    own) and less than 16 MiB while they are held (the service alone: tests/test_rendezvous_guard.py)."""
+    from horovod.runner.common.util.stack_guard import MAX_CONNECTIONS  # the runner's patch, as the image has it
+
+    address, port = local.rsplit(":", 1)
+    pid = int(re.search(r"pid=(\d+)", who).group(1))  # type: ignore[union-attr]
+    quiet = threads_and_memory(pid)
+    time.sleep(HELD_SECONDS)  # the same time without the stranger, to tell the flood from the rank's own growth
+    threads, memory = threads_and_memory(pid)
+    flood = subprocess.Popen(
+        [sys.executable, str(FLOOD), address, port, str(STRANGERS_CONNECTIONS), "5"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        opened = json.loads(flood.stdout.readline())  # type: ignore[union-attr]
+        time.sleep(max(0.5, HELD_SECONDS - opened["seconds"]))
+        held_threads, held_memory = threads_and_memory(pid)
+    finally:
+        flood.wait(timeout=60)
+    grown_threads, grown_memory = held_threads - threads, held_memory - memory
+    measured(
+        f"a stranger's {opened['held']} idle connections (opened in {opened['seconds']} s) to rank 0's notification "
+        f"service, {HELD_SECONDS} s: {grown_threads:+d} threads, {grown_memory / 2**20:+.1f} MiB (without them: "
+        f"{threads - quiet[0]:+d}, {(memory - quiet[1]) / 2**20:+.1f} MiB); lengths -1 and 1 GiB closed at once: "
+        f"{opened['closed_at_once']}"
+    )
+    assert opened == {**opened, "closed_at_once": [True, True], "held": STRANGERS_CONNECTIONS}, opened
+    assert grown_threads <= MAX_CONNECTIONS + 4 and grown_memory < 16 * 2**20, (grown_threads, grown_memory)
+
+
 def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_finishes(cluster, tmp_path, measured):
     log = tmp_path / "launcher.log"
     job = [
@@ -61,12 +103,12 @@ def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_fi
         "--dataset",
         "synthetic",
         "--epochs",
-        "4",
+        "24",  # the flood waits for epoch 5 (a rank's memory grows in its first epochs) and ends before the last
     ]
     with open(log, "w") as out:
         process = subprocess.Popen([LAUNCHER, *job], env=cluster.launcher_env(), stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(process, log, "epoch 1/4:", timeout=300)
+        wait_for(process, log, "epoch 1/", timeout=300)
         sockets = listening(cluster, 0)
         print("listening on node_1 during the job:\n" + "\n".join(f"  {local} {who}" for local, who in sockets))
         assert [local for local, _ in sockets if local.startswith(WILDCARDS)] == [], sockets
@@ -83,6 +125,10 @@ def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_fi
         measured(f"rendezvous probe of node_1's {len(ports)} listening ports: {answers}")
         assert [port for port, got in answers.items() if got == ["403", "403", "403"]], answers  # the rendezvous
         assert not [port for port, got in answers.items() if "200" in got], answers
+        notification = [(local, who) for local, who in sockets if '"python' in who and answers[local] != ["403"] * 3]
+        assert len(notification) == 1, (notification, answers)  # rank 0's notification service
+        wait_for(process, log, "epoch 5/", timeout=300)
+        flood_the_notification_service(*notification[0], measured)
         rank0 = cluster.nodes[0].client().containers.list(filters={"label": "horovod-stack.node=node_1"})
         assert len(rank0) == 1 and rank0[0].exec_run(["test", "-d", "/tmp"]).exit_code == 0  # the check's control
         assert rank0[0].exec_run(["test", "-e", MARKER]).exit_code == 1, "a stranger's pickle ran in rank 0's container"

@@ -17,6 +17,7 @@ import time
 import docker
 import pytest
 
+from app.frameworks import PYTORCH
 from tests.multihost import Cluster
 from tests.test_examples import launch_example_as_typed
 from tests.test_launcher_multihost import BackgroundLaunch, assert_nothing_left, kill_worker, launcher
@@ -135,3 +136,54 @@ def test_a_keras_job_that_loses_a_node_restarts_from_its_tensorflow_checkpoint(s
     assert records[0]["world_size"] == 2 and records[-1]["world_size"] == 1
     assert records[-1]["val_accuracy"] >= 0.9
     assert_nothing_left(cluster)
+
+
+def test_a_tensorflow_jobs_status_logs_and_results_ask_no_engine_for_the_pytorch_image(stopped_after, tmp_path):
+    """On nodes that hold only horovod-stack:tensorflow: a detached job's status names its image and framework (the
+    cluster's record), and its logs and results, while its containers are kept and after `stop` removed them, read
+    the shared folder with that image: no engine is asked to pull horovod-stack:latest."""
+    cluster = stopped_after
+    for node in cluster.every_node:
+        try:
+            node.client().images.remove(PYTORCH.image, force=True)  # later modules link it again (ensure_image)
+        except docker.errors.ImageNotFound:
+            pass
+    held = {node.name: sorted(tag for image in node.client().images.list() for tag in image.tags) for node in
+            cluster.every_node}  # fmt: skip
+    assert all(PYTORCH.image not in tags for tags in held.values()), held
+    # The commands as a user on these nodes types them: no IMAGE in .env (a branch's PyTorch build there would be asked
+    # for by name), and no --image for status, logs and results.
+    env_file = tmp_path / "tf.env"
+    env_file.write_text("".join(line + "\n" for line in cluster.env_file().read_text().splitlines()
+                                if not line.startswith("IMAGE=")))  # fmt: skip
+    since = int(time.time()) - 1
+    started = launcher(cluster, "start", "--env-file", str(env_file), "--image", TF_IMAGE, "--detach", "--",
+                       "--dataset", "digits", "--epochs", "1")  # fmt: skip
+    assert started.returncode == 0, started.stderr[-3000:]
+    cluster_id = re.search(r"detached: cluster (\w+)", started.stderr)
+    assert cluster_id, started.stderr[-3000:]
+    deadline = time.monotonic() + 300
+    while "succeeded" not in (status := launcher(cluster, "status", "--env-file", str(env_file))).stdout:
+        assert time.monotonic() < deadline and "failed" not in status.stdout, status.stdout + status.stderr
+        time.sleep(3)
+    assert f"cluster {cluster_id[1]}: succeeded" in status.stdout
+    assert f"  image {TF_IMAGE} (TensorFlow)" in status.stdout.splitlines(), status.stdout
+
+    def logs_and_results(into: str) -> str:
+        logs = launcher(cluster, "logs", "--env-file", str(env_file), "--rank", "0", "--grep", "epoch 1/1")
+        assert logs.returncode == 0, logs.stderr
+        assert logs.stdout and all("[rank 0] epoch 1/1:" in line for line in logs.stdout.splitlines()), logs.stdout
+        results = launcher(cluster, "results", "--env-file", str(env_file), "--to", str(tmp_path / into))
+        assert results.returncode == 0, results.stderr
+        assert (tmp_path / into / cluster_id[1] / "metrics.jsonl").is_file(), results.stdout
+        return logs.stderr
+
+    assert "containers are gone" not in logs_and_results("kept")  # read from the kept containers and their record
+    stopped = launcher(cluster, "stop", "--env-file", str(env_file))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "note: the job's containers are gone" in logs_and_results("removed")  # the node's own image, no record
+    pulls = {node.name: [event for event in node.client().events(since=since, until=int(time.time()) + 1, decode=True,
+                         filters={"type": "image", "event": "pull"})] for node in cluster.every_node}  # fmt: skip
+    assert pulls == {node.name: [] for node in cluster.every_node}
+    assert {node.name: sorted(tag for image in node.client().images.list() for tag in image.tags) for node in
+            cluster.every_node} == held  # fmt: skip

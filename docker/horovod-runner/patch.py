@@ -21,7 +21,8 @@ jobs, the CI smoke role):
   The ranks' Gloo sends the secret too (docker/patch-horovod-source.sh). The HMAC-signed services (a rank's
   notification service) read a message's length before its HMAC can be checked: a length of -1 meant "read until
   the connection closes", with no timeout; now a length outside 0..4 MiB is refused unread, an idle connection
-  ends after 30 s, and at most 32 connections are served at once.
+  ends after 30 s, and at most 32 connections are served at once. Each of the runner's servers queues 128 connections
+  before accepting them, not socketserver's 5, so a stranger's burst does not crowd out the job's own connections.
 
 Each edit is an exact text replacement that must match once, so a Horovod whose runner changed fails here, loudly,
 instead of shipping unpatched; an edit already made is left as it is (running this twice changes nothing).
@@ -80,10 +81,18 @@ EDITS: dict[str, list[tuple[str, str]]] = {
     ],
     "runner/util/network.py": [
         (
+            "from horovod.runner.util import threads\n",
+            f"from horovod.runner.common.util import stack_guard  {MARK}\nfrom horovod.runner.util import threads\n",
+        ),
+        (
             "def find_port(server_factory):\n",
             f"def find_port(server_factory, address=''):  {MARK}: the address to listen on ('': every one)\n",
         ),
         ("            addr = ('', port)\n", "            addr = (address, port)\n"),
+        (
+            "            server = server_factory(addr)\n",
+            f"            server = stack_guard.guard_server(server_factory(addr))  {MARK}: a deep queue; connections bounded\n",
+        ),
     ],
     "runner/common/util/network.py": [
         (

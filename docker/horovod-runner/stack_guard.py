@@ -54,6 +54,10 @@ MAX_CONNECTIONS = 32
 """Connections one such service serves at once; more are closed unread, so a stranger holding many open costs a
 bounded number of threads (a rank's notification service serves one message per host update)."""
 
+BACKLOG = 128
+"""Connections the kernel queues for each of the runner's servers before it accepts them (socketserver's own is 5): a
+stranger's burst of connections then costs neither a rank's nor the driver's connection its place in the queue."""
+
 MAX_BODY_BYTES = 1 << 20
 """A rendezvous value is a few hundred bytes (addresses, Gloo's keys); a larger body is refused unread."""
 
@@ -233,22 +237,32 @@ def read_signed(rfile, digest_length):
 
 
 def bounded(handler_class):
-    """A socketserver handler class of the runner's services, made to time out an idle connection (IDLE_SECONDS)
-    and to close, unread, the connections beyond MAX_CONNECTIONS at once."""
+    """A socketserver handler class of the runner's services, made to time out an idle connection (IDLE_SECONDS);
+    with guard_server, its server serves at most MAX_CONNECTIONS connections at once."""
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     class Bounded(handler_class):
         timeout = IDLE_SECONDS  # StreamRequestHandler.setup sets it on the connection
+        connection_slots = slots  # taken by guard_server's check, in the accepting thread
 
-        def handle(self):
-            if not slots.acquire(blocking=False):
-                return
+        def __init__(self, *args, **kwargs):
             try:
-                super().handle()
+                super().__init__(*args, **kwargs)  # setup, handle, finish: the whole connection
             finally:
                 slots.release()
 
     return Bounded
+
+
+def guard_server(server):
+    """A socketserver server of the runner's, just made: its listen queue BACKLOG deep (listen() again sets it), and,
+    where its handler is `bounded`, each connection's slot taken before a thread is started for it; a connection
+    beyond MAX_CONNECTIONS is closed unread by the accepting thread, so it costs no thread at all."""
+    server.socket.listen(BACKLOG)
+    slots = getattr(server.RequestHandlerClass, "connection_slots", None)
+    if slots is not None:
+        server.verify_request = lambda request, client_address: slots.acquire(blocking=False)
+    return server
 
 
 def loads_plain(data):

@@ -194,7 +194,7 @@ class Agent:
             return RunResult(RunState.TIMED_OUT, watches.TimeLimit.STATUS, limit.cause)
         if lifelines.cause:
             # Who was lost, exactly, only where a restart needs it (asking each worker takes a while).
-            lost = workers.losses(ready) if spec.options.max_restarts else sorted(workers.lost().values(), key=str)
+            lost = workers.losses(ready) if spec.options.can_restart else sorted(workers.lost().values(), key=str)
             state = RunState.WORKERS_LOST if lost else RunState.FAILED
             return RunResult(state, status or 1, lifelines.cause, tuple(lost))
         if stall and stall.cause:

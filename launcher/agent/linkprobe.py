@@ -1,6 +1,8 @@
-"""`python -m launcher.agent.linkprobe serve|probe`: one node pair's link, both ways, over one TCP connection,
-bounded in bytes and time; each side prints one JSON line. `launcher doctor --links` runs it in short-lived host-network
-containers of the image on the two nodes (launcher/host/linkcheck.py); the namespace test runs it in namespaces.
+"""`python -m launcher.agent.linkprobe serve|probe|hold`: one node pair's link, both ways, over one TCP connection,
+bounded in bytes and time; each side prints one JSON line. `launcher doctor --links` runs it in short-lived
+host-network containers of the image on the two nodes (launcher/host/linkcheck.py); the namespace test runs it in
+namespaces. `hold` only listens, accepting and closing connections, for --seconds: doctor's stand-in for Open MPI's
+listener (launcher/host/portcheck.py).
 
 On one connection, the probe (client) side:
 1. round trips: PINGS one-byte messages the server echoes; the median is the RTT;
@@ -96,6 +98,26 @@ def serve(bind: str, port: int, seconds: float, max_bytes: int, accept_timeout: 
     return {"peer": peer[0], "forward": forward, "backward_sent": sent}
 
 
+def hold(bind: str, port: int, seconds: float) -> dict:
+    """Listens on bind:port for `seconds`, closing each connection at once; returns the peers, in order."""
+    peers = []
+    deadline = time.monotonic() + seconds
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((bind, port))
+        listener.listen(16)
+        print(json.dumps({"listening": f"{bind}:{port}"}), flush=True)
+        while (left := deadline - time.monotonic()) > 0:
+            listener.settimeout(left)
+            try:
+                conn, peer = listener.accept()
+            except TimeoutError:
+                break
+            conn.close()
+            peers.append(peer[0])
+    return {"peers": peers}
+
+
 def probe(target: str, port: int, source: str | None, seconds: float, max_bytes: int, connect_timeout: float) -> dict:
     conn = socket.create_connection(
         (target, port), timeout=connect_timeout, source_address=(source, 0) if source else None
@@ -124,17 +146,24 @@ def probe(target: str, port: int, source: str | None, seconds: float, max_bytes:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.agent.linkprobe", description=__doc__.split("\n\n")[0])
-    parser.add_argument("role", choices=("serve", "probe"))
+    parser.add_argument("role", choices=("serve", "probe", "hold"))
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--bind", default="0.0.0.0", help="serve: the address to listen on")
     parser.add_argument("--target", help="probe: the server's address or name")
     parser.add_argument("--source", help="probe: the local address to send from (the job's NIC)")
-    parser.add_argument("--seconds", type=float, default=LINK_SECONDS, help="the longest each direction streams")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=LINK_SECONDS,
+        help="the longest each direction streams; hold: how long it listens",
+    )
     parser.add_argument("--max-bytes", type=int, default=4 << 30, help="the most each direction streams")
     parser.add_argument("--timeout", type=float, default=10.0, help="serve: accept; probe: connect (seconds)")
     args = parser.parse_args(argv)
     try:
-        if args.role == "serve":
+        if args.role == "hold":
+            result = hold(args.bind, args.port, args.seconds)
+        elif args.role == "serve":
             result = serve(args.bind, args.port, args.seconds, args.max_bytes, args.timeout)
         else:
             result = probe(args.target, args.port, args.source, args.seconds, args.max_bytes, args.timeout)

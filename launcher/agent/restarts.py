@@ -11,7 +11,7 @@ import dataclasses
 
 from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, JobError, Workers
 from launcher.core import restart
-from launcher.core.job import Worker, trainer_option
+from launcher.core.job import Worker
 from launcher.core.protocol import JOB_RESTARTS
 from launcher.core.runs import LostWorker, RunResult
 
@@ -158,10 +158,8 @@ class Restarts:
         """Where a restart resumes: the bundled trainer's last checkpointed epoch (from its metrics), or the job's
         checkpoint folder for a script of the user's."""
         spec = self.workers.spec
-        if spec.run_dir is None and trainer_option(spec.command, "--checkpoint-dir") is None:
+        if not spec.paths.trainer:
             return None, spec.checkpoint_dir
-        metrics = trainer_option(spec.command, "--metrics-file") or (
-            f"{spec.run_dir}/metrics.jsonl" if spec.run_dir else None
-        )
+        metrics = spec.metrics_file if spec.checkpoint_dir else None
         epoch = restart.metrics_epoch(self.workers.transport.read(metrics)) if metrics else None
         return epoch, spec.checkpoint_dir if epoch is not None else None

@@ -140,7 +140,7 @@ class StallWatch(JobWatch):
 
     def run(self) -> None:
         spec, transport = self.workers.spec, self.workers.transport
-        metrics = f"{spec.run_dir}/metrics.jsonl" if spec.run_dir else None
+        metrics = spec.metrics_file
         where = ""
         written: stall.StallRecord | None = None  # the first round writes even an empty one: a former run's is over
 

@@ -15,10 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath as Path
 
 from app.autotune import LOG as AUTOTUNE_LOG
+from app.config import laid_out_paths
 from app.entrypoint import TRAINER
 from app.gpu import gpu_rank_env
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from app.timeline import FILE as TIMELINE_FILE
+from launcher.core.mpiports import port_selection
 from launcher.core.nics import NIC_VARIABLES, nic_selection, nic_variables, subnet_of
 from launcher.core.options import JobOptions, SettingsError, names_in
 from launcher.core.protocol import (
@@ -66,32 +68,40 @@ def trainer_with(command: list[str] | tuple[str, ...], flag: str, *value: str) -
     return [*command, flag, *value]
 
 
-def trainer_option(command: list[str] | tuple[str, ...], flag: str) -> str | None:
-    """The value the bundled trainer's `command` gives `flag` (`--flag V` or `--flag=V`); None if it gives none or
-    the command is not the bundled trainer."""
-    words = list(command)
-    if words[: len(TRAINER)] != list(TRAINER):
-        return None
-    for index, word in enumerate(words):
-        if word == flag and index + 1 < len(words):
-            return words[index + 1]
-        if word.startswith(f"{flag}="):
-            return word.split("=", 1)[1]
-    return None
-
-
 def with_run_dir(command: list[str] | tuple[str, ...], folder: str) -> list[str]:
     """The bundled trainer writes each run into a folder of its own (metrics, checkpoints, TensorBoard, curves),
     so a second run never overwrites the first's."""
     return trainer_with(command, "--run-dir", folder)
 
 
-def trainer_checkpoints(command: list[str] | tuple[str, ...]) -> str | None:
-    """Where the bundled trainer's `command` keeps its checkpoints (--checkpoint-dir, else its --run-dir's
-    checkpoints/, as app/config.py lays a run folder out); None for neither, or a command of the user's."""
-    folder = trainer_option(command, "--checkpoint-dir")
-    run_dir = trainer_option(command, "--run-dir")
-    return folder or (f"{run_dir}/checkpoints" if run_dir else None)
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a job's run goes, as the job spec carries it: laid out once from the user's options and the job's run
+    folder (run_paths), and never read back out of the command line built from them."""
+
+    trainer: bool = False
+    """The job runs the bundled trainer (whose options say where its run goes), not a command of the user's."""
+    run_dir: str | None = None
+    """The bundled trainer's run folder (the user's --run-dir, else the job's run folder), which the agent makes and
+    links as runs/latest; None for a user's command (it decides where it writes)."""
+    metrics_file: str | None = None
+    """The bundled trainer's metrics (its --metrics-file, else the run folder's), which the agent's stall watch and a
+    restart read; None for a user's command."""
+    checkpoint_dir: str | None = None
+    """Where a job that may be restarted keeps its checkpoints (CHECKPOINT_DIR_VARIABLE): the bundled trainer's own
+    (--checkpoint-dir, else the run folder's), else `checkpoints` in the job's run folder; None for a job without
+    restarts, or without a folder."""
+
+
+def run_paths(command: tuple[str, ...], run_folder: str | None, restartable: bool) -> RunPaths:
+    """The job's RunPaths from the options' `command` (the bundled trainer's options, by the trainer's own parser and
+    layout: app/config.py) and its run folder."""
+    if command[: len(TRAINER)] != TRAINER:
+        return RunPaths(checkpoint_dir=f"{run_folder}/checkpoints" if restartable and run_folder else None)
+    words = with_run_dir(command, run_folder)[len(TRAINER) :] if run_folder else command[len(TRAINER) :]
+    laid_out = {key: str(path) if path else None for key, path in laid_out_paths(words).items()}
+    checkpoints = laid_out["checkpoint_dir"] if restartable else None
+    return RunPaths(True, laid_out["run_dir"], laid_out["metrics_file"], checkpoints)
 
 
 def command_probe(command: list[str] | tuple[str, ...]) -> list[str]:
@@ -118,9 +128,10 @@ def mpirun_argv(
     workdir: str | None = None,
 ) -> list[str]:
     """The one mpirun command line of a job: the seed article's flags, each rank's lines tagged with its rank
-    (TAG_OUTPUT), NIC selection for Open MPI, NCCL and Gloo (nic_selection), the user's variables (-x), the secret
-    ones by name alone (mpirun hands their values from its own environment to every rank), the stack's Horovod
-    defaults the user did not set, the working directory, then the command every rank runs."""
+    (TAG_OUTPUT), NIC selection for Open MPI, NCCL and Gloo (nic_selection), Open MPI's listening ports
+    (port_selection), the user's variables (-x), the secret ones by name alone (mpirun hands their values from its
+    own environment to every rank), the stack's Horovod defaults the user did not set, the working directory, then
+    the command every rank runs."""
     argv = [
         "mpirun",
         "-np",
@@ -143,6 +154,7 @@ def mpirun_argv(
     ]
     user_set = names_in(env)
     argv += nic_selection(network_interface, excluded_subnets, across_hosts, user_set)
+    argv += port_selection()  # Open MPI listens on every address: its ports are held to one range a firewall names
     for item in (*env, *secrets):
         argv += ["-x", item]
     for item in defaults_unless_set(env):
@@ -344,12 +356,15 @@ class JobSpec:
     restart: int = 0
     """Which run of the job this is (--max-restarts): 0 its first, N its Nth restart, which resumes from the newest
     checkpoint (the bundled trainer is given --resume)."""
+    paths: RunPaths = field(init=False, default_factory=RunPaths)
+    """Where the run goes (run_paths), laid out once from the options and the run folder."""
 
     def __post_init__(self) -> None:
         options = self.options
         problem = options.workers_problem(self.expected_workers) if self.expected_workers else None
         if problem:
             raise SettingsError(problem)
+        object.__setattr__(self, "paths", run_paths(options.command, self.run_folder, options.can_restart))
 
     @property
     def elastic(self) -> bool:
@@ -361,28 +376,25 @@ class JobSpec:
 
     @property
     def command(self) -> tuple[str, ...]:
-        """What every rank runs: the options' command, with the bundled trainer given its run folder."""
+        """What every rank runs: the options' command, the bundled trainer given its run folder (and on a restart,
+        --resume where it keeps checkpoints)."""
         command = self.options.command
         command = tuple(with_run_dir(command, self.run_folder)) if self.run_folder else command
-        if self.restart and trainer_checkpoints(command):
+        if self.restart and self.paths.trainer and self.paths.checkpoint_dir:
             return tuple(trainer_with(command, "--resume"))
         return command
 
     @property
-    def checkpoint_dir(self) -> str | None:
-        """Where a job that may be restarted keeps its checkpoints (CHECKPOINT_DIR_VARIABLE): the bundled trainer's
-        own, else `checkpoints` in the job's run folder; None for a job without restarts, or without a folder."""
-        if not self.options.max_restarts:
-            return None
-        if list(self.command[: len(TRAINER)]) == list(TRAINER):
-            return trainer_checkpoints(self.command)
-        return f"{self.run_folder}/checkpoints" if self.run_folder else None
+    def run_dir(self) -> str | None:
+        return self.paths.run_dir
 
     @property
-    def run_dir(self) -> str | None:
-        """The bundled trainer's run folder, which the agent makes and links as runs/latest; None for a user's
-        command (it decides where it writes)."""
-        return trainer_option(self.command, "--run-dir")
+    def metrics_file(self) -> str | None:
+        return self.paths.metrics_file
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        return self.paths.checkpoint_dir
 
     @property
     def output_dir(self) -> str | None:
@@ -390,7 +402,7 @@ class JobSpec:
         --autotune, the job's run folder for Horovod's records alone."""
         options = self.options
         return self.run_dir or (
-            self.run_folder if options.timeline or options.autotune or options.max_restarts else None
+            self.run_folder if options.timeline or options.autotune or options.can_restart else None
         )
 
     @property
@@ -411,7 +423,7 @@ class JobSpec:
     def restart_env(self) -> tuple[str, ...]:
         """For a job that may be restarted: which run this is, and where its checkpoints are (unless the user's
         --env sets them)."""
-        if not self.options.max_restarts:
+        if not self.options.can_restart:
             return ()
         wanted = {RESTART_VARIABLE: str(self.restart), CHECKPOINT_DIR_VARIABLE: self.checkpoint_dir}
         user_set = names_in(self.options.env)
@@ -463,7 +475,7 @@ class JobSpec:
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
         data = json.loads(text)
-        known = set(cls.__dataclass_fields__)
+        known = {name for name, item in cls.__dataclass_fields__.items() if item.init}
         data = {key: value for key, value in data.items() if key in known}  # a newer launcher's extras
         return cls(
             **{

@@ -5,13 +5,13 @@ flag, an .env key, an MPIJob export option) and the fix.
 
 A launch method builds one JobOptions from what its users set (the launcher from .env and flags, compose from its
 environment, the MPIJob launch method from its arguments); the job spec the agent runs carries it (launcher.core.job).
-Adding an option is one field here, its rule in `problems`, and the flag that sets it.
+Adding an option is one field here and its rule in `problems`; its launcher flag is the field's option(flag=, key=,
+help=), from which launcher/host/flags.py makes `launcher start`'s parameter, its --help and where its value goes.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -19,27 +19,13 @@ from types import UnionType
 from typing import Any, get_args, get_origin, get_type_hints
 
 from app.entrypoint import TRAINER
+from launcher.core.mounts import Bind, bind_problem, parse_bind
 from launcher.core.nics import NIC_SETTING
-from launcher.core.protocol import (
-    ELASTIC_TIMEOUT_SECONDS,
-    HOME,
-    READY_TIMEOUT_SECONDS,
-    SHARED_MOUNT,
-    SSH_PORT,
-    STALL_TIMEOUT_SECONDS,
-    WORKDIR,
-)
+from launcher.core.protocol import ELASTIC_TIMEOUT_SECONDS, READY_TIMEOUT_SECONDS, SSH_PORT, STALL_TIMEOUT_SECONDS
+from launcher.core.spelling import Spelling
 from launcher.core.stall import STALL_ACTIONS
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-STACK_PATHS = (HOME, "/cluster", "/opt/horovod-stack", "/opt/venv")
-"""The stack's own files in a worker (its user's home and job files, the cluster's SSH trust, its code, its Python): a
-mount may go neither at, under nor above them, so no job can replace a key, the agent or the interpreter."""
-JOB_FOLDERS = (SHARED_MOUNT, WORKDIR)
-"""The job's folders: a mount may go inside them (a dataset at /shared/data) but neither replace nor cover them."""
-SYSTEM_PATHS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/sys", "/dev")
-"""The system's folders, which no mount may be at or under (/bin, /sbin and /lib are /usr's under merged /usr)."""
-MOUNT_FIX = "mount it elsewhere, e.g. /data"
 
 
 class SettingsError(ValueError):
@@ -67,95 +53,15 @@ def option(
     key: str | None = None,
     compose: str | None = None,
     mpijob: str | None = None,
+    help: str | None = None,
+    shown: str | None = None,
 ) -> Any:
     """A JobOptions field and how each launch method's users set it: the launcher's `flag` and its .env `key`, compose's
-    .env key, `launcher export mpijob`'s flag (which the MPIJob's launcher pod reads back)."""
-    return field(default=default, metadata={"flag": flag, "key": key, "compose": compose, "mpijob": mpijob})
-
-
-@dataclass(frozen=True)
-class Spelling:
-    """How one launch method's users write each option, for its errors: a flag (`--ssh-port 70000`, fixed by passing it
-    again) or a settings file's key (`SSH_PORT=70000`, fixed in .env)."""
-
-    names: Mapping[str, str]
-    """JobOptions field -> how it is set (`--ssh-port`, `SSH_PORT`); "workers": what counts the launch method's
-    workers."""
-    flag_fix: str = "pass {name} with one that is"
-
-    def of(self, option: str, value: object = None) -> str:
-        name = self.names.get(option, option)
-        if value is None:
-            return name
-        return f"{name} {value}" if name.startswith("-") else f"{name}={value}"
-
-    def fix_for(self, option: str) -> str:
-        name = self.of(option)
-        return self.flag_fix.format(name=name) if name.startswith("-") else "fix it in .env"
-
-
-@dataclass(frozen=True)
-class Bind:
-    """A host folder in every worker (--mount HOST_PATH:CONTAINER_PATH[:ro]), e.g. a dataset on each node's disk."""
-
-    source: str
-    target: str
-    read_only: bool = False
-
-    def __str__(self) -> str:
-        return f"{self.source} -> {self.target}{' (read-only)' if self.read_only else ''}"
-
-
-def bind_problem(text: str, name: str = "--mount") -> str | None:
-    """Why `text` is not HOST_PATH:CONTAINER_PATH[:ro|rw], both absolute, its target (normalised: /data/../cluster is
-    /cluster) clear of the stack's and the system's folders; None if it is. `name`: how the launch method's users set
-    it."""
-    parts = text.split(":")
-    if len(parts) == 3 and parts[2] in ("ro", "rw"):
-        parts.pop()
-    if len(parts) != 2 or not all(part.startswith("/") for part in parts):
-        return f"{name} {text!r} is not HOST_PATH:CONTAINER_PATH[:ro], both absolute: e.g. /data:/data:ro"
-    target = container_path(parts[1])
-    problem = target_problem(target)
-    if problem is None:
-        return None
-    normalised = f" (target {target})" if target != parts[1] else ""
-    return f"{name} {text!r}{normalised} {problem}: {MOUNT_FIX}"
-
-
-def target_problem(target: str) -> str | None:
-    """Why a worker's normalised path `target` may not take a mount; None if it may."""
-    if target == "/":
-        return "would hide the whole container"
-    covered = next((path for path in (*STACK_PATHS, *JOB_FOLDERS) if is_at_or_under(path, target)), None)
-    if covered:
-        return f"would hide the stack's own {covered}"
-    inside = next((path for path in STACK_PATHS if is_at_or_under(target, path)), None)
-    if inside:
-        return f"is inside the stack's own {inside}"
-    system = next((path for path in SYSTEM_PATHS if is_at_or_under(target, path)), None)
-    if system:
-        return f"is in the system's {system}"
-    return None
-
-
-def container_path(text: str) -> str:
-    """An absolute path as the container resolves it, without `.`, `..` or repeated slashes."""
-    return "/" + posixpath.normpath(text).lstrip("/")  # normpath keeps a leading "//"
-
-
-def is_at_or_under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
-def parse_bind(text: str) -> Bind:
-    """The Bind a valid mount (bind_problem) names, both paths normalised; raises ValueError naming the fix for one
-    that is not."""
-    problem = bind_problem(text)
-    if problem:
-        raise ValueError(problem)
-    parts = text.split(":")
-    return Bind(container_path(parts[0]), container_path(parts[1]), parts[2:] == ["ro"])
+    .env key, `launcher export mpijob`'s flag (which the MPIJob's launcher pod reads back). `help` is the launcher
+    flag's --help text (launcher/host/flags.py makes `start`'s parameter and its `(default: ...)` from this row);
+    `shown`: how that help words the default where it is not the default itself (e.g. `0: never`)."""
+    meta = {"flag": flag, "key": key, "compose": compose, "mpijob": mpijob, "help": help, "shown": shown}
+    return field(default=default, metadata=meta)
 
 
 def env_problem(item: str, name: str = "--env") -> str | None:
@@ -199,19 +105,37 @@ class JobOptions:
 
     command: tuple[str, ...] = option(TRAINER)
     """What every rank runs (job_command of the words after `--`): the user's command, or the bundled trainer."""
-    env: tuple[str, ...] = option((), flag="--env", compose="the environment", mpijob="--env")
+    env: tuple[str, ...] = option(
+        (), flag="--env", compose="the environment", mpijob="--env", help="KEY=VALUE for every rank (repeatable)."
+    )
     """KEY=VALUE pairs every rank gets."""
-    secrets: tuple[str, ...] = option((), flag="--secret", key="SECRETS", mpijob="--secret")
+    secrets: tuple[str, ...] = option(
+        (),
+        flag="--secret",
+        key="SECRETS",
+        mpijob="--secret",
+        help="NAME of a secret setting (an API key, a token) every rank gets, its value taken from this machine's "
+        "environment or .env and never shown: not on a command line, in a log or in the plan (repeatable).",
+    )
     """Names of variables every rank gets whose values are secret (API keys, tokens): the values travel apart from the
     job (a 0600 file in rank 0's container, read and removed by the agent; an MPIJob's Kubernetes Secret) and reach
     the ranks through mpirun's environment (`-x NAME`) or elastic horovodrun's (inherited, or sent over ssh's own
     channel: docker/horovod-runner/patch.py), never a command line, a log or job.json."""
     network_interface: str | None = option(
-        None, flag="--network-interface", key=NIC_SETTING, compose="NETWORK_INTERFACE", mpijob="--network-interface"
+        None,
+        flag="--network-interface",
+        key=NIC_SETTING,
+        compose="NETWORK_INTERFACE",
+        mpijob="--network-interface",
+        help="The nodes' NIC for Open MPI, NCCL and Gloo: a name every node has (eth0), or a subnet (10.0.0.0/24) "
+        "where the names differ: each node uses its NIC in it.",
+        shown="none: virtual NICs left out",
     )
     """The NIC the workers reach each other on, for Open MPI, NCCL and Gloo: a name every worker has, or a subnet
     (CIDR) in which each finds its own; None: each library chooses (virtual NICs left out across hosts)."""
-    ssh_port: int = option(SSH_PORT, flag="--ssh-port", key="SSH_PORT", compose="SSH_PORT")
+    ssh_port: int = option(
+        SSH_PORT, flag="--ssh-port", key="SSH_PORT", compose="SSH_PORT", help="Port of the workers' sshd."
+    )
     """The workers' sshd port."""
     ready_timeout: float = option(
         READY_TIMEOUT_SECONDS, key="READY_TIMEOUT", compose="READY_TIMEOUT", mpijob="--schedule-timeout"
@@ -219,47 +143,139 @@ class JobOptions:
     """How long the job agent waits for every worker's sshd to answer (an MPIJob's: inf unless --schedule-timeout,
     as long as its worker pods may be scheduled)."""
     stall_timeout: int = option(
-        STALL_TIMEOUT_SECONDS, flag="--stall-timeout", key="STALL_TIMEOUT", compose="STALL_TIMEOUT"
+        STALL_TIMEOUT_SECONDS,
+        flag="--stall-timeout",
+        key="STALL_TIMEOUT",
+        compose="STALL_TIMEOUT",
+        help="Seconds without output or new metrics before the job counts as stalled: every rank's stack goes into "
+        "its log and `launcher status` says so.",
+        shown=f"{STALL_TIMEOUT_SECONDS}; 0: off",
     )
     """Seconds without output or new metrics after which the job counts as stalled (0: never)."""
-    stall_action: str = option(STALL_ACTIONS[0], flag="--stall-action", key="STALL_ACTION", compose="STALL_ACTION")
+    stall_action: str = option(
+        STALL_ACTIONS[0],
+        flag="--stall-action",
+        key="STALL_ACTION",
+        compose="STALL_ACTION",
+        help="On a stall: warn (the job goes on) or fail (it ends with the stall as its error).",
+    )
     """On a stall: gather the stacks and record it (warn), or also end the job (fail)."""
-    time_limit: int = option(0, flag="--time-limit", key="TIME_LIMIT", compose="TIME_LIMIT")
+    time_limit: int = option(
+        0,
+        flag="--time-limit",
+        key="TIME_LIMIT",
+        compose="TIME_LIMIT",
+        help="Seconds the job may run: past them every rank's stack goes into its log and the job is ended, exit "
+        "status 124, with the limit as its error.",
+        shown="0: no limit",
+    )
     """Seconds the job may run; past them every rank's stack is gathered and the job ended (exit status 124). 0:
     no limit."""
-    elastic: bool = option(False, flag="--elastic", compose="ELASTIC_MIN_WORKERS", mpijob="--elastic")
+    elastic: bool = option(
+        False,
+        flag="--elastic",
+        compose="ELASTIC_MIN_WORKERS",
+        mpijob="--elastic",
+        help="Elastic training (horovodrun, Gloo): a node whose worker is lost is dropped and the job goes on; needs "
+        "--network-interface.",
+    )
     """Elastic training (horovodrun, Gloo): a lost worker is dropped and the job goes on."""
     elastic_min_workers: int | None = option(
-        None, flag="--min-nodes", compose="ELASTIC_MIN_WORKERS", mpijob="--min-workers"
+        None,
+        flag="--min-nodes",
+        compose="ELASTIC_MIN_WORKERS",
+        mpijob="--min-workers",
+        help="With --elastic: the fewest nodes the job goes on with (default 1). With --max-restarts: the fewest nodes "
+        "a restart may run on (default: all; a lost node's worker is waited for).",
     )
     """Elastic: the job goes on while at least this many workers remain (None: 1). A fixed-size job with
     max_restarts: the fewest workers a restart may run on (None: all of them, the lost ones waited for)."""
-    elastic_max_workers: int | None = option(None, flag="--max-nodes")
+    elastic_max_workers: int | None = option(
+        None, flag="--max-nodes", help="With --elastic: the most nodes that train at once.", shown="all"
+    )
     """Elastic: the most workers that train at once (None: all of them)."""
-    elastic_timeout: int = option(ELASTIC_TIMEOUT_SECONDS, key="ELASTIC_TIMEOUT", compose="ELASTIC_TIMEOUT")
+    elastic_timeout: int = option(
+        ELASTIC_TIMEOUT_SECONDS,
+        flag="--elastic-timeout",
+        key="ELASTIC_TIMEOUT",
+        compose="ELASTIC_TIMEOUT",
+        help="With --elastic: seconds the job waits below --min-nodes for lost workers to come back before it fails.",
+    )
     """Elastic: seconds the job waits below the minimum for workers to come back before it fails."""
-    restart_workers: bool = option(False, flag="--restart-workers")
+    restart_workers: bool = option(
+        False,
+        flag="--restart-workers",
+        help="With --elastic: a worker container that fails (a crash, the kernel's out-of-memory kill) is started "
+        "again by its node's Docker engine and rejoins at the next host discovery, attached or --detach.",
+    )
     """Elastic: a worker container that failed is started again by its node's engine (a restart policy: no launcher
     needed) and rejoins at the next discovery."""
-    worker_restarts: int = option(5, flag="--worker-restarts", key="WORKER_RESTARTS")
+    worker_restarts: int = option(
+        5,
+        flag="--worker-restarts",
+        key="WORKER_RESTARTS",
+        help="With --restart-workers: how often each node's engine starts its failed worker again at most.",
+    )
     """With restart_workers: how often each node's engine starts its failed worker again at most."""
-    max_restarts: int = option(0, flag="--max-restarts", key="MAX_RESTARTS", compose="MAX_RESTARTS")
+    max_restarts: int = option(
+        0,
+        flag="--max-restarts",
+        key="MAX_RESTARTS",
+        compose="MAX_RESTARTS",
+        help="A fixed-size job that loses a node is started again this many times at most by its agent, resuming from "
+        "the newest checkpoint in the shared folder (the bundled trainer with --resume; a script of yours: "
+        "HOROVOD_STACK_RESTART and HOROVOD_STACK_CHECKPOINT_DIR); a failure of the script itself, once at most.",
+        shown="0: never",
+    )
     """A fixed-size job that lost a node is started again this many times at most, by its agent, from the newest
     checkpoint in the shared folder (launcher/core/restart.py); with elastic_min_workers (--min-nodes) on fewer
-    nodes. 0: never."""
-    ptrace: bool = option(True, flag="--no-ptrace", key="PTRACE", mpijob="--ptrace")
+    nodes. 0: never (can_restart)."""
+    ptrace: bool = option(
+        True,
+        flag="--no-ptrace",
+        key="PTRACE",
+        mpijob="--ptrace",
+        help="Start the workers without SYS_PTRACE, for clusters that forbid it: no stacks (`launcher stacks`, a "
+        "stall, the time limit).",
+        shown="with it",
+    )
     """Workers get SYS_PTRACE, with which py-spy reads the ranks' stacks (`launcher stacks`, a stall, the time limit);
     False (--no-ptrace, for clusters that forbid it; an MPIJob's default, as Pod Security's baseline profile forbids
     it): no stacks, and no new privileges in the workers."""
-    timeline: bool = option(False, flag="--timeline", key="TIMELINE", compose="TIMELINE")
+    timeline: bool = option(
+        False,
+        flag="--timeline",
+        key="TIMELINE",
+        compose="TIMELINE",
+        help="Rank 0 writes Horovod's timeline into the run folder (timeline.json; `launcher results` brings it home; "
+        "open it in https://ui.perfetto.dev or chrome://tracing).",
+    )
     """Rank 0's Horovod timeline (HOROVOD_TIMELINE) written into the run folder as timeline.json."""
-    autotune: bool = option(False, flag="--autotune", key="AUTOTUNE", compose="AUTOTUNE")
+    autotune: bool = option(
+        False,
+        flag="--autotune",
+        key="AUTOTUNE",
+        compose="AUTOTUNE",
+        help="Horovod's autotuning of the fusion threshold, cycle time and more while the job trains; its log and what "
+        "it chose go into the run folder (autotune.csv, autotune.json).",
+    )
     """Horovod's autotuning (HOROVOD_AUTOTUNE) on, its log in the run folder (autotune.csv) and what it chose beside
     it (autotune.json)."""
-    workdir: str | None = option(None, flag="--workdir", compose="WORKDIR")
+    workdir: str | None = option(
+        None,
+        flag="--workdir",
+        compose="WORKDIR",
+        help="Local folder with your code, copied to /workdir on every node; the command runs there.",
+    )
     """The folder with the user's code, copied or mounted at WORKDIR in every container, the job's working
     directory; None: the image's own code (the launcher checks this machine's folder: LaunchSettings)."""
-    mounts: tuple[str, ...] = option((), flag="--mount", key="MOUNTS")
+    mounts: tuple[str, ...] = option(
+        (),
+        flag="--mount",
+        key="MOUNTS",
+        help="A host folder for every worker, HOST_PATH:CONTAINER_PATH[:ro] (repeatable), e.g. a dataset at the same "
+        "path on every node: /data/mnist:/data:ro.",
+    )
     """Host folders every worker gets, HOST_PATH:CONTAINER_PATH[:ro] each."""
     door: str = field(default=DOORS[0], compare=False)
     """The launch method that made these options (`DOORS`): how its errors name them, here and in the job agent."""
@@ -339,7 +355,7 @@ class JobOptions:
         say = self.spelling
         if not self.elastic:
             return self._restart_problems()
-        if self.max_restarts:
+        if self.can_restart:
             return [
                 f"{say.of('max_restarts', self.max_restarts)} is for fixed-size jobs: an elastic job goes on without "
                 f"a lost node by itself; drop {say.of('max_restarts')}, or drop {say.of('elastic')} to have a "
@@ -377,13 +393,13 @@ class JobOptions:
         if self.worker_restarts < 1 and "worker_restarts" in say.names:
             count = say.of("worker_restarts", self.worker_restarts)
             return [f"{count} is not 1 or more; {say.fix_for('worker_restarts')}"]
-        given = ["elastic_min_workers"] if self.elastic_min_workers is not None and not self.max_restarts else []
+        given = ["elastic_min_workers"] if self.elastic_min_workers is not None and not self.can_restart else []
         given += ["elastic_max_workers"] if self.elastic_max_workers is not None else []
         given += ["restart_workers"] if self.restart_workers else []
         found = [f"{say.of(name)} is for elastic jobs: add {say.of('elastic')}" for name in given]
         if "elastic_min_workers" in given and "max_restarts" in say.names:
             found[0] += f" (or {say.of('max_restarts', 'N')}: a fixed-size job restarted on fewer nodes)"
-        if self.max_restarts and self.elastic_min_workers is not None and self.elastic_min_workers < 1:
+        if self.can_restart and self.elastic_min_workers is not None and self.elastic_min_workers < 1:
             minimum = say.of("elastic_min_workers", self.elastic_min_workers)
             found.append(f"{minimum} is not 1 or more; {say.fix_for('elastic_min_workers')}")
         return found
@@ -392,7 +408,7 @@ class JobOptions:
         """Why the elastic sizes do not fit a job of `workers` workers (the launch method's count: its nodes, compose's
         WORKERS, the MPIJob's worker pods); None if they do."""
         say = self.spelling
-        if not self.elastic and not (self.max_restarts and self.elastic_min_workers is not None):
+        if not self.elastic and not (self.can_restart and self.elastic_min_workers is not None):
             return None
         if not self.min_workers <= workers:
             return (
@@ -411,6 +427,11 @@ class JobOptions:
     def spelling(self) -> Spelling:
         """How this launch method's users set each option (SPELLINGS)."""
         return SPELLINGS[self.door]
+
+    @property
+    def can_restart(self) -> bool:
+        """A fixed-size job its agent starts again after a lost node (max_restarts): one home for that question."""
+        return self.max_restarts > 0
 
     @property
     def min_workers(self) -> int:

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from launcher.core import metrics
-from launcher.core.options import Spelling
 from launcher.core.runs import RunResult, RunState
+from launcher.core.spelling import Spelling
 
 RESTART_WAIT_SECONDS = 30
 """How long the agent waits for a lost node's worker to answer again when the job may not go on without it."""

@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.core.protocol import AGENT, JOB_LOG, JOB_RESTARTS, JOB_STALL, JOB_STATUS, KEPT_JOB_LOG
+from app.frameworks import FRAMEWORKS
+from app.gpu import FRAMEWORK_LABEL
+from launcher.core.protocol import AGENT, DEFAULT_IMAGE, JOB_LOG, JOB_RESTARTS, JOB_STALL, JOB_STATUS, KEPT_JOB_LOG
 from launcher.host import jobstate, results, streams
 from launcher.host.engines import Container, NodeEngine
-from launcher.host.plan import LABEL_CLUSTER, LABEL_RANKS, LABEL_ROLE, run_dir
+from launcher.host.plan import LABEL_CLUSTER, LABEL_IMAGE, LABEL_RANKS, LABEL_ROLE, run_dir
 from launcher.host.settings import LaunchSettings
 
 
@@ -53,6 +55,9 @@ def status(engines: list[NodeEngine]) -> Iterator[str]:
                 restarts_made=engine.read_file(container.id, JOB_RESTARTS),
             )
             yield f"cluster {cluster}: {state}"
+            if container.labels.get(LABEL_IMAGE):
+                framework = container.labels.get(FRAMEWORK_LABEL)
+                yield f"  image {container.labels[LABEL_IMAGE]}{f' ({framework})' if framework else ''}"
             for member in members:
                 member_state = member.container.state
                 ended = "" if member_state.running else f" (exit status {member_state.exit_code})"
@@ -62,6 +67,17 @@ def status(engines: list[NodeEngine]) -> Iterator[str]:
                 )
     if not found:
         yield "no cluster on " + ", ".join(engine.node.name for engine in engines)
+
+
+def reading_image(engine: NodeEngine, wanted: str | None) -> str:
+    """The image whose short-lived containers read `engine`'s shared folder (any of the stack's images can): the one
+    asked for (--image, IMAGE in .env), else one its clusters ran (their record, LABEL_IMAGE), else the first of the
+    stack's images the node holds, so that no engine is asked to pull one; the default where it holds none."""
+    if wanted:
+        return wanted
+    recorded = [container.labels.get(LABEL_IMAGE) for container in engine.cluster_containers()]
+    stack = [framework.image for framework in FRAMEWORKS]
+    return next((image for image in (*recorded, *stack) if image and engine.image_id(image)), DEFAULT_IMAGE)
 
 
 STATUS_LOG_BYTES = 256 * 1024
@@ -75,16 +91,17 @@ def job_log_tail(engine: NodeEngine, container: Container) -> str:
 
 
 def fetch_results(
-    engines: list[NodeEngine], image: str, shared_dir: str, cluster: str | None, to: Path, checkpoints: bool
+    engines: list[NodeEngine], image: str | None, shared_dir: str, cluster: str | None, to: Path, checkpoints: bool
 ) -> tuple[results.Run, list[str]]:
-    """Copies a run's folder (the cluster's, or the newest) from the node that holds it into `to`."""
+    """Copies a run's folder (the cluster's, or the newest) from the node that holds it into `to`; `image` reads
+    the shared folder (None: each node's reading_image)."""
     try:
-        run = results.choose(results.runs_on(engines, image, shared_dir), cluster)
+        run = results.choose(results.runs_on(engines, lambda engine: reading_image(engine, image), shared_dir), cluster)
     except ValueError as error:
         raise ClusterError(str(error)) from None
     engine = next(e for e in engines if e.node.name == run.node)
     to.mkdir(parents=True, exist_ok=True)
-    return run, results.fetch(engine, image, shared_dir, run.name, to, checkpoints)
+    return run, results.fetch(engine, reading_image(engine, image), shared_dir, run.name, to, checkpoints)
 
 
 def stacks(engines: list[NodeEngine], cluster: str | None, native: bool) -> tuple[Iterator[bytes], NodeEngine, str]:
@@ -111,12 +128,13 @@ def node_problem(settings: LaunchSettings, node: str | None) -> str | None:
 
 
 def logs(
-    engines: list[NodeEngine], node: str | None, follow: bool, tail: int | None, image: str, shared_dir: str
+    engines: list[NodeEngine], node: str | None, follow: bool, tail: int | None, image: str | None, shared_dir: str
 ) -> tuple[Iterator[bytes], Iterator[bytes], str | None]:
     """A worker's own output (`node`'s, default rank 0's), and the job's (rank 0's container's, its last `tail` lines
     when given, also after the job ended, and with `follow`, streamed until the job ends; nothing before a job).
     Once rank 0's node holds no container of the stack, the job's output as its run folder kept it (the newest run
-    in the nodes' shared folder), with a note saying so; the third value is that note, else None."""
+    in the nodes' shared folder, read with `image`, None: each node's reading_image), with a note saying so; the third
+    value is that note, else None."""
     rank0 = engines[0]
     engine = next(engine for engine in engines if engine.node.name == node) if node else rank0
     if not rank0.cluster_containers():
@@ -125,7 +143,7 @@ def logs(
             f"the job's containers are gone: its output as run {run.name} kept it "
             f"({run.node}: runs/{run.name}/{KEPT_JOB_LOG} in {shared_dir}); the workers' own output went with them"
         )
-        return iter(()), kept_job_log(holder, image, shared_dir, run, tail), note
+        return iter(()), kept_job_log(holder, reading_image(holder, image), shared_dir, run, tail), note
 
     def own() -> Iterator[bytes]:
         yield from engine.logs(stack_container(engine).id)
@@ -141,13 +159,14 @@ def logs(
     return own(), job(), None
 
 
-def last_run(engines: list[NodeEngine], image: str, shared_dir: str) -> tuple[results.Run, NodeEngine]:
+def last_run(engines: list[NodeEngine], image: str | None, shared_dir: str) -> tuple[results.Run, NodeEngine]:
     """The newest run folder in the nodes' shared folder, which kept its job's output, and the engine of its node;
     one ClusterError saying where an ended job's output goes when there is none such."""
-    runs = results.runs_on(engines, image, shared_dir)
+    runs = results.runs_on(engines, lambda engine: reading_image(engine, image), shared_dir)
     run = results.choose(runs, None) if runs else None
     holder = next((engine for engine in engines if run and engine.node.name == run.node), None)
-    if run is None or holder is None or KEPT_JOB_LOG not in holder.run_entries(image, shared_dir, run.name):
+    kept = holder and run and holder.run_entries(reading_image(holder, image), shared_dir, run.name)
+    if run is None or holder is None or KEPT_JOB_LOG not in (kept or []):
         newest = f" (the newest run, {run.name} on {run.node}, kept none)" if run else ""
         raise ClusterError(
             f"{engines[0].node.name}: no container of the stack there, and no job's output in the shared folder "

@@ -18,8 +18,8 @@ from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, CudaBuild, gpu_problem
 from launcher.core import layers, restart
+from launcher.core.mounts import Bind
 from launcher.core.nics import IP_ADDRESSES
-from launcher.core.options import Bind
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
 from launcher.host import access, reach, streams
 from launcher.host.docker_sdk import first_line, translated_errors

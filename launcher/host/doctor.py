@@ -1,16 +1,19 @@
 """`launcher doctor`: the checks a start makes (launcher.host.preflight), on every node, printed in full whatever they
-find, plus the clock skew; with --links, every pair of nodes' link measured (launcher.host.linkcheck) and what it means
+find, plus the clock skew and whether an address outside a node's subnet reaches Open MPI's ports there
+(launcher.host.portcheck); with --links, every pair of nodes' link measured (launcher.host.linkcheck) and what it means
 for one allreduce (launcher.host.links).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from dataclasses import replace
 
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
+from launcher.core.nics import subnet_of
 from launcher.core.protocol import LINK_SECONDS
-from launcher.host import linkcheck, links, preflight
+from launcher.host import linkcheck, links, portcheck, preflight
 from launcher.host.docker_driver import NodeDriver
 from launcher.host.engines import Connect, NodeEngine, NodeError, connecting_line
 from launcher.host.nodechecks import engine_facts, host_facts, image_coming, push_from_this_machine
@@ -81,6 +84,36 @@ def check(
         report(preflight.check_node(settings, facts, coming))
     report(preflight.check_cluster(settings, facts_of) + preflight.naming_findings(settings, facts_of))
     return problems, engines, views
+
+
+def check_ports(
+    settings: LaunchSettings, engines: list[NodeEngine], views: dict[str, HostView], echo: Echo
+) -> list[str]:
+    """Each node's line on the ports a fixed-size job's Open MPI listens on (every address), reached or not from
+    this machine where it is outside the node's subnet (portcheck); returns the problems (reached, port taken).
+    Nodes whose checks did not run (engine or image missing) are left out: their lines above say why."""
+    if settings.job.elastic:
+        echo("all: mpi ports     ok an elastic job runs no Open MPI listener")
+        return []
+    problems = []
+    subnet = subnet_of(settings.job.network_interface)
+    node_ips = frozenset(
+        str(ipaddress.ip_interface(address).ip)
+        for view in views.values()
+        for _, address in portcheck.real_addresses(view.addresses)
+    )
+    for engine in engines:
+        view = views.get(engine.node.name)
+        if view is None:
+            continue
+        verdict = portcheck.check_node(settings.image, engine, view.addresses, subnet, node_ips)
+        severity = preflight.Severity.OK if verdict.said else preflight.Severity.NOTE
+        finding = preflight.Finding(engine.node.name, "mpi ports", severity, verdict.what, verdict.fix)
+        if not verdict.ok:
+            finding = replace(finding, severity=preflight.Severity.WARNING)
+            problems.append(finding.line())
+        echo(finding.doctor_line())
+    return problems
 
 
 def bring_image(
@@ -180,20 +213,23 @@ def examine(
     link_seconds: float | None = None,
     compute_ms: float | None = None,
 ) -> list[str]:
-    """`launcher doctor`, start to end: every node's findings printed (check), then, with links asked for and no
+    """`launcher doctor`, start to end: every node's findings printed (check), each node's Open MPI ports (check_ports),
+    then, with links asked for and no
     problem so far, the links measured between host-network containers (measure_links; a signal meanwhile raises
     Signalled, once linkcheck has removed its containers; with --push-image, a signal during the copy too, as in a
     start); returns the problems, one line each."""
     if settings.push_image:
         stop_on_signals()
     problems, engines, views = check(settings, echo, say=say)
+    stop_on_signals()  # the port probe's container is removed before a signal ends doctor
+    port_problems = check_ports(settings, engines, views, echo)
     if with_links and problems:
         echo("links: not measured: fix the problems above first")
     elif with_links:
         stop_on_signals()
         seconds = link_seconds or LINK_SECONDS
         problems = measure_links(settings, engines, views, gradient_mb, seconds, echo, say, compute_ms=compute_ms)
-    return problems
+    return problems + port_problems
 
 
 def verdict(problems: list[str]) -> tuple[str, int]:

@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 
 from app.gpu import CudaBuild
 from launcher.core.imageref import parse_image
-from launcher.core.options import Bind
+from launcher.core.mounts import Bind
 from launcher.host.jobstate import ContainerState
 from launcher.host.plan import GpuRequest, Node, WorkerContainer
 from launcher.host.preflight import HostView

@@ -1,94 +1,208 @@
-"""What the launcher's flags mean: each one's help text, and what `start`'s and `export mpijob`'s flags turn into
-(the keyword arguments of settings.resolve_settings and mpijob_request.request, job options by their JobOptions names).
-Pure: the command line (launcher/cli.py) declares the flags with these texts and hands over what it was given.
+"""What the launcher's flags mean: `launcher start`'s table of flags (FLAGS: each one's type, help, .env key and
+default as --help words them, and where its value goes), from which the command line (launcher/cli.py) makes start's
+parameters and this module the keyword arguments of settings.resolve_settings; the help of the other commands' flags;
+and what `export mpijob`'s flags turn into (mpijob_request.request's keywords). The job's own flags are rows made from
+JobOptions' `option(flag=, key=, help=)` metadata (launcher/core/options.py): a new one is one edit there.
+Pure: no typer, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from launcher.core.nics import NIC_SETTING
-from launcher.core.protocol import LINK_SECONDS
+from launcher.core.options import JobOptions, option_kind
+from launcher.core.protocol import DEFAULT_IMAGE, LINK_SECONDS
 
-NODES = (
-    "Comma-separated hosts, rank 0 first, each HOST or HOST:SLOTS (its ranks) as horovodrun's -H (default: NODES in "
-    ".env)."
+NCCL_DEBUG = "NCCL_DEBUG=INFO"
+"""--debug: what every rank is given."""
+JOB = "job."
+"""A row's `to` for a job option: `job.` and its JobOptions field."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One row of `launcher start`'s flags, from which its typer parameter, its --help and where its value goes are
+    made."""
+
+    name: str
+    """The parameter's name, and the flag's (max_restarts: --max-restarts) unless `spellings` gives it."""
+    kind: Any
+    """What the command line gives: bool (a switch, False where not given), int, float, str or Path (None where not
+    given), or tuple (a repeatable flag: list[str])."""
+    help: str
+    key: str | None = None
+    """The .env key it overrides, as --help names it."""
+    shown: str | None = None
+    """What applies where neither the flag nor the key gives it, as --help words it (None: nothing to say)."""
+    to: str | None = None
+    """Where its value goes: a resolve_settings keyword, or JOB + a JobOptions field; None: the command's own
+    (--dry-run, --env-file, --debug)."""
+    spellings: tuple[str, ...] = ()
+    """The flag's own spellings where not only --NAME (--gpus, --gpus-per-node; a switch without --no-NAME)."""
+
+    @property
+    def text(self) -> str:
+        """Its --help: the help, then its default (the .env key, else `shown`), made here for every row alike."""
+        default = ", else ".join(part for part in (f"{self.key} in .env" if self.key else None, self.shown) if part)
+        return f"{self.help.removesuffix('.')} (default: {default})." if default else self.help
+
+    @property
+    def flag(self) -> str:
+        return self.spellings[0] if self.spellings else "--" + self.name.replace("_", "-")
+
+    def value(self, given: Any) -> Any:
+        """What the row hands on for the command line's `given`: a job option's switch only when given (None: .env or
+        the default decides; --no-ptrace gives False), a repeatable flag's values as a tuple."""
+        if self.kind is tuple:
+            return tuple(given or ())
+        if self.kind is bool and self.to and self.to.startswith(JOB):
+            default = next(item.default for item in fields(JobOptions) if item.name == self.to[len(JOB) :])
+            return (not default) if given else None
+        if self.kind is Path and self.to and self.to.startswith(JOB):
+            return str(given) if given else None
+        return given
+
+
+def job_flag(name: str) -> Flag:
+    """The row of JobOptions field `name`, from its option() metadata."""
+    item = next(item for item in fields(JobOptions) if item.name == name)
+    meta, kind = item.metadata, option_kind(name)
+    flag = meta["flag"]
+    shown = meta.get("shown") or (None if item.default in (None, False, ()) else str(item.default))
+    return Flag(
+        flag.removeprefix("--").replace("-", "_"),
+        Path if name == "workdir" else kind,
+        meta["help"],
+        meta["key"],
+        shown,
+        JOB + name,
+        (flag,) if kind is bool and item.default else (),
+    )
+
+
+NODES = Flag(
+    "nodes",
+    str,
+    "Comma-separated hosts, rank 0 first, each HOST or HOST:SLOTS (its ranks) as horovodrun's -H.",
+    "NODES",
+    to="nodes",
 )
-HOSTFILE = "Open MPI hostfile listing the nodes instead of --nodes: one `HOST slots=N` line each, rank 0 first."
-NIC = (
-    "The nodes' NIC for Open MPI, NCCL and Gloo: a name every node has (eth0), or a subnet (10.0.0.0/24) where "
-    f"the names differ: each node uses its NIC in it (default: {NIC_SETTING} in .env; none: virtual NICs left out)."
+HOSTFILE = Flag(
+    "hostfile",
+    Path,
+    "Open MPI hostfile listing the nodes instead of --nodes: one `HOST slots=N` line each, rank 0 first.",
+    to="hostfile",
 )
-ENV_FILE = "Settings file (default: ./.env if present)."
+ENV_FILE = Flag("env_file", Path, "Settings file.", shown="./.env if present")
+INSECURE = Flag(
+    "insecure_engine",
+    bool,
+    "Allow engines off this machine that others could read: plain tcp://, or TLS without DOCKER_TLS_VERIFY; the "
+    "cluster's private key, job settings, registry credentials and the workdir then cross the network unencrypted, "
+    "with a warning. Without it such an engine is refused; use TLS (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH; per node "
+    "DOCKER_TLS_VERIFY_<NODE>, DOCKER_CERT_PATH_<NODE>).",
+    "INSECURE_ENGINES",
+    to="insecure_engines",
+    spellings=("--insecure-engine",),
+)
+"""The flags every command that reaches the nodes takes."""
+PUSH_IMAGE = "Copy the image from this machine's engine to nodes that lack it (only the layers they lack)."
 GPUS = (
-    "GPUs per node, one rank each (NVIDIA Container Toolkit): a count, or GPU IDs such as 0,1 (device=1 for one "
-    "GPU by ID); default: GPUS_PER_NODE in .env."
-)
-SLOTS = "Ranks per node on CPUs (default 1); with --gpus, one rank per GPU: leave it out or give the same count."
-INSECURE = (
-    "Allow engines off this machine that others could read: plain tcp://, or TLS without DOCKER_TLS_VERIFY (or "
-    "INSECURE_ENGINES=1 in .env); the cluster's private key, job settings, registry credentials and the workdir "
-    "then cross the network unencrypted, with a warning. Without it such an engine is refused; use TLS "
-    "(DOCKER_TLS_VERIFY, DOCKER_CERT_PATH; per node DOCKER_TLS_VERIFY_<NODE>, DOCKER_CERT_PATH_<NODE>)."
+    "GPUs per node, one rank each (NVIDIA Container Toolkit): a count, or GPU IDs such as 0,1 (device=1 for one GPU by "
+    "ID)."
 )
 
-START = {
-    "image": "Image to run (default horovod-stack:latest).",
-    "ssh_port": "Port of the workers' sshd (default 12345).",
-    "push_image": "Copy the image from this machine's engine to nodes that lack it (only the layers they lack).",
-    "detach": "Return once training runs; follow with `launcher logs --follow`; every container stops when the job "
-    "ends.",
-    "keep_running": "With --detach: keep the containers running after the job ends, for debugging (`launcher stop` "
-    "removes them).",
-    "workdir": "Local folder with your code, copied to /workdir on every node; the command runs there.",
-    "env": "KEY=VALUE for every rank (repeatable).",
-    "secret": "NAME of a secret setting (an API key, a token) every rank gets, its value taken from this machine's "
-    "environment or .env and never shown: not on a command line, in a log or in the plan (repeatable; default: "
-    "SECRETS in .env).",
-    "elastic": "Elastic training (horovodrun, Gloo): a node whose worker is lost is dropped and the job goes on; "
-    "needs --network-interface.",
-    "min_nodes": "With --elastic: the fewest nodes the job goes on with (default 1). With --max-restarts: the fewest "
-    "nodes a restart may run on (default: all; a lost node's worker is waited for).",
-    "spares": "Comma-separated hosts kept in reserve, HOST or HOST:SLOTS: each gets a worker, started and checked as "
-    "the nodes' are, out of the hostfile until a restart (--max-restarts) puts it in a lost node's place; `launcher "
-    "status` lists them as role=spare (default: SPARES in .env).",
-    "max_restarts": "A fixed-size job that loses a node is started again this many times at most by its agent, "
-    "resuming from the newest checkpoint in the shared folder (the bundled trainer with --resume; a script of yours: "
-    "HOROVOD_STACK_RESTART and HOROVOD_STACK_CHECKPOINT_DIR); a failure of the script itself, once at most "
-    "(default: MAX_RESTARTS in .env, else 0: never).",
-    "max_nodes": "With --elastic: the most nodes that train at once (default: all).",
-    "restart_workers": "With --elastic: a worker container that fails (a crash, the kernel's out-of-memory kill) is "
-    "started again by its node's Docker engine and rejoins at the next host discovery, attached or --detach.",
-    "worker_restarts": "With --restart-workers: how often each node's engine starts its failed worker again at most "
-    "(default: WORKER_RESTARTS in .env, else 5).",
-    "device": "A host device for every worker, HOST[:CONTAINER] (repeatable; default: DEVICES in .env), e.g. "
-    "/dev/infiniband so NCCL uses RDMA instead of sockets.",
-    "debug": "NCCL_DEBUG=INFO for every rank: NCCL's topology and transports (default: WARN, errors only).",
-    "mount": "A host folder for every worker, HOST_PATH:CONTAINER_PATH[:ro] (repeatable; default: MOUNTS in .env), "
-    "e.g. a dataset at the same path on every node: /data/mnist:/data:ro.",
-    "stall_timeout": "Seconds without output or new metrics before the job counts as stalled: every rank's stack goes "
-    "into its log and `launcher status` says so (default: STALL_TIMEOUT in .env, else 300; 0: off).",
-    "stall_action": "On a stall: warn (the job goes on) or fail (it ends with the stall as its error); default warn.",
-    "time_limit": "Seconds the job may run: past them every rank's stack goes into its log and the job is ended, exit "
-    "status 124, with the limit as its error (default: TIME_LIMIT in .env, else 0: no limit).",
-    "no_ptrace": "Start the workers without SYS_PTRACE, for clusters that forbid it: no stacks (`launcher stacks`, a "
-    "stall, the time limit) (default: PTRACE in .env, else with it).",
-    "timeline": "Rank 0 writes Horovod's timeline into the run folder (timeline.json; `launcher results` brings it "
-    "home; open it in https://ui.perfetto.dev or chrome://tracing). Default: TIMELINE in .env.",
-    "autotune": "Horovod's autotuning of the fusion threshold, cycle time and more while the job trains; its log and "
-    "what it chose go into the run folder (autotune.csv, autotune.json). Default: AUTOTUNE in .env.",
-    "dry_run": "Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
-    "ranks": "Show only these ranks' lines of the job's output here, e.g. 0 or 0,3 (the job agent's own lines too); "
-    "the job's log keeps every rank's: `launcher logs --rank N` while the job runs, job.log in its run folder after "
-    "(default: every line).",
-}
+FLAGS: tuple[Flag, ...] = (
+    NODES,
+    HOSTFILE,
+    Flag(
+        "slots",
+        int,
+        "Ranks per node on CPUs; with --gpus, one rank per GPU: leave it out or give the same count.",
+        "SLOTS_PER_WORKER",
+        "1",
+        "slots",
+    ),
+    Flag("gpus", str, GPUS, "GPUS_PER_NODE", to="gpus", spellings=("--gpus", "--gpus-per-node")),
+    Flag("image", str, "Image to run.", "IMAGE", DEFAULT_IMAGE, "image"),
+    Flag(
+        "spares",
+        str,
+        "Comma-separated hosts kept in reserve, HOST or HOST:SLOTS: each gets a worker, started and checked as the "
+        "nodes' are, out of the hostfile until a restart (--max-restarts) puts it in a lost node's place; `launcher "
+        "status` lists them as role=spare.",
+        "SPARES",
+        to="spares",
+    ),
+    Flag(
+        "device",
+        tuple,
+        "A host device for every worker, HOST[:CONTAINER] (repeatable), e.g. /dev/infiniband so NCCL uses RDMA "
+        "instead of sockets.",
+        "DEVICES",
+        to="devices",
+    ),
+    Flag("push_image", bool, PUSH_IMAGE, to="push_image"),
+    ENV_FILE,
+    INSECURE,
+    *(job_flag(item.name) for item in fields(JobOptions) if item.metadata.get("flag")),
+    Flag(
+        "detach",
+        bool,
+        "Return once training runs; follow with `launcher logs --follow`; every container stops when the job ends.",
+        to="detach",
+    ),
+    Flag(
+        "keep_running",
+        bool,
+        "With --detach: keep the containers running after the job ends, for debugging (`launcher stop` removes them).",
+        to="keep_running",
+    ),
+    Flag("debug", bool, "NCCL_DEBUG=INFO for every rank: NCCL's topology and transports.", shown="WARN, errors only"),
+    Flag(
+        "ranks",
+        str,
+        "Show only these ranks' lines of the job's output here, e.g. 0 or 0,3 (the job agent's own lines too); the "
+        "job's log keeps every rank's: `launcher logs --rank N` while the job runs, job.log in its run folder after.",
+        shown="every line",
+        to="ranks",
+    ),
+    Flag(
+        "dry_run",
+        bool,
+        "Run every check a start runs and print the plan (containers, hostfile, mpirun line); start nothing.",
+    ),
+)
+"""`launcher start`'s flags, in --help's order: where the job runs, the job's own options (JobOptions), then how
+this command follows it."""
+ROWS = {row.name: row for row in FLAGS}
+
+
+def start_settings(given: Mapping[str, Any], command: tuple[str, ...]) -> dict[str, Any]:
+    """resolve_settings's keyword arguments from `launcher start`'s flags as the command line gave them (by row
+    name), each row's value where its `to` says, the job options' under `job`; None where a flag was not given (.env
+    or the default decides)."""
+    chosen: dict[str, Any] = {}
+    job: dict[str, Any] = {"command": command}
+    for row in FLAGS:
+        if row.to is None:
+            continue
+        value = row.value(given.get(row.name))
+        if row.to.startswith(JOB):
+            job[row.to[len(JOB) :]] = value
+        else:
+            chosen[row.to] = value
+    job["env"] = (*job["env"], *([NCCL_DEBUG] if given.get("debug") else []))
+    return {**chosen, "job": job}
+
 
 READING_IMAGE = (
     "Image whose short-lived containers read the nodes' shared folder, which any of the stack's images can (default: "
-    "IMAGE in .env, else horovod-stack:latest; horovod-stack:tensorflow where the nodes hold only that one)."
+    "IMAGE in .env, else the image the node's cluster ran, else one of the stack's images the node holds: none is "
+    "pulled)."
 )
 LOGS = {
     "node": "That node's worker's own output, then the job's lines of the ranks that ran there (after a restart on "
@@ -103,7 +217,7 @@ LOGS = {
 DOCTOR = {
     "image": "Image to check (default horovod-stack:latest).",
     "ssh_port": "Port the workers' sshd will use.",
-    "gpus": "Check for these GPUs too: " + GPUS,
+    "gpus": "Check for these GPUs too: " + ROWS["gpus"].text,
     "links": "Also measure every pair of nodes' link both ways (rate and round trip, between host-network containers "
     "of the image, over the job's NIC, on the SSH port) and predict one ring allreduce and one parameter-server "
     "exchange on the slowest link, with one line of advice against the compute per step.",
@@ -111,7 +225,7 @@ DOCTOR = {
     "link_seconds": f"With --links: the longest each direction of a pair streams (default {LINK_SECONDS:g} s).",
     "compute_ms": "With --links: the compute of one training step in ms, for the advice (default: the bundled "
     "trainer's, measured once on rank 0's node; needed with --gradient-mb).",
-    "push_image": START["push_image"] + " Then every check runs on every node, --links too; a start needs no copy.",
+    "push_image": PUSH_IMAGE + " Then every check runs on every node, --links too; a start needs no copy.",
 }
 
 EXPORT = {
@@ -143,82 +257,6 @@ EXPORT = {
     "network_interface": "The pods' NIC for Open MPI, NCCL and Gloo (default: none; virtual NICs left out).",
     "output": "Write the document here (default: stdout).",
 }
-
-NCCL_DEBUG = "NCCL_DEBUG=INFO"
-"""--debug: what every rank is given."""
-
-
-@dataclass(frozen=True)
-class StartFlags:
-    """`launcher start`'s own flags as given (None or False where not given: .env or the default decides), typed from
-    the command line to the settings; the nodes, the hostfile and the engines' flags are NodeFlags."""
-
-    slots: int | None = None
-    gpus: str | None = None
-    image: str | None = None
-    ssh_port: int | None = None
-    network_interface: str | None = None
-    push_image: bool = False
-    detach: bool = False
-    keep_running: bool = False
-    workdir: Path | None = None
-    env: tuple[str, ...] = ()
-    secret: tuple[str, ...] = ()
-    elastic: bool = False
-    min_nodes: int | None = None
-    max_nodes: int | None = None
-    restart_workers: bool = False
-    worker_restarts: int | None = None
-    max_restarts: int | None = None
-    spares: str | None = None
-    device: tuple[str, ...] = ()
-    debug: bool = False
-    mount: tuple[str, ...] = ()
-    stall_timeout: int | None = None
-    stall_action: str | None = None
-    time_limit: int | None = None
-    no_ptrace: bool = False
-    timeline: bool = False
-    autotune: bool = False
-    ranks: str | None = None
-
-
-def start_settings(given: StartFlags, command: tuple[str, ...]) -> dict[str, Any]:
-    """resolve_settings's keyword arguments (less the nodes, the hostfile and the engines' own) from `launcher
-    start`'s flags; None where a flag was not given (.env or the default decides)."""
-    return {
-        "spares": given.spares,
-        "slots": given.slots,
-        "gpus": given.gpus,
-        "image": given.image,
-        "devices": given.device,
-        "push_image": given.push_image,
-        "detach": given.detach,
-        "keep_running": given.keep_running,
-        "ranks": given.ranks,
-        "job": {
-            "network_interface": given.network_interface,
-            "ssh_port": given.ssh_port,
-            "stall_timeout": given.stall_timeout,
-            "stall_action": given.stall_action,
-            "time_limit": given.time_limit,
-            "elastic": given.elastic,
-            "max_restarts": given.max_restarts,
-            "command": command,
-            "env": (*given.env, *([NCCL_DEBUG] if given.debug else [])),
-            "secrets": given.secret,
-            "elastic_min_workers": given.min_nodes,
-            "elastic_max_workers": given.max_nodes,
-            "restart_workers": given.restart_workers,
-            "worker_restarts": given.worker_restarts,
-            "workdir": str(given.workdir) if given.workdir else None,
-            "mounts": given.mount,
-            "ptrace": False if given.no_ptrace else None,
-            "timeline": given.timeline or None,
-            "autotune": given.autotune or None,
-        },
-    }
-
 
 EXPORT_JOB = {
     "env": "env",

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from app.gpu import build_of
-from launcher.core.imageref import parse_image
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.host import images, preflight
 from launcher.host.docker_driver import NodeDriver
@@ -138,7 +137,7 @@ def image_coming(settings: LaunchSettings) -> str | None:
     """How a start brings the image to a node that lacks it; None: it does not (a missing image blocks)."""
     if settings.push_image:
         return "copies it there from this machine"
-    reference = parse_image(settings.image)
+    reference = settings.image_ref
     return f"pulls it from {reference.source}" if reference.pulled else None
 
 

@@ -12,10 +12,13 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
+from app import frameworks
+from app.frameworks import Framework
+from app.gpu import FRAMEWORK_LABEL
 from launcher.core import restart
 from launcher.core.job import JobSpec, Worker
+from launcher.core.mounts import Bind
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
-from launcher.core.options import Bind
 from launcher.core.protocol import (
     GPU_WORKER_ULIMITS,
     HOSTFILE_PATH,
@@ -36,6 +39,9 @@ LABEL_CLUSTER = "horovod-stack.cluster"
 LABEL_NODE = "horovod-stack.node"
 LABEL_ROLE = "horovod-stack.role"
 LABEL_RANKS = "horovod-stack.ranks"
+LABEL_IMAGE = "horovod-stack.image"
+"""The image the cluster runs, as the plan named it: `logs` and `results` read the shared folder with it, so that no
+engine is asked to pull another image."""
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
 OPEN_MPI_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 
@@ -214,7 +220,15 @@ class ClusterPlan:
             LABEL_NODE: node.name,
             LABEL_ROLE: "rank0" if node == self.rank0 else "spare" if self.is_spare(node) else "worker",
             LABEL_RANKS: str(self.slots(node)),
+            LABEL_IMAGE: self.settings.image,
+            **({FRAMEWORK_LABEL: self.framework.name} if self.framework else {}),
         }
+
+    @property
+    def framework(self) -> Framework | None:
+        """The framework the job runs, where the image is one of the stack's by name (an image FROM one of them
+        carries that image's FRAMEWORK_LABEL into its containers itself); None: not known from its name."""
+        return frameworks.of_image(self.settings.image)
 
     def worker_environment(self, node: Node) -> dict[str, str]:
         # No secret here: keys reach the container as files through the API after it starts.
@@ -372,13 +386,14 @@ class ClusterPlan:
             f", up to {job.max_restarts} restart(s)"
             + (f" on at least {job.min_workers} node(s)" if job.elastic_min_workers is not None else "")
             + (f", spares {','.join(settings.spares)}" if settings.spares else "")
-            if job.max_restarts
+            if job.can_restart
             else ""
         )
         spec = self.job_spec()
         nic_default = "any but " + ",".join(VIRTUAL_NIC_PREFIXES) if len(self.nodes) > 1 else "any"
+        framework = f" ({self.framework.name})" if self.framework else ""
         return (
             f"cluster {self.cluster_id}: {self.total_ranks} ranks on {len(self.job_nodes)} node(s) [{nodes}], image "
-            f"{settings.image}, ssh port {job.ssh_port}, NIC {job.network_interface or nic_default}, shared "
+            f"{settings.image}{framework}, ssh port {job.ssh_port}, NIC {job.network_interface or nic_default}, shared "
             f"{settings.shared_dir}{code}{elastic}{restarts}\n{spec.program}: {' '.join(spec.job_argv())}"
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from launcher.core.mpiports import ranks_problem
 from launcher.core.nics import (
     listen_addresses,
     nic_problem,
@@ -169,9 +170,10 @@ def check_node(settings: LaunchSettings, facts: NodeFacts, image_coming: str | N
 
 
 def host_findings(settings: LaunchSettings, facts: NodeFacts) -> list[Finding]:
-    """The NIC or subnet, the SSH port, the GPUs, the --mount folders and (on rank 0's node) the names Open MPI
-    needs addresses for: each a worker or mpirun would otherwise fail on after other workers started, in Docker's
-    or Open MPI's words that never name the fix. None before the node's view is known (the image missing)."""
+    """The NIC or subnet, the SSH port, the ranks Open MPI's ports hold, the GPUs, the --mount folders and (on rank
+    0's node) the names Open MPI needs addresses for: each a worker or mpirun would otherwise fail on after other
+    workers started, in Docker's or Open MPI's words that never name the fix. None before the node's view is known
+    (the image missing)."""
     view = facts.view
     if view is None:
         return []
@@ -205,6 +207,9 @@ def host_findings(settings: LaunchSettings, facts: NodeFacts) -> list[Finding]:
         )
     else:
         findings.append(Finding(node, "ssh port", Severity.OK, f"free ({port})"))
+    too_many = None if job.elastic else ranks_problem(settings.ranks_on(node))
+    if too_many:
+        findings.append(Finding(node, "mpi ports", Severity.BLOCKING, too_many))
     if facts.gpu_request is not None:
         if facts.gpu_problem:
             findings.append(Finding(node, "GPUs", Severity.BLOCKING, facts.gpu_problem))

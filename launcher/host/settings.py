@@ -15,12 +15,13 @@ from typing import Any
 
 from dotenv import dotenv_values
 
-from launcher.core.imageref import parse_image
+from launcher.core.imageref import ImageRef, parse_image
 from launcher.core.options import SWITCH_WORDS, JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
 from launcher.core.ranks import LAUNCHER, ranks_per_node
 from launcher.host import access
 from launcher.host.access import EngineTls, engine_override_key
+from launcher.host.flags import FLAGS
 from launcher.host.ranklogs import parse_ranks
 from launcher.host.reach import CONNECT_TIMEOUT_S
 from launcher.host.workdir import IgnoreFileError, payload_bytes
@@ -107,6 +108,8 @@ class LaunchSettings:
     gpu_ids: tuple[str, ...] = ()
     """The GPUs each worker gets, by index or UUID (--gpus 0,1); empty: any gpus_per_node of the node's."""
     image: str = DEFAULT_IMAGE
+    image_ref: ImageRef = field(init=False, repr=False, compare=False, default=parse_image(DEFAULT_IMAGE))
+    """The image's name read once, at construction (its registry, whether a start pulls it)."""
     shared_dir: str = SHARED_VOLUME
     """Mounted at /shared in every worker: a volume name (default; one per node) or a host folder, such as the
     same NFS mount on every node, writable by uid 1000."""
@@ -168,7 +171,7 @@ class LaunchSettings:
                     "--device /dev/infiniband"
                 )
         try:
-            parse_image(self.image)
+            object.__setattr__(self, "image_ref", parse_image(self.image))
         except ValueError as error:
             raise SettingsError(
                 f"image {self.image!r} (--image, IMAGE in .env) is not an image name: {error}"
@@ -210,7 +213,7 @@ class LaunchSettings:
             raise SettingsError(
                 f"spare {listed[0]} is listed twice (in --nodes or --spares): list each host once, in one of them"
             )
-        if self.spares and not self.job.max_restarts:
+        if self.spares and not self.job.can_restart:
             raise SettingsError(
                 "--spares stand in for a lost node when the job restarts: add --max-restarts N (MAX_RESTARTS in .env)"
             )
@@ -325,6 +328,10 @@ def job_options(env: Mapping[str, str], flags: Mapping[str, Any]) -> JobOptions:
     return JobOptions(**chosen)
 
 
+KEYS = {row.name: row.key for row in FLAGS if row.key}
+"""Each flag's .env key, as `launcher start`'s table of flags (launcher/host/flags.py) declares it."""
+
+
 def resolve_settings(
     env: Mapping[str, str],
     *,
@@ -354,21 +361,25 @@ def resolve_settings(
             raise SettingsError(f"--hostfile {hostfile} does not exist: pass an Open MPI hostfile (node_1 slots=4)")
         listed = parse_hostfile(hostfile.read_text(), f"--hostfile {hostfile}")
     else:
-        listed = parse_node_list(nodes or env.get("NODES", ""), "--nodes" if nodes else "NODES in .env")
+        listed = parse_node_list(
+            nodes or env.get(KEYS["nodes"], ""), "--nodes" if nodes else f"{KEYS['nodes']} in .env"
+        )
     node_list = tuple(name for name, _ in listed)
-    spare_list = parse_node_list(spares or env.get("SPARES", ""), "--spares" if spares else "SPARES in .env")
+    spare_list = parse_node_list(
+        spares or env.get(KEYS["spares"], ""), "--spares" if spares else f"{KEYS['spares']} in .env"
+    )
     listed = [*listed, *spare_list]
     chosen: dict[str, Any] = {
-        "slots": slots if slots is not None else _as_number(env, "SLOTS_PER_WORKER", "fix it or pass --slots"),
-        "image": image or env.get("IMAGE"),
+        "slots": slots if slots is not None else _as_number(env, KEYS["slots"], "fix it or pass --slots"),
+        "image": image or env.get(KEYS["image"]),
         "shared_dir": env.get("SHARED_DIR"),
         "shm_size": env.get("SHM_SIZE"),
         "connect_timeout": _as_number(env, "CONNECT_TIMEOUT", "give seconds, e.g. CONNECT_TIMEOUT=10", float),
     }
     if gpus is not None:
         chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(gpus)
-    elif env.get("GPUS_PER_NODE", "").strip():
-        chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(env["GPUS_PER_NODE"], "GPUS_PER_NODE in .env")
+    elif env.get(KEYS["gpus"], "").strip():
+        chosen["gpus_per_node"], chosen["gpu_ids"] = parse_gpus(env[KEYS["gpus"]], f"{KEYS['gpus']} in .env")
     environ = os.environ if environ is None else environ
     keys = {**env, **environ}
     every_node = tuple(name for name, _ in listed)
@@ -385,7 +396,7 @@ def resolve_settings(
         engines=engines,
         engine_tls={node: found for node, found in tls.items() if found.verify or found.cert_path},
         insecure_engines=access.insecure_allowed(keys, insecure_engines),
-        devices=devices or split_list(env.get("DEVICES", "")),
+        devices=devices or split_list(env.get(KEYS["device"], "")),
         push_image=push_image,
         detach=detach,
         keep_running=keep_running,

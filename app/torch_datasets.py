@@ -1,4 +1,4 @@
-"""The PyTorch trainer's datasets, each as a (train, validation) pair of 1x28x28 image datasets.
+"""The PyTorch trainer's datasets as torch Dataset objects, each as a (train, validation) pair of 1x28x28 images.
 
 - mnist: torchvision's MNIST under --data-dir (training and test splits). Only local rank 0 on each host
   may download it; the other ranks wait and then read the same files (see `prepare_mnist`).
@@ -15,10 +15,6 @@ from torch.utils.data import Dataset, TensorDataset
 
 from app import datasets
 from app.datasets import DOWNLOAD_TIMEOUT_S, MNIST_MEAN, MNIST_STD
-
-
-class DatasetUnavailable(RuntimeError):
-    """The asked-for dataset is neither on disk nor downloadable; the message names the fix."""
 
 
 def mnist_present(data_dir: Path) -> bool:
