@@ -38,7 +38,7 @@
 # failed, --restart-workers: one that stopped by itself stays stopped).
 #
 # How a worker ends: the job agent holds an ssh connection to it (python -m launcher.agent agent-link). When the job
-# ends the agent sends the job-end message down it; when the agent dies instead (its container killed, a reboot), the
+# ends the agent sends the job-end record down it; when the agent dies instead (its container killed, a reboot), the
 # connection closes. Either way agent-link writes $JOB_END_FILE and this script stops sshd, so the container stops. A
 # `worker` that no job claims within $DEFAULT_CLAIM_TIMEOUT s of starting stops too (WORKER_CLAIM_TIMEOUT in the
 # environment overrides it, 0: never; an mpijob-worker's default is never).
@@ -68,10 +68,11 @@ run_worker() {
   echo "$SSH_PORT" > "$keydir/port"  # for the healthcheck, which runs often and needs no Python
   [ -f "$keydir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$keydir/host_ed25519"
   if [ "${RESTART_ON_FAILURE:-0}" = 1 ] && [ -f "$JOB_END_FILE" ]; then
-    # Its engine's restart policy (the launcher's --restart-workers) is for a container that failed (a crash, an
-    # out-of-memory kill), which leaves no such file; this one stopped by itself (its job ended, its driver went
-    # away, no job claimed it), so it stays stopped.
-    log "started again after it stopped by itself ($(cat "$JOB_END_FILE")); staying stopped"
+    # Its engine's restart policy (--restart-workers; which workers and how often: launcher/core/restart.py) is
+    # for a container that failed (a crash, an out-of-memory kill), which leaves no such file; this one stopped by
+    # itself (its job ended, its driver went away, no job claimed it), so it stays stopped.
+    ended=$(python -m launcher.core.jobend line "$(cat "$JOB_END_FILE")")
+    log "started again after it stopped by itself ($ended); staying stopped"
     exit 0
   fi
   rm -f "$JOB_END_FILE" "$WORKER_CLAIMED"  # a container started again (by hand, compose) waits for a new claim
@@ -99,7 +100,8 @@ run_worker() {
       ended=$(cat "$JOB_END_FILE")
       # After a job's end the grace lets its driver exit first (compose's `up --exit-code-from launcher`).
       if [[ "$ended" == "$LOST_PREFIX"* ]]; then log "${ended#"$LOST_PREFIX"}; stopping"
-      else sleep "$WORKER_STOP_GRACE"; log "the job ended ($ended); stopping"; fi
+      else sleep "$WORKER_STOP_GRACE"; log "the job ended ($(python -m launcher.core.jobend line "$ended")); stopping"
+      fi
       kill -TERM "$sshd" 2>/dev/null
       break
     fi
@@ -119,7 +121,7 @@ run_worker() {
     # status as its own; every other worker ended normally.
     status=0
     if [[ "$ended" == "$LOST_PREFIX"* ]]; then status=1
-    elif [ "${EXIT_WITH_JOB:-0}" = 1 ]; then status=$(python -m launcher.core.protocol exit-code "$ended"); fi
+    elif [ "${EXIT_WITH_JOB:-0}" = 1 ]; then status=$(python -m launcher.core.jobend exit-code "$ended"); fi
   fi
   exit "$status"
 }

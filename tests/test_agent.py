@@ -17,8 +17,9 @@ from launcher.agent import __main__ as agent
 from launcher.agent import compose
 from launcher.agent.job import Agent
 from launcher.agent.watches import ElasticClaims, LifelineWatch
-from launcher.agent.workers import LostWorker, say
+from launcher.agent.workers import say
 from launcher.core.job import JobSpec, Worker
+from launcher.core.jobend import JobEnd, parse_job_end
 from launcher.core.options import SettingsError
 from launcher.core.protocol import (
     HOSTFILE_PATH,
@@ -29,15 +30,16 @@ from launcher.core.protocol import (
     JOB_STATUS,
     KEEP_RUNNING,
     KNOWN_HOSTS,
-    JobEnd,
     lost_driver_message,
-    parse_job_end,
 )
+from launcher.core.restart import NotRestarted, Restart, Why
+from launcher.core.runs import LostWorker, RunState
 from tests.conftest import job_spec
 from tests.standins import Clock
 from tests.standins import StandInTransport as Transport
 
 W1, W2 = Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2")
+SUCCEEDED = JobEnd(0, state=RunState.SUCCEEDED)
 
 
 def spec(**overrides) -> JobSpec:
@@ -62,7 +64,7 @@ def test_the_job_runs_once_every_worker_answers_and_every_worker_is_told_how_it_
     clock = Clock()
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 3})  # node_2's sshd comes up 3 s later
     end, said = run(spec(), clock, transport)
-    assert end == JobEnd(0)
+    assert end == SUCCEEDED
     assert "node_1: sshd answers on port 12345 (1/2 workers answer over ssh)" in said
     assert "node_2: sshd answers on port 12345 (2/2 workers answer over ssh)" in said
     assert transport.files[KNOWN_HOSTS] == (
@@ -70,10 +72,10 @@ def test_the_job_runs_once_every_worker_answers_and_every_worker_is_told_how_it_
     )
     assert transport.files[HOSTFILE_PATH] == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
     assert transport.ran == [spec().job_argv()]
-    assert parse_job_end(transport.files[JOB_STATUS]) == JobEnd(0)
-    assert {address: line.last_word for address, line in transport.lines.items()} == {
-        W1.address: "exit status 0",
-        W2.address: "exit status 0",
+    assert parse_job_end(transport.files[JOB_STATUS]) == SUCCEEDED
+    assert {address: parse_job_end(line.last_word) for address, line in transport.lines.items()} == {
+        W1.address: SUCCEEDED,
+        W2.address: SUCCEEDED,
     }
     assert said[-1] == "job succeeded (exit status 0); the workers stop now"
 
@@ -90,9 +92,9 @@ def test_a_job_whose_ranks_fail_keeps_their_status_and_names_no_cause_of_its_own
     clock = Clock()
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, status=3)
     end, said = run(spec(), clock, transport)
-    assert end == JobEnd(3) == parse_job_end(transport.files[JOB_STATUS])
+    assert end == JobEnd(3, state=RunState.FAILED) == parse_job_end(transport.files[JOB_STATUS])
     assert "mpirun exited with status 3" in said and "job FAILED (exit status 3); the workers stop now" in said
-    assert {line.last_word for line in transport.lines.values()} == {"exit status 3"}
+    assert {line.last_word for line in transport.lines.values()} == {end.to_json()}
 
 
 KERAS3_TRACEBACK = tuple(
@@ -129,16 +131,16 @@ def test_a_rank_that_dies_of_keras2_code_on_keras3_is_the_jobs_cause_with_the_do
     end, said = run(job, clock, transport)
     assert all(f"-x {pair}" in " ".join(transport.ran[0]) for pair in env)
     if fix is None:
-        assert end == JobEnd(1)
+        assert end == JobEnd(1, state=RunState.FAILED)
         return
     cause = (
         "rank 1: Keras 2 code on Keras 3, horovod-stack:tensorflow's default (a Keras 3 optimizer's `variables` is a "
         f"list, not a method): run it with TF_USE_LEGACY_KERAS=1 for Keras 2, {fix} "
         "(TypeError: 'list' object is not callable)"
     )
-    assert end == JobEnd(1, cause) == parse_job_end(transport.files[JOB_STATUS])
+    assert end == JobEnd(1, cause, state=RunState.FAILED, failed_rank=1) == parse_job_end(transport.files[JOB_STATUS])
     assert said[said.index("mpirun exited with status 1") + 1] == f"error: {cause}"
-    assert {line.last_word for line in transport.lines.values()} == {f"exit status 1: {cause}"}
+    assert {line.last_word for line in transport.lines.values()} == {end.to_json()}
 
 
 def test_workers_that_never_answer_fail_the_job_in_one_line_and_those_that_did_are_told():
@@ -151,7 +153,7 @@ def test_workers_that_never_answer_fail_the_job_in_one_line_and_those_that_did_a
         "that rank 0 reaches those hosts by name and that the port is open between nodes"
     )
     assert f"error: {end.cause}" in said
-    assert transport.told == {W1.address: end.message()}  # no agent connection yet: told over a connection of its own
+    assert transport.told == {W1.address: end.to_json()}  # no agent connection yet: told over a connection of its own
     assert said[-1].startswith("could not reach node_2 to say the job ended; a worker no job claims stops by itself")
 
 
@@ -166,7 +168,7 @@ def test_a_command_a_worker_cannot_start_is_named_before_mpirun():
         "--workdir with the folder that holds your code, or build an image FROM "
         "horovod-stack:latest that has it",
     )
-    assert {line.last_word for line in transport.lines.values()} == {end.message()}
+    assert {line.last_word for line in transport.lines.values()} == {end.to_json()}
 
 
 def test_a_worker_lost_during_the_run_is_the_jobs_root_cause():
@@ -174,9 +176,12 @@ def test_a_worker_lost_during_the_run_is_the_jobs_root_cause():
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, status=1, lost_in_job={W2.address})
     end, said = run(spec(), clock, transport)
     assert end == JobEnd(
-        1, "node_2: worker lost during the run; `launcher status` shows how each worker ended", lost=("node_2",)
+        1,
+        "node_2: worker lost during the run; `launcher status` shows how each worker ended",
+        lost=("node_2",),
+        state=RunState.WORKERS_LOST,
     )
-    assert transport.lines[W1.address].last_word == end.message()
+    assert transport.lines[W1.address].last_word == end.to_json()
     assert transport.told == {} and not any("could not reach" in line for line in said)  # node_2 knows: its line closed
 
 
@@ -186,9 +191,13 @@ def test_a_worker_that_goes_silent_ends_a_fixed_job_at_once_with_the_silence_as_
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, silent_in_job={W2.address})
     end, said = run(spec(), clock, transport)
     cause = "node_2 went silent (no answer for 15 s: link down, host down or powered off)"
-    assert end == JobEnd(143, cause, lost=("node_2",)) == parse_job_end(transport.files[JOB_STATUS])
+    assert (
+        end
+        == JobEnd(143, cause, lost=("node_2",), state=RunState.WORKERS_LOST)
+        == parse_job_end(transport.files[JOB_STATUS])
+    )
     assert f"error: {cause}; ending the job" in said
-    assert transport.lines[W1.address].last_word == end.message()
+    assert transport.lines[W1.address].last_word == end.to_json()
     assert JOB_LOST not in transport.files  # host discovery is an elastic job's
 
 
@@ -202,7 +211,7 @@ def test_an_elastic_job_drops_a_silent_worker_from_host_discovery_and_goes_on(tm
         silent_in_job={"172.18.0.3"},
     )
     end, said = run(job, clock, transport)
-    assert end == JobEnd(0)
+    assert end == SUCCEEDED
     assert (
         "172.18.0.3 went silent (no answer for 15 s: link down, host down or powered off); host discovery drops "
         "it and the elastic job goes on without it"
@@ -225,17 +234,18 @@ def test_a_lost_worker_is_claimed_again_only_as_a_new_worker(restart_workers, sa
     job = dataclasses.replace(job, options=dataclasses.replace(job.options, restart_workers=restart_workers))
     transport = Transport(clock, up_from={"172.18.0.2": 0, "172.18.0.3": 0}, resolves=["172.18.0.2", "172.18.0.3"])
     said: list[str] = []
-    subject = Agent(job, transport, say=said.append, clock=clock, sleep=clock.sleep)
-    subject.claim(subject.wait_until_ready())
+    job_agent = Agent(job, transport, say=said.append, clock=clock, sleep=clock.sleep)
+    subject = job_agent.workers
+    subject.claim(job_agent.wait_until_ready())
     transport.lines["172.18.0.3"].open, transport.lines["172.18.0.3"].went_silent = False, True
     LifelineWatch(subject).check()
-    assert subject.lost == {"172.18.0.3": LostWorker("172.18.0.3", silent=True)}
+    assert subject.lost() == {"172.18.0.3": LostWorker("172.18.0.3", silent=True)}
     claims = ElasticClaims(subject)
     claims.claim_round()  # the old worker answers, but it was claimed before
     assert not transport.lines["172.18.0.3"].alive() and transport.files[JOB_LOST] == "172.18.0.3\n"
     transport.fresh.add("172.18.0.3")  # its container started again
     claims.claim_round()
-    assert "172.18.0.3" not in subject.lost
+    assert not subject.is_lost("172.18.0.3")
     assert transport.lines["172.18.0.3"].alive() and transport.files[JOB_LOST] == ""
     assert f"172.18.0.3: a new worker there is claimed; host discovery lists it again{said_after}" in said
 
@@ -244,7 +254,7 @@ def test_secret_settings_reach_mpirun_by_name_and_its_environment_by_value():
     clock = Clock()
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0}, secret_values={"API_KEY": "sk-SECRET"})
     end, said = run(spec(secrets=("API_KEY",)), clock, transport)
-    assert end == JobEnd(0)
+    assert end == SUCCEEDED
     argv = transport.ran[0]
     assert argv[argv.index("API_KEY") - 1] == "-x" and not any("sk-SECRET" in word for word in argv)
     assert transport.ran_with == {"API_KEY": "sk-SECRET"}
@@ -283,6 +293,7 @@ def test_an_elastic_job_below_its_minimum_names_the_lost_workers():
         "the elastic job fell below ELASTIC_MIN_WORKERS=2 for 10 s: lost 172.18.0.3; "
         "`docker compose ps -a` shows how they ended",
         lost=("172.18.0.3",),
+        state=RunState.WORKERS_LOST,
     )
     assert said[-2:] == [
         "job FAILED (exit status 1); the workers stop now",
@@ -295,7 +306,7 @@ def test_the_jobs_whole_output_is_kept_in_its_run_folder_before_its_end_is_told(
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
     transport.files[JOB_LOG] = "[1,0]<stdout>:hello\n[1,1]<stdout>:hello\n"
     end, _ = run(spec(run_folder="/shared/runs/c0ffee00"), clock, transport)
-    assert end == JobEnd(0)
+    assert end == SUCCEEDED
     assert transport.files["/shared/runs/c0ffee00/job.log"] == "[1,0]<stdout>:hello\n[1,1]<stdout>:hello\n"
     assert list(transport.files).index("/shared/runs/c0ffee00/job.log") < list(transport.files).index(JOB_STATUS)
 
@@ -304,7 +315,7 @@ def test_keep_running_leaves_the_workers_up():
     clock = Clock()
     transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
     end, said = run(spec(keep_running=True), clock, transport)
-    assert end == JobEnd(0) and {line.last_word for line in transport.lines.values()} == {KEEP_RUNNING}
+    assert end == SUCCEEDED and {line.last_word for line in transport.lines.values()} == {KEEP_RUNNING}
     assert said[-1] == "job succeeded (exit status 0); the workers keep running (--keep-running)"
     assert transport.removed == []  # kept for debugging in the running containers
 
@@ -336,7 +347,7 @@ def test_a_refused_compose_job_still_tells_the_workers_that_are_up():
     )
     assert end.status == 2 and said[0] == f"error: {refused.value}"
     assert "job FAILED (exit status 2); the workers stop now" in said
-    assert transport.told == {"172.18.0.2": end.message(), "172.18.0.3": end.message()}  # one came up 4 s later
+    assert transport.told == {"172.18.0.2": end.to_json(), "172.18.0.3": end.to_json()}  # one came up 4 s later
 
 
 def test_discovery_names_rank0_alone_first_then_every_answering_worker(tmp_path):
@@ -352,8 +363,12 @@ def test_discovery_names_rank0_alone_first_then_every_answering_worker(tmp_path)
 @pytest.mark.parametrize(
     "last_line, recorded",
     [
-        ("exit status 3\n", "exit status 3\n"),
-        ("exit status 2: node_2: cannot start `x`\n", "exit status 2: node_2: cannot start `x`\n"),
+        (JobEnd(3).to_json() + "\n", JobEnd(3).to_json() + "\n"),
+        (
+            JobEnd(2, "node_2: cannot start `x`").to_json() + "\n",
+            JobEnd(2, "node_2: cannot start `x`").to_json() + "\n",
+        ),
+        ("exit status 3\n", lost_driver_message("rank 0's container on node_1") + "\n"),  # not a record: no end
         ("", lost_driver_message("rank 0's container on node_1") + "\n"),  # the line closed: the agent is gone
         (f"{KEEP_RUNNING}\n", None),
     ],
@@ -373,7 +388,7 @@ def test_follow_prints_the_whole_log_then_returns_the_jobs_status(tmp_path):
         time.sleep(0.5)
         with log.open("a") as out:
             out.write("last\n")
-        status.write_text("exit status 4: why\n")
+        status.write_text(JobEnd(4, "why").to_json() + "\n")
 
     writer = threading.Thread(target=finish_later)
     writer.start()
@@ -384,23 +399,36 @@ def test_follow_prints_the_whole_log_then_returns_the_jobs_status(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "text, end",
+    "end, line",
     [
-        ("exit status 0\n", JobEnd(0)),
+        (JobEnd(0), "exit status 0"),
         (
-            "exit status 2: node_2: cannot start `x`; pass --workdir",
             JobEnd(2, "node_2: cannot start `x`; pass --workdir"),
+            "exit status 2: node_2: cannot start `x`; pass --workdir",
         ),
-        ("7\n", JobEnd(7)),  # a status file from before the message
-        ("lost: the agent went away", None),
-        ("", None),
-        (None, None),
+        (
+            JobEnd(
+                137,
+                "node_2: worker lost during the run",
+                lost=("node_2",),
+                restarts=(Restart(1, 1, "node_3 went silent", ("node_1", "node_2"), 4, "/shared/ck"),),
+                not_restarted=NotRestarted(Why.USED_UP, "not restarted: all 1 restart(s) are used up"),
+                state=RunState.WORKERS_LOST,
+            ),
+            "exit status 137: node_2: worker lost during the run; not restarted: all 1 restart(s) are used up",
+        ),
+        (JobEnd(1, state=RunState.FAILED, failed_rank=3), "exit status 1"),
     ],
 )
-def test_job_end_message_round_trip(text, end):
-    assert parse_job_end(text) == end
-    if end is not None:
-        assert parse_job_end(end.message()) == end
+def test_the_job_end_record_crosses_as_json_and_reads_back_whole(end, line):
+    """The agent's last word to each worker and JOB_STATUS are one record: read back as it was, no prose parsed."""
+    assert parse_job_end(end.to_json() + "\n") == end
+    assert end.line() == line
+
+
+@pytest.mark.parametrize("text", ["lost: the agent went away", "exit status 0", "7", "{not json", "[1]", "", None])
+def test_anything_but_a_job_end_record_is_no_job_end(text):
+    assert parse_job_end(text) is None
 
 
 def test_job_spec_json_is_what_discovery_reads():
@@ -421,7 +449,13 @@ def test_shell_settings_are_the_protocols(capsys):
     assert protocol.main(["shell"]) == 0
     printed = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
     assert printed["DEFAULT_SSH_PORT"] == "12345" and printed["JOB_END_FILE"] == protocol.JOB_END_FILE
-    assert protocol.main(["exit-code", "exit status 5: x"]) == 0 and capsys.readouterr().out == "5\n"
+    from launcher.core import jobend
+
+    record = JobEnd(5, "x").to_json()
+    assert jobend.main(["exit-code", record]) == 0 and capsys.readouterr().out == "5\n"
+    assert jobend.main(["exit-code", lost_driver_message("the agent")]) == 0 and capsys.readouterr().out == "1\n"
+    assert jobend.main(["line", record]) == 0 and capsys.readouterr().out == "exit status 5: x\n"
+    assert jobend.main(["line", "lost: x went away"]) == 0 and capsys.readouterr().out == "lost: x went away\n"
     assert Path(protocol.DISCOVERY_SCRIPT).name == "discover-hosts.sh"
 
 
@@ -456,7 +490,7 @@ def test_a_job_past_its_time_limit_is_ended_with_every_ranks_stack_and_exit_stat
         "mpi_ops.py:240; rank 1 (node_2 pid 8) in wait_for_data at t.py:14"
     )
     assert "the job ran past its time limit of 1 s; every rank's stack:" in said
-    assert {line.last_word for line in transport.lines.values()} == {end.message()}  # every worker told
+    assert {line.last_word for line in transport.lines.values()} == {end.to_json()}  # every worker told
 
 
 def test_without_ptrace_a_job_past_its_time_limit_ends_without_trying_for_stacks():
@@ -474,7 +508,7 @@ def test_without_ptrace_a_job_past_its_time_limit_ends_without_trying_for_stacks
 def test_a_job_within_its_time_limit_is_not_touched():
     transport = Transport(up_from={W1.address: 0, W2.address: 0})
     end, said = run(spec(time_limit=60), Clock(), transport)
-    assert end == JobEnd(0) and not transport.ended.is_set()
+    assert end == SUCCEEDED and not transport.ended.is_set()
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 
 from app import frameworks
 from app.frameworks import PYTORCH, TENSORFLOW
+from launcher.core.jobend import JobEnd
 from launcher.core.protocol import JOB_STATUS
 from launcher.host import clusters
 from tests.conftest import plan_of
@@ -76,7 +77,7 @@ class HoldingNode(EndedNode):
         return super().run_archive(image, shared_dir, name)
 
     def read_file(self, container_id, path):
-        return "exit status 0" if path == JOB_STATUS else None
+        return JobEnd(0).to_json() if path == JOB_STATUS else None
 
     def stream_file(self, container_id, path):
         return iter([b"epoch 1/1: train loss 0.1, val loss 0.2, val accuracy 0.9500, 10 samples/s, 1.0 s, 1 ranks\n"])

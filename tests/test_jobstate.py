@@ -4,6 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from launcher.core.jobend import JobEnd
 from launcher.host.jobstate import ContainerState, describe
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -50,28 +51,28 @@ METRICS = (
         (RUNNING, None, LOG, [], "running: epoch 2 of 2, val accuracy 0.9325, 6500 samples/s"),
         (
             ENDED,
-            "0\n",
+            JobEnd(0).to_json(),
             LOG,
             [],
             "succeeded (exit status 0): epoch 2 of 2, val accuracy 0.9325, 6500 samples/s, ended 12 s ago",
         ),
         (
             ENDED,
-            "1\n",
+            JobEnd(1).to_json(),
             LOG + TRACEBACK,
             [],
             "failed (exit status 1): RuntimeError: user script failed on purpose on rank 1, ended 12 s ago",
         ),
         (
             ENDED,
-            "1\n",
+            JobEnd(1).to_json(),
             LOG,
             [KILLED],
             "failed (exit status 1): node_2: its worker container was killed, ended 12 s ago",
         ),
         (
             ENDED,
-            "2\n",
+            JobEnd(2).to_json(),
             "error: --epochs must be at least 1 (got 0)\n",
             [],
             "failed (exit status 2): error: --epochs must be at least 1 (got 0), ended 12 s ago",
@@ -79,21 +80,23 @@ METRICS = (
         # the job agent's message: the status, and its root cause where it named one
         (
             ENDED,
-            "exit status 0\n",
+            JobEnd(0).to_json(),
             LOG,
             [],
             "succeeded (exit status 0): epoch 2 of 2, val accuracy 0.9325, 6500 samples/s, ended 12 s ago",
         ),
         (
             ENDED,
-            "exit status 1\n",
+            JobEnd(1).to_json(),
             LOG + TRACEBACK,
             [],
             "failed (exit status 1): RuntimeError: user script failed on purpose on rank 1, ended 12 s ago",
         ),
         (
             ENDED,
-            "exit status 2: node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass --workdir\n",
+            JobEnd(
+                2, "node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass --workdir"
+            ).to_json(),
             LOG,
             [],
             "failed (exit status 2): node_2: cannot start `python t.py` in /workdir: script t.py is not there; pass "
@@ -103,14 +106,14 @@ METRICS = (
         (RUNNING, None, TAGGED, [], "running: epoch 1 of 2, val accuracy 0.8100, 6100 samples/s"),
         (
             ENDED,
-            "exit status 1\n",
+            JobEnd(1).to_json(),
             TAGGED,
             [],
             "failed (exit status 1): RuntimeError: user script failed on purpose, ended 12 s ago",
         ),
         (
             ENDED,
-            "exit status 1\n",
+            JobEnd(1).to_json(),
             "[1]<stderr>:error: --epochs must be at least 1 (got 0)\n",
             [],
             "failed (exit status 1): error: --epochs must be at least 1 (got 0), ended 12 s ago",
@@ -145,7 +148,7 @@ def test_job_state_line(rank0, job_status, log, workers, expected):
         (RUNNING, None, "", None, "running: no epoch finished yet"),
         (
             ENDED,
-            "0\n",
+            JobEnd(0).to_json(),
             "",
             METRICS,
             "succeeded (exit status 0): epoch 2, val accuracy 0.9325, 6500 samples/s, ended 12 s ago",

@@ -9,6 +9,7 @@ from itertools import chain
 
 import pytest
 
+from launcher.core.jobend import JobEnd
 from launcher.core.protocol import JOB_LOG, JOB_STATUS
 from launcher.host import clusters, streams
 from launcher.host.plan import Node
@@ -100,7 +101,7 @@ NOISE = b"".join(b"step %d loss 0.1\n" % step for step in range(100_000))  # abo
 
 def test_status_reads_the_end_of_a_long_log_for_the_last_epoch_and_the_error():
     log = NOISE + b"epoch 5/5: train loss 0.1, val loss 0.2, val accuracy 0.9500, 1234 samples/s, 1.0 s, 2 ranks\n"
-    node = Rank0Node(log + b"ValueError: bad batch\n", "exit status 1")
+    node = Rank0Node(log + b"ValueError: bad batch\n", JobEnd(1).to_json())
     lines = list(clusters.status([node]))
     assert lines[0] == "cluster c1: failed (exit status 1): ValueError: bad batch"
     running = Rank0Node(log, None, running=True)
@@ -117,8 +118,8 @@ def shown_logs(engines, follow: bool = False, tail: int | None = None) -> bytes:
 
 def test_logs_show_the_whole_output_or_its_last_lines():
     log = b"".join(b"line %d\n" % number for number in range(1, 2001))
-    assert shown_logs([Rank0Node(log, "exit status 0")]) == b"worker: sshd up\n" + log
-    last = shown_logs([Rank0Node(log, "exit status 0")], tail=2)
+    assert shown_logs([Rank0Node(log, JobEnd(0).to_json())]) == b"worker: sshd up\n" + log
+    last = shown_logs([Rank0Node(log, JobEnd(0).to_json())], tail=2)
     assert last == b"worker: sshd up\nline 1999\nline 2000\n"
 
 

@@ -20,7 +20,7 @@ import yaml
 
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.agent import mpijob_pod
-from launcher.agent.mpijob_pod import OperatorAgent
+from launcher.agent.mpijob_pod import operator_agent
 from launcher.core import pod_contract
 from launcher.core.job import JobSpec, Worker
 from launcher.core.nics import parse_ip_addresses
@@ -577,7 +577,7 @@ def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_fir
         expected_workers=2,
         workers=(Worker("w0", "w0.j.ns.svc"), Worker("w1", "w1.j.ns.svc")),
     )
-    agent = OperatorAgent(
+    agent = operator_agent(
         spec,
         transport,
         MPIJOB_SSH_AUTH_DIR,  # type: ignore[arg-type]
@@ -591,7 +591,7 @@ def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_fir
     assert transport.files[f"{HOSTKEYS_DIR}/w0.j.ns.svc.pub"] == "ssh-ed25519 AAA0\n"
     # Learnt once: from then on the pin is strict, as for published keys (and in elastic discovery, which reads it).
     transport.keys["w1.j.ns.svc"] = "ssh-ed25519 MALLORY"
-    assert not agent.answers(spec.workers[1])
+    assert not agent.workers.answers(spec.workers[1])
     assert scanned == ["w0.j.ns.svc", "w1.j.ns.svc"]
 
 
@@ -599,7 +599,7 @@ def test_without_the_operators_key_the_job_is_refused_naming_the_mount():
     transport = operator_transport({})
     transport.files.clear()
     spec = job_spec(job_id="j", command=("true",), expected_workers=0)
-    end = OperatorAgent(spec, transport, MPIJOB_SSH_AUTH_DIR, say=lambda _: None).run()  # type: ignore[arg-type]
+    end = operator_agent(spec, transport, MPIJOB_SSH_AUTH_DIR, say=lambda _: None).run()  # type: ignore[arg-type]
     assert end.status == 2
     assert end.cause and f"no SSH key at {MPIJOB_SSH_AUTH_DIR}/id_rsa" in end.cause
     assert MPIJOB_HOSTFILE == "/etc/mpi/hostfile"

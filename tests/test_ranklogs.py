@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from launcher import cli
 from launcher.core import ranktag
+from launcher.core.jobend import JobEnd
 from launcher.core.options import SettingsError
 from launcher.host import follow, ranklogs
 from launcher.host.plan import Node
@@ -243,7 +244,7 @@ class FollowedRank0:
         return "exec-1", iter(self.log[start : start + 5] for start in range(0, len(self.log), 5))
 
     def read_file(self, container_id, path):
-        return "exit status 0\n"
+        return JobEnd(0).to_json() + "\n"
 
     def worker_problem(self, container_id):
         return None

@@ -11,8 +11,11 @@ from launcher.agent.job import Agent
 from launcher.agent.restarts import LEFTOVERS
 from launcher.core import restart
 from launcher.core.job import JobSpec, Worker
+from launcher.core.jobend import JobEnd, parse_job_end
 from launcher.core.options import SPELLINGS, JobOptions, SettingsError
-from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, JOB_STATUS, RESTART_VARIABLE, JobEnd, parse_job_end
+from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, JOB_STATUS, RESTART_VARIABLE
+from launcher.core.restart import NotRestarted, Why
+from launcher.core.runs import LostWorker, RunResult, RunState
 from launcher.host import jobstate
 from tests.conftest import job_spec, launch_settings
 from tests.standins import Clock
@@ -24,50 +27,123 @@ RUN = "/shared/runs/c0ffee00"
 
 
 # --- the decisions --------------------------------------------------------------------------------------------
-def why_not(**given) -> str | None:
-    facts = {
-        "status": 1,
-        "lost": ["node_2"],
-        "ended_by": None,
-        "stop_asked": False,
-        "restarts": 0,
-        "script_restarts": 0,
-        "max_restarts": 3,
-        "say": LAUNCHER,
-        **given,
-    }
-    return restart.why_not(**facts)
+def refusal(**given) -> NotRestarted | None:
+    """restart.refusal for a run of `status` that lost `lost`, after `restarts` restarts for lost nodes and
+    `script_restarts` for the script's own failure."""
+    facts = {"status": 1, "lost": ["node_2"], "state": None, "restarts": 0, "script_restarts": 0, **given}
+    lost = tuple(LostWorker(name, silent=False) for name in facts["lost"])
+    state = facts["state"] or (
+        RunState.SUCCEEDED if facts["status"] == 0 else RunState.WORKERS_LOST if lost else RunState.FAILED
+    )
+    history = [
+        restart.Restart(
+            number, 9, "x", ("node_1",), after=RunState.FAILED if number <= facts["script_restarts"] else state
+        )
+        for number in range(1, facts["restarts"] + facts["script_restarts"] + 1)
+    ]
+    return restart.refusal(
+        RunResult(state, facts["status"], lost=lost),
+        stop_asked=given.get("stop_asked", False),
+        history=history,
+        max_restarts=given.get("max_restarts", 3),
+        say=given.get("say", LAUNCHER),
+    )
 
 
 @pytest.mark.parametrize(
-    "given, expected",
+    "given, why, reason",
     [
-        ({}, None),
-        ({"lost": []}, None),  # the script's own failure: once
+        ({}, None, None),
+        ({"lost": []}, None, None),  # the script's own failure: once
         (
             {"lost": [], "script_restarts": 1},
+            Why.SCRIPT_FAILED_AGAIN,
             "not restarted: the script itself failed again (exit status 1) with no node lost, so another restart would "
             "fail the same way; the error is in the job's log above (restarts are for lost nodes)",
         ),
-        ({"script_restarts": 1}, None),  # a lost node is restarted however often the script failed before
+        ({"script_restarts": 1}, None, None),  # a lost node is restarted however often the script failed before
         (
             {"restarts": 3},
+            Why.USED_UP,
             "not restarted: all 3 restart(s) (--max-restarts 3) are used up; allow more with a larger --max-restarts",
         ),
-        ({"status": 0}, ""),
-        ({"max_restarts": 0}, ""),  # restarts off: nothing to say
-        ({"ended_by": "its time limit"}, "not restarted: its time limit ended it, not a lost node"),
-        ({"stop_asked": True}, "not restarted: the job was told to stop (exit status 1)"),
-        ({"lost": [], "status": 143}, "not restarted: the job was told to stop (exit status 143)"),
-        ({"status": 143}, None),  # mpirun ended by the agent because node_2 was lost
+        ({"status": 0}, Why.SUCCEEDED, ""),
+        ({"max_restarts": 0}, Why.RESTARTS_OFF, ""),  # restarts off: nothing to say
+        (
+            {"state": RunState.TIMED_OUT, "status": 124},
+            Why.ENDED_BY_WATCH,
+            "not restarted: its time limit ended it, not a lost node",
+        ),
+        (
+            {"state": RunState.STALLED},
+            Why.ENDED_BY_WATCH,
+            "not restarted: the stall watch (stall action fail) ended it, not a lost node",
+        ),
+        ({"stop_asked": True}, Why.STOP_ASKED, "not restarted: the job was told to stop (exit status 1)"),
+        ({"lost": [], "status": 143}, Why.STOP_ASKED, "not restarted: the job was told to stop (exit status 143)"),
+        ({"status": 143}, None, None),  # mpirun ended by the agent because node_2 was lost
     ],
 )
-def test_which_failures_are_restarted(given, expected):
-    assert why_not(**given) == expected
+def test_which_failures_are_restarted(given, why, reason):
+    refused = refusal(**given)
+    assert (refused.why, refused.reason) == (why, reason) if refused else (why, reason) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "run, spares, back, min_workers, expected",
+    [
+        (
+            RunResult(RunState.WORKERS_LOST, 137, lost=(LostWorker("node_2", silent=True),)),
+            ["node_4"],
+            [],
+            None,
+            restart.Restart(1, 3, "node_2 went silent", ("node_1", "node_4", "node_3"), 5, "/ck"),
+        ),
+        (
+            RunResult(RunState.WORKERS_LOST, 137, lost=(LostWorker("node_2", silent=False),)),
+            [],
+            [],
+            2,
+            restart.Restart(1, 3, "node_2's worker was lost", ("node_1", "node_3"), 5, "/ck"),
+        ),
+        (
+            RunResult(RunState.FAILED, 1),
+            [],
+            [],
+            None,
+            restart.Restart(
+                1, 3, "the script failed (exit status 1)", ("node_1", "node_2", "node_3"), 5, "/ck", RunState.FAILED
+            ),
+        ),
+        (
+            RunResult(RunState.WORKERS_LOST, 137, lost=(LostWorker("node_2", silent=False),)),
+            [],
+            [],
+            3,
+            NotRestarted(Why.TOO_FEW_LEFT, "not restarted: 2 worker(s) remain, fewer than --min-nodes 3"),
+        ),
+        (RunResult(RunState.SUCCEEDED, 0), [], [], None, NotRestarted(Why.SUCCEEDED)),
+    ],
+)
+def test_the_restart_decision_is_a_record_with_its_reason(run, spares, back, min_workers, expected):
+    decided = restart.decide(
+        run,
+        stop_asked=False,
+        history=[],
+        max_restarts=3,
+        workers=["node_1", "node_2", "node_3"],
+        spares=spares,
+        back=back,
+        min_workers=min_workers,
+        resume=(5, "/ck"),
+        say=LAUNCHER,
+    )
+    assert decided == expected
 
 
 def test_compose_names_its_own_setting():
-    assert "(MAX_RESTARTS=1)" in why_not(restarts=1, max_restarts=1, say=SPELLINGS["compose"])
+    refused = refusal(restarts=1, max_restarts=1, say=SPELLINGS["compose"])
+    assert refused and "(MAX_RESTARTS=1)" in refused.reason
 
 
 @pytest.mark.parametrize(
@@ -86,21 +162,26 @@ def test_the_agent_waits_for_a_lost_worker_only_when_the_rest_may_not_go_on(work
 @pytest.mark.parametrize(
     "lost, back, minimum, expected",
     [
-        ([], [], None, (["node_1", "node_2", "node_3"], None)),
-        (["node_2"], ["node_2"], None, (["node_1", "node_2", "node_3"], None)),
-        (["node_2"], [], 2, (["node_1", "node_3"], None)),
+        ([], [], None, ["node_1", "node_2", "node_3"]),
+        (["node_2"], ["node_2"], None, ["node_1", "node_2", "node_3"]),
+        (["node_2"], [], 2, ["node_1", "node_3"]),
         (
             ["node_2"],
             [],
             None,
-            (
-                [],
+            NotRestarted(
+                Why.LOST_DID_NOT_RETURN,
                 "not restarted: node_2 did not answer again within 30 s and the job may not run on "
                 "fewer nodes: pass --min-nodes 2 to let it go on without it",
             ),
         ),
-        (["node_2", "node_3"], [], 2, ([], "not restarted: 1 worker(s) remain, fewer than --min-nodes 2")),
-        (["node_2", "node_3"], ["node_3"], 2, (["node_1", "node_3"], None)),
+        (
+            ["node_2", "node_3"],
+            [],
+            2,
+            NotRestarted(Why.TOO_FEW_LEFT, "not restarted: 1 worker(s) remain, fewer than --min-nodes 2"),
+        ),
+        (["node_2", "node_3"], ["node_3"], 2, ["node_1", "node_3"]),
     ],
 )
 def test_the_world_of_a_restart(lost, back, minimum, expected):
@@ -166,14 +247,30 @@ def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end
         137,
         "node_2: worker lost during the run",
         lost=("node_2",),
-        restarts=(FIRST.line(),),
-        not_restarted="not restarted: all 1 restart(s) (--max-restarts 1) are used up",
+        restarts=(FIRST,),
+        not_restarted=NotRestarted(Why.USED_UP, "not restarted: all 1 restart(s) (--max-restarts 1) are used up"),
     )
     state = jobstate.describe(jobstate.ContainerState("rank0", False, 137), end.to_json(), "", [])
     assert state == (
         "failed (exit status 137): node_2: worker lost during the run; not restarted: all 1 restart(s) "
         "(--max-restarts 1) are used up; restart 1/2: node_2 went silent; starting over on node_1"
     )
+
+
+@pytest.mark.parametrize(
+    "restart_workers, most, holds_driver, restarts, policy",
+    [
+        (True, 2, False, 2, {"Name": "on-failure", "MaximumRetryCount": 2}),
+        (True, 2, True, 0, None),  # rank 0's worker holds the agent and the driver: its end is the job's
+        (False, 2, False, 0, None),  # --restart-workers off
+        (True, 0, False, 0, None),
+    ],
+)
+def test_which_workers_their_engine_starts_again_after_they_failed(
+    restart_workers, most, holds_driver, restarts, policy
+):
+    assert restart.worker_restarts(restart_workers, most, holds_driver) == restarts
+    assert restart.worker_restart_policy(restarts) == policy
 
 
 # --- the options ------------------------------------------------------------------------------------------------
@@ -275,7 +372,8 @@ def test_a_lost_node_restarts_the_job_on_those_that_remain_from_its_last_checkpo
     transport.files[f"{RUN}/metrics.jsonl"] = '{"epoch": 1}\n{"epoch": 2}\n'
     end, said = run(trainer_spec(elastic_min_workers=2, elastic=False), transport)
     line = "restart 1/2: node_2's worker was lost; resuming after epoch 2 on node_1,node_3"
-    assert end == JobEnd(0, restarts=(line,))
+    done = restart.Restart(1, 2, "node_2's worker was lost", ("node_1", "node_3"), 2, f"{RUN}/checkpoints")
+    assert end == JobEnd(0, restarts=(done,), state=RunState.SUCCEEDED) and done.line() == line
     assert line in said
     first, again = transport.ran
     assert "--resume" not in first and again[-1] == "--resume"
@@ -289,6 +387,7 @@ def test_a_lost_node_restarts_the_job_on_those_that_remain_from_its_last_checkpo
         "workers": ["node_1", "node_3"],
         "resume_epoch": 2,
         "checkpoint_dir": f"{RUN}/checkpoints",
+        "after": "workers_lost",
     }
     assert (W3.address, LEFTOVERS) in transport.commands and (W1.address, LEFTOVERS) not in transport.commands
     assert parse_job_end(transport.files[JOB_STATUS]) == end
@@ -301,11 +400,11 @@ def test_without_a_smaller_world_the_agent_waits_for_the_lost_worker_to_answer_a
     )
     end, said = run(trainer_spec(), transport)
     line = "restart 1/2: node_2's worker was lost; starting over on node_1,node_2,node_3"
-    assert end == JobEnd(0, restarts=(line,))
+    assert end.succeeded and end.last_restart() == line and len(end.restarts) == 1
     assert "waiting up to 30 s for node_2 to answer again" in said
     assert line in said
     assert transport.clock() >= 12 and transport.lines[W2.address].alive() is False  # told the job ended
-    assert transport.told.get(W2.address) is None and transport.lines[W2.address].last_word == "exit status 0"
+    assert transport.told.get(W2.address) is None and parse_job_end(transport.lines[W2.address].last_word) == end
 
 
 def test_a_lost_worker_that_never_answers_again_ends_the_job_saying_what_would_let_it_go_on():
@@ -319,16 +418,17 @@ def test_a_lost_worker_that_never_answers_again_ends_the_job_saying_what_would_l
         137,
         "node_2: worker lost during the run; `launcher status` shows how each worker ended",
         lost=("node_2",),
-        not_restarted=why,
+        not_restarted=NotRestarted(Why.LOST_DID_NOT_RETURN, why),
+        state=RunState.WORKERS_LOST,
     )
-    assert end.message().endswith(why) and why in said  # what each worker's agent connection is told
+    assert end.line().endswith(why) and why in said  # what each worker's log says of the job's end
     assert len(transport.ran) == 1
 
 
 def test_a_silent_node_is_named_so_in_the_restart_line():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=1, silent_in_job={W2.address})
     end, said = run(trainer_spec(elastic_min_workers=1, elastic=False), transport)
-    assert end == JobEnd(0, restarts=("restart 1/2: node_2 went silent; starting over on node_1,node_3",))
+    assert end.succeeded and end.last_restart() == "restart 1/2: node_2 went silent; starting over on node_1,node_3"
     assert "restart 1/2: node_2 went silent; starting over on node_1,node_3" in said
 
 
@@ -336,9 +436,13 @@ def test_the_scripts_own_failure_is_restarted_once_and_then_says_why_not():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=1, restarts=(1,))
     end, said = run(trainer_spec(), transport)
     assert end.status == 1 and end.cause is None and len(transport.ran) == 2
-    assert end.restarts == ("restart 1/2: the script failed (exit status 1); starting over on node_1,node_2,node_3",)
-    assert end.not_restarted and end.not_restarted.startswith("not restarted: the script itself failed again")
-    assert end.not_restarted in said
+    assert [done.line() for done in end.restarts] == [
+        "restart 1/2: the script failed (exit status 1); starting over on node_1,node_2,node_3"
+    ]
+    assert end.restarts[0].after is RunState.FAILED and end.state is RunState.FAILED
+    assert end.not_restarted and end.not_restarted.why is Why.SCRIPT_FAILED_AGAIN
+    assert end.not_restarted.reason.startswith("not restarted: the script itself failed again")
+    assert end.not_restarted.reason in said
 
 
 def test_restarts_end_when_used_up():
@@ -362,7 +466,10 @@ def test_without_max_restarts_a_lost_node_ends_the_job_as_before():
     transport = Transport(Clock(), up_from=up(W1, W2, W3), status=137, lost_in_job={W2.address})
     end, said = run(trainer_spec(max_restarts=0), transport)
     assert end == JobEnd(
-        137, "node_2: worker lost during the run; `launcher status` shows how each worker ended", lost=("node_2",)
+        137,
+        "node_2: worker lost during the run; `launcher status` shows how each worker ended",
+        lost=("node_2",),
+        state=RunState.WORKERS_LOST,
     )
     assert len(transport.ran) == 1 and not any("restart" in line for line in said)
     assert f"{RUN}/{restart.RECORDS_FILE}" not in transport.files
@@ -376,7 +483,7 @@ def test_a_users_script_is_told_its_checkpoint_folder_in_the_restart_line():
         f"restart 1/2: node_2's worker was lost; resuming from the newest checkpoint in {RUN}/checkpoints on "
         "node_1,node_3"
     )
-    assert end == JobEnd(0, restarts=(line,)) and line in said
+    assert end.succeeded and end.last_restart() == line and line in said
     assert transport.ran[1][-2:] == ["python", "t.py"]
     assert f"{CHECKPOINT_DIR_VARIABLE}={RUN}/checkpoints" in transport.ran[1]
 
@@ -387,6 +494,7 @@ def test_restart_options_round_trip_through_the_job_spec():
 
 
 USED_UP = "not restarted: all 1 restart(s) (--max-restarts 1) are used up; allow more with a larger --max-restarts"
+NOT_USED_UP = NotRestarted(Why.USED_UP, USED_UP)
 
 
 @pytest.mark.parametrize(
@@ -394,7 +502,7 @@ USED_UP = "not restarted: all 1 restart(s) (--max-restarts 1) are used up; allow
     [
         (
             "node_2: its worker container was killed during the run",
-            JobEnd(137, "node_2: worker lost during the run", not_restarted=USED_UP),
+            JobEnd(137, "node_2: worker lost during the run", not_restarted=NOT_USED_UP),
             f"node_2: its worker container was killed during the run; {USED_UP}",
         ),
         (
@@ -404,11 +512,11 @@ USED_UP = "not restarted: all 1 restart(s) (--max-restarts 1) are used up; allow
         ),
         (
             None,
-            JobEnd(137, "node_2: worker lost during the run", not_restarted=USED_UP),
+            JobEnd(137, "node_2: worker lost during the run", not_restarted=NOT_USED_UP),
             f"node_2: worker lost during the run; {USED_UP}",
         ),
-        (None, JobEnd(1, None, not_restarted=USED_UP), None),  # no cause to name: the status is its own
-        (f"x; {USED_UP}", JobEnd(1, "z", not_restarted=USED_UP), f"x; {USED_UP}"),
+        (None, JobEnd(1, None, not_restarted=NOT_USED_UP), None),  # no cause to name: the status is its own
+        (f"x; {USED_UP}", JobEnd(1, "z", not_restarted=NOT_USED_UP), f"x; {USED_UP}"),
     ],
 )
 def test_one_root_cause_line_keeps_why_the_agent_did_not_restart(seen, end, expected):
@@ -417,10 +525,12 @@ def test_one_root_cause_line_keeps_why_the_agent_did_not_restart(seen, end, expe
 
 
 @pytest.mark.parametrize(
-    "given", [{"lost": [], "script_restarts": 1}, {"restarts": 3}, {"ended_by": "x"}, {"stop_asked": True}]
+    "given",
+    [{"lost": [], "script_restarts": 1}, {"restarts": 3}, {"state": RunState.STALLED}, {"stop_asked": True}],
 )
 def test_every_refusal_starts_alike(given):
-    assert why_not(**given).startswith("not restarted: ")
+    refused = refusal(**given)
+    assert refused and refused.reason.startswith("not restarted: ")
 
 
 def test_a_restarts_run_has_what_is_left_of_the_jobs_time_limit(monkeypatch):
@@ -470,7 +580,7 @@ def test_a_spare_is_checked_before_it_is_needed_then_takes_the_lost_nodes_place(
     assert transport.files["/home/mpiuser/hostfile"] == "10.0.0.1 slots=1\n10.0.0.4 slots=1\n10.0.0.3 slots=1\n"
     assert "ranks by node: node_1 0, node_4 1, node_3 2" in said  # the spare runs the lost node's rank now
     assert not any(line.startswith("waiting up to") for line in said)
-    assert transport.lines[S5.address].last_word == "exit status 0"  # the unused spare is told, and stops
+    assert parse_job_end(transport.lines[S5.address].last_word) == end  # the unused spare is told, and stops
 
 
 def test_a_spare_that_does_not_answer_is_passed_over_for_the_next():
@@ -498,14 +608,14 @@ def test_a_lost_spare_does_not_end_the_job():
     agent = Agent(
         trainer_spec(spares=(S4,)), transport, say=said.append, clock=transport.clock, sleep=transport.clock.sleep
     )
-    agent.claim([W1, W2, W3, S4])
-    agent.running = {W1.address, W2.address, W3.address}
+    agent.workers.claim([W1, W2, W3, S4])
+    agent.workers.start_run([W1, W2, W3])
     transport.lines[S4.address].open = False
-    watch = LifelineWatch(agent)
+    watch = LifelineWatch(agent.workers)
     watch.check()
     assert watch.cause is None and not transport.ended.is_set()
     assert said == ["node_4: worker lost during the run; a spare, not used by any restart"]
-    assert agent.answering_spares(1) == []
+    assert agent.restarts.answering_spares(1) == []
 
 
 def test_spares_travel_in_the_job_spec():

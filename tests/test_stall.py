@@ -210,7 +210,7 @@ def test_the_stall_watch_gathers_the_stacks_once_and_ends_the_job_only_when_aske
             return super().ssh(address, command, timeout, stdin)
 
     transport = Transport(stacks_of=waiting)
-    watch = StallWatch(Agent(spec, transport, say=said.append), WORKERS)  # type: ignore[arg-type]
+    watch = StallWatch(Agent(spec, transport, say=said.append).workers, WORKERS)  # type: ignore[arg-type]
     watch.start()
     assert transport.ended.wait(3) is (action == "fail")
     watch.stop()
@@ -241,7 +241,7 @@ def test_a_stall_that_ends_is_said_with_its_length_not_the_new_outputs_age():
         def output_age(self) -> float:
             return next(self.ages, 0.2)
 
-    watch = StallWatch(Agent(spec, Transport(stacks_of=waiting), say=said.append), WORKERS)  # type: ignore[arg-type]
+    watch = StallWatch(Agent(spec, Transport(stacks_of=waiting), say=said.append).workers, WORKERS)  # type: ignore[arg-type]
     watch.start()
     deadline = time.monotonic() + 10
     while not any("progress again" in line for line in said):

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import IO
 
 from launcher.agent import compose, stacks
-from launcher.agent.hostkeys import FirstContactAgent
+from launcher.agent.hostkeys import keyscan
 from launcher.agent.job import Agent
 from launcher.agent.transport import SshTransport, Transport, read_text, stop_on_signals, write_atomically
-from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, lost_addresses, say
+from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, Workers, lost_addresses, say
 from launcher.core.job import JobSpec
+from launcher.core.jobend import JobEnd, parse_job_end
 from launcher.core.options import one_line
 from launcher.core.protocol import (
     AGENT_LINK,
@@ -37,10 +38,8 @@ from launcher.core.protocol import (
     JOB_STATUS,
     KEEP_RUNNING,
     WORKER_CLAIMED,
-    JobEnd,
     agent_line,
     lost_driver_message,
-    parse_job_end,
 )
 
 
@@ -53,8 +52,8 @@ def run_compose(environ: dict[str, str], args: list[str]) -> int:
         spec = compose.job_spec(environ, args, compose.secret_names(transport.list_folder(COMPOSE_SECRETS_DIR)))
         transport.write(JOB_SPEC, spec.to_json())
     except (ValueError, OSError) as error:  # SettingsError, or TRAIN_COMMAND that shlex cannot split
-        return FirstContactAgent(compose.fallback_spec(environ), transport).refuse(one_line(error)).status
-    return FirstContactAgent(spec, transport).run().status
+        return Agent(compose.fallback_spec(environ), transport, scan=keyscan).refuse(one_line(error)).status
+    return Agent(spec, transport, scan=keyscan).run().status
 
 
 def run_spec(log_file: str | None) -> int:
@@ -86,8 +85,8 @@ def print_stacks(native: bool) -> int:
     if not spec.options.ptrace:
         print(f"error: {stacks.NO_PTRACE}", file=sys.stderr)
         return 1
-    agent = Agent(spec, SshTransport(), say=lambda line: print(line, file=sys.stderr))
-    sys.stdout.write(stacks.report(agent.gather_stacks(agent.candidates(), native)))
+    workers = Workers(spec, SshTransport(), say=lambda line: print(line, file=sys.stderr))
+    sys.stdout.write(stacks.report(workers.gather_stacks(workers.candidates(), native)))
     return 0
 
 
@@ -131,12 +130,12 @@ def discover(transport: Transport, marker_dir: str = "/tmp") -> list[str]:
     alone (rank 0's node, whose shared folder holds the run) and later answers name them all. A worker the agent
     lost (JOB_LOST) is left out until it claims a new one there."""
     spec = JobSpec.from_json(transport.read(JOB_SPEC) or "")
-    agent = Agent(spec, transport, say=lambda _: None)
+    workers = Workers(spec, transport, say=lambda _: None)
     first_answered = Path(marker_dir) / f".elastic-discovery-{spec.job_id}"
     lost = lost_addresses(transport.read(JOB_LOST))
     lines = []
-    for worker in agent.candidates():
-        if worker.address not in lost and agent.answers(worker, DISCOVERY_SSH_TIMEOUT):
+    for worker in workers.candidates():
+        if worker.address not in lost and workers.answers(worker, DISCOVERY_SSH_TIMEOUT):
             lines.append(f"{worker.address}:{spec.slots_of(worker)}")
             if not first_answered.exists():
                 first_answered.touch()

@@ -8,19 +8,15 @@ before the job starts: no job code runs on any worker yet) and stores it where t
 discovery refuse a worker whose key changes during the job. This is trust on first use: it rests on the cluster's
 network at the job's start (compose: the project's own bridge network, whose containers have no NET_RAW to spoof an
 address; an MPIJob: the cluster's DNS and pod network, the ground the operator's own images stand on).
+
+keyscan is the Workers service's `scan` for those launch methods (launcher/agent/workers.py: Workers.learn).
 """
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
 
-from launcher.agent.job import Agent
-from launcher.agent.transport import Transport
-from launcher.core.job import JobSpec, Worker
-from launcher.core.protocol import HOSTKEYS_DIR, SSH_CONNECT_TIMEOUT_SECONDS
-
-Scan = Callable[[str, int], str | None]
+from launcher.core.protocol import SSH_CONNECT_TIMEOUT_SECONDS
 
 
 def keyscan(address: str, port: int) -> str | None:
@@ -39,20 +35,3 @@ def keyscan(address: str, port: int) -> str | None:
         if len(words) >= 3 and not line.startswith("#"):
             return f"{words[1]} {words[2]}"
     return None
-
-
-class FirstContactAgent(Agent):
-    """The job agent, pinning each worker's host key as learnt at its first contact (the module's docstring)."""
-
-    def __init__(self, spec: JobSpec, transport: Transport, scan: Scan = keyscan, **kwargs) -> None:
-        super().__init__(spec, transport, **kwargs)
-        self.scan = scan
-
-    def pin(self, worker: Worker) -> bool:
-        learnt = f"{HOSTKEYS_DIR}/{worker.address}.pub"
-        if not self.transport.read(learnt):
-            key = self.scan(worker.address, self.spec.options.ssh_port)
-            if not key:
-                return False
-            self.transport.write(learnt, key + "\n")
-        return super().pin(worker)

@@ -11,23 +11,28 @@ gathers every rank's stack once (launcher/core/stall.py, launcher/agent/stacks.p
 it does not depend on the client that started it, and when the agent itself dies (its container killed, out of
 memory, a reboot) its connections close and every worker stops by itself.
 
-Its parts, each in its own module: the agent's contact with its workers (finding and trusting them, their connections,
-the lost ones, their stacks, the last word: launcher/agent/workers.py), the restarts (launcher/agent/restarts.py), the
-watches beside the running job (launcher/agent/watches.py) and Horovod's records summarised at the end
-(launcher/agent/records.py). Side effects go through a Transport (launcher/agent/transport.py), so every decision
-here is tested without containers.
+The agent is a loop that passes values (the shape of torchrun's elastic agent): each run returns a RunResult
+(launcher/core/runs.py: its state, exit status, cause, lost workers), the pure restart decision turns it into a
+Restart or a NotRestarted (launcher/core/restart.py), and the job's end is a JobEnd carrying those records
+(launcher/core/jobend.py), which the host renders. Its parts, each in its own module: the Workers service (finding and
+trusting them, their connections, the lost ones, their stacks, the last word: launcher/agent/workers.py), the
+restarts (launcher/agent/restarts.py), the watches beside the running job (launcher/agent/watches.py) and Horovod's
+records summarised at the end (launcher/agent/records.py). Side effects go through a Transport
+(launcher/agent/transport.py), so every decision here is tested without containers.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import time
+from collections.abc import Callable
 
 from launcher.agent import records, watches
-from launcher.agent.restarts import RestartingAgent
+from launcher.agent.restarts import Restarts
 from launcher.agent.transport import Transport
-from launcher.agent.workers import JobError, LostWorker
+from launcher.agent.workers import JobError, LostWorker, Say, Scan, Workers, say
 from launcher.core import legacy_keras
 from launcher.core.job import JobSpec, Worker, hostfile, ssh_config
+from launcher.core.jobend import JobEnd
 from launcher.core.protocol import (
     HOME,
     HOSTFILE_PATH,
@@ -38,22 +43,41 @@ from launcher.core.protocol import (
     KEPT_JOB_LOG,
     KNOWN_HOSTS,
     SSH_CONFIG,
-    JobEnd,
     Signalled,
 )
 from launcher.core.ranks import placement_line
+from launcher.core.restart import NotRestarted, Restart
+from launcher.core.runs import RunResult, RunState
 
 REFUSED_JOB_PATIENCE_SECONDS = 30
 """How long a job refused before it started keeps trying to tell the workers (they may still be starting)."""
 
 
-class Agent(RestartingAgent):
-    """One job, readiness -> run (and its restarts) -> end (the module's docstring)."""
+class Agent:
+    """One job, readiness -> run (and its restarts) -> end (the module's docstring). `scan`: learn the workers' host
+    keys at first contact (launcher/agent/hostkeys.py); `setup`: what the launch method adds to the ssh client's set-up
+    (an MPIJob's: the operator's key)."""
 
-    def __init__(self, spec: JobSpec, transport: Transport, **kwargs) -> None:
-        super().__init__(spec, transport, **kwargs)
+    def __init__(
+        self,
+        spec: JobSpec,
+        transport: Transport,
+        say: Say = say,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        scan: Scan | None = None,
+        setup: Callable[[Transport], None] | None = None,
+    ) -> None:
+        self.workers = Workers(spec, transport, say, clock, sleep, scan)
+        self.restarts = Restarts(self.workers)
+        self.transport, self.say, self.clock, self.sleep, self.setup = transport, say, clock, sleep, setup
         self.job_started: float | None = None
         """When the job's first run started (its time limit counts from then, restarts included)."""
+
+    @property
+    def spec(self) -> JobSpec:
+        """The job as it runs now (a restart's spec once it restarted)."""
+        return self.workers.spec
 
     def run(self) -> JobEnd:
         """The whole job; however it ends, its status is recorded and every worker is told."""
@@ -62,18 +86,14 @@ class Agent(RestartingAgent):
             self.prepare()
             secrets = self.secrets()  # first: the file goes, whatever happens next
             ready = self.wait_until_ready()
-            self.claim(ready)
-            self.check_command(ready)
-            self.stand_by()
-            end = self.run_job(ready, secrets)
-            while (again := self.restart_on(end, ready)) is not None:
-                ready = again
-                end = self.run_job(ready, secrets)
-            end = dataclasses.replace(
-                end,
-                restarts=tuple(done.line() for done in self.restarts),
-                not_restarted=self.not_restarted or None,
-            )
+            self.workers.claim(ready)
+            self.workers.check_command(ready)
+            self.restarts.stand_by()
+            result = self.run_job(ready, secrets)
+            while isinstance(decision := self.restarts.decide(result, ready), Restart):
+                ready = self.restarts.carry_out(decision, ready)
+                result = self.run_job(ready, secrets)
+            end = self.ended(result, decision)
         except JobError as error:
             self.say(f"error: {error}")
             end = JobEnd(2, str(error))
@@ -86,6 +106,12 @@ class Agent(RestartingAgent):
         self.finish(end, self.workers_to_tell(ready))
         return end
 
+    def ended(self, result: RunResult, decision: NotRestarted) -> JobEnd:
+        """The job's end after its last run: the decision not to start it again is said, when there is a reason."""
+        if decision.reason:
+            self.say(decision.reason)
+        return JobEnd.of_run(result, self.restarts.made(), decision)
+
     # --- readiness -----------------------------------------------------------------------------------------------
     def prepare(self) -> None:
         if self.spec.make_key:
@@ -94,6 +120,8 @@ class Agent(RestartingAgent):
         self.transport.write(KNOWN_HOSTS, "", 0o600)  # pins are per job: a worker's key is new in every container
         if self.spec.output_dir:
             self.transport.make_run_dir(self.spec.output_dir)
+        if self.setup is not None:
+            self.setup(self.transport)
 
     def wait_until_ready(self) -> list[Worker]:
         """The job's workers once every one's sshd answers, in the candidates' order (rank 0's node first)."""
@@ -101,9 +129,9 @@ class Agent(RestartingAgent):
         deadline = self.clock() + spec.options.ready_timeout
         ready: list[Worker] = []
         while True:
-            candidates = self.candidates()
+            candidates = self.workers.candidates()
             for worker in candidates:
-                if worker not in ready and self.answers(worker):
+                if worker not in ready and self.workers.answers(worker):
                     ready.append(worker)
                     self.say(
                         f"{worker.name}: sshd answers on port {spec.options.ssh_port} ({len(ready)}/"
@@ -134,24 +162,26 @@ class Agent(RestartingAgent):
         return found
 
     # --- the run -------------------------------------------------------------------------------------------------
-    def run_job(self, ready: list[Worker], secrets: dict[str, str] | None = None) -> JobEnd:
+    def run_job(self, ready: list[Worker], secrets: dict[str, str] | None = None) -> RunResult:
         """mpirun (or elastic horovodrun) over the ready workers, `secrets` in its environment; how it ended."""
-        spec = self.spec
+        spec, workers = self.spec, self.workers
         argv = spec.job_argv()
-        self.running = {worker.address for worker in ready}
+        workers.start_run(ready)
         self.transport.write(HOSTFILE_PATH, hostfile(ready, spec.slots))
         self.say(f"hostfile: {' '.join(f'{worker.address}:{spec.slots_of(worker)}' for worker in ready)}")
         if not spec.elastic:  # an elastic job's ranks move with each reset; horovodrun places them
             self.say(placement_line([(worker.name, spec.slots_of(worker)) for worker in ready]))
         self.say(f"running: {' '.join(argv)}")
-        watch = watches.ElasticClaims(self) if spec.elastic else None
-        lifelines = watches.LifelineWatch(self)
-        stall = watches.StallWatch(self, ready) if spec.options.stall_timeout > 0 else None
+        claims = watches.ElasticClaims(workers) if spec.elastic else None
+        lifelines = watches.LifelineWatch(workers)
+        stall = watches.StallWatch(workers, ready) if spec.options.stall_timeout > 0 else None
         if self.job_started is None:
             self.job_started = self.clock()
         used = self.clock() - self.job_started  # a restart's run has what its earlier runs left of the limit
-        limit = watches.TimeLimit(self, ready, spec.options.time_limit - used) if spec.options.time_limit > 0 else None
-        threads = [thread for thread in (watch, lifelines, stall, limit) if thread]
+        limit = (
+            watches.TimeLimit(workers, ready, spec.options.time_limit - used) if spec.options.time_limit > 0 else None
+        )
+        threads = [thread for thread in (claims, lifelines, stall, limit) if thread]
         for thread in threads:
             thread.start()
         try:
@@ -160,24 +190,22 @@ class Agent(RestartingAgent):
             for thread in threads:
                 thread.stop()
         self.say(f"{spec.program} exited with status {status}")
-        self.run_losses, self.ended_by = [], None
         if limit and limit.cause:
-            self.ended_by = "its time limit"
-            return JobEnd(watches.TimeLimit.STATUS, limit.cause)
+            return RunResult(RunState.TIMED_OUT, watches.TimeLimit.STATUS, limit.cause)
         if lifelines.cause:
-            if spec.options.can_restart:
-                self.run_losses = self.losses(ready)
-            lost = self.run_losses or list(self.lost.values())
-            return JobEnd(status or 1, lifelines.cause, lost=tuple(sorted(loss.name for loss in lost)))
+            # Who was lost, exactly, only where a restart needs it (asking each worker takes a while).
+            lost = workers.losses(ready) if spec.options.can_restart else sorted(workers.lost().values(), key=str)
+            state = RunState.WORKERS_LOST if lost else RunState.FAILED
+            return RunResult(state, status or 1, lifelines.cause, tuple(lost))
         if stall and stall.cause:
-            self.ended_by = "the stall watch (stall action fail)"
-            return JobEnd(status or 1, stall.cause)
+            return RunResult(RunState.STALLED, status or 1, stall.cause)
         if status == 0:
-            return JobEnd(0)
-        losses = self.losses(ready)
-        self.run_losses = losses if spec.options.can_restart else []
-        cause = self.cause_of(losses) or self.rank_cause()
-        return JobEnd(status, cause, lost=tuple(loss.name for loss in losses))
+            return RunResult(RunState.SUCCEEDED, 0)
+        losses = workers.losses(ready)
+        if losses:
+            return RunResult(RunState.WORKERS_LOST, status, self.cause_of(losses), tuple(losses))
+        rank, cause = self.rank_cause()
+        return RunResult(RunState.FAILED, status, cause, failed_rank=rank)
 
     def cause_of(self, losses: list[LostWorker]) -> str | None:
         """The failed job's cause, when it lost workers."""
@@ -191,28 +219,28 @@ class Agent(RestartingAgent):
         closed = [loss.name for loss in losses if not loss.silent]
         return "; ".join([*silent, *([f"{', '.join(closed)}: worker lost during the run; {hint}"] if closed else [])])
 
-    def rank_cause(self) -> str | None:
-        """The failed job's cause, said, when a rank's output shows one the stack words with its fix: Keras 2 code on
-        Keras 3 (launcher/core/legacy_keras.py)."""
+    def rank_cause(self) -> tuple[int | None, str | None]:
+        """The failed rank and the job's cause, said, when a rank's output shows one the stack words with its fix:
+        Keras 2 code on Keras 3 (launcher/core/legacy_keras.py)."""
         rank = self.transport.keras2_rank()
         if rank is None:
-            return None
+            return None, None
         options = self.spec.options
         cause = f"rank {rank}: {legacy_keras.explained(legacy_keras.ERROR, options.door, options.command)}"
         self.say(f"error: {cause}")
-        return cause
+        return rank, cause
 
     def refuse(self, cause: str) -> JobEnd:
         """A job refused before it started (a bad setting): the workers that are up are told all the same."""
         self.say(f"error: {cause}")
         end = JobEnd(2, cause)
         self.prepare()
-        self.finish(end, self.candidates(), patience=REFUSED_JOB_PATIENCE_SECONDS)
+        self.finish(end, self.workers.candidates(), patience=REFUSED_JOB_PATIENCE_SECONDS)
         return end
 
     # --- the end -----------------------------------------------------------------------------------------------
     def workers_to_tell(self, ready: list[Worker]) -> list[Worker]:
-        everyone = [*ready, *self.candidates(), *self.claimed.values(), *self.spec.spares]
+        everyone = [*ready, *self.workers.candidates(), *self.workers.claimed(), *self.spec.spares]
         known = {worker.address: worker for worker in everyone}
         return list(known.values())
 
@@ -247,11 +275,13 @@ class Agent(RestartingAgent):
         job spec; not with --keep-running, whose containers stay up for debugging). The worker whose container runs
         this agent (the launcher's rank 0) hears last, over its open connection: it stops soon after, and this agent
         with it."""
-        message = KEEP_RUNNING if self.spec.keep_running else end.message()
+        message = KEEP_RUNNING if self.spec.keep_running else end.to_json()
         own = self.spec.agent_host
-        self.tell_all([worker for worker in workers if worker.address != own], message, patience)
+        self.workers.tell_all([worker for worker in workers if worker.address != own], message, patience)
         if not self.spec.keep_running:  # a stopped container stays until `launcher stop`: nothing secret in it
             for path in JOB_PRIVATE_FILES:
                 self.transport.remove(path)
         if own is not None:
-            self.tell_all([worker for worker in workers if worker.address == own] or [Worker(own, own)], message)
+            self.workers.tell_all(
+                [worker for worker in workers if worker.address == own] or [Worker(own, own)], message
+            )

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 
-from launcher.agent.hostkeys import FirstContactAgent, Scan, keyscan
+from launcher.agent.hostkeys import keyscan
+from launcher.agent.job import Agent
 from launcher.agent.transport import SshTransport, Transport, stop_on_signals
-from launcher.agent.workers import JobError
+from launcher.agent.workers import JobError, Scan
 from launcher.core.job import DoorWords, JobSpec, Worker, new_run_id
+from launcher.core.jobend import JobEnd
 from launcher.core.nics import IP_ADDRESSES, own_nic, parse_ip_addresses, subnet_of, virtual_subnets
 from launcher.core.options import JobOptions, SettingsError, one_line
 from launcher.core.pod_contract import PodArgs, parse
@@ -43,7 +46,6 @@ from launcher.core.protocol import (
     MPIJOB_HOSTFILE,
     MPIJOB_SSH_AUTH_DIR,
     RUNS_DIR,
-    JobEnd,
 )
 
 DRIVER = "the MPIJob's launcher pod"
@@ -113,22 +115,24 @@ def job_spec(pod: PodArgs, hostfile_text: str, addresses: list[tuple[str, str]],
     )
 
 
-class OperatorAgent(FirstContactAgent):
-    """The job agent with the operator's key pair and host keys learnt on first contact (the module's docstring)."""
+def operator_key(ssh_auth: str) -> Callable[[Transport], None]:
+    """The ssh client's set-up in the launcher pod: the operator's key pair, copied where ssh reads it."""
 
-    def __init__(self, spec: JobSpec, transport: Transport, ssh_auth: str, scan: Scan = keyscan, **kwargs) -> None:
-        super().__init__(spec, transport, scan, **kwargs)
-        self.ssh_auth = ssh_auth
-
-    def prepare(self) -> None:
-        super().prepare()
-        private = self.transport.read(f"{self.ssh_auth}/id_rsa")
+    def take(transport: Transport) -> None:
+        private = transport.read(f"{ssh_auth}/id_rsa")
         if not private:
             raise JobError(
-                f"no SSH key at {self.ssh_auth}/id_rsa: the MPI Operator mounts its Secret at the MPIJob's "
-                f"sshAuthMountPath, which must be {self.ssh_auth}; export the job with `launcher export mpijob`"
+                f"no SSH key at {ssh_auth}/id_rsa: the MPI Operator mounts its Secret at the MPIJob's "
+                f"sshAuthMountPath, which must be {ssh_auth}; export the job with `launcher export mpijob`"
             )
-        self.transport.write(CLUSTER_KEY, private, 0o600)  # ssh refuses a private key that others may read
+        transport.write(CLUSTER_KEY, private, 0o600)  # ssh refuses a private key that others may read
+
+    return take
+
+
+def operator_agent(spec: JobSpec, transport: Transport, ssh_auth: str, scan: Scan = keyscan, **kwargs) -> Agent:
+    """The job agent with the operator's key pair and host keys learnt on first contact (the module's docstring)."""
+    return Agent(spec, transport, scan=scan, setup=operator_key(ssh_auth), **kwargs)
 
 
 def own_addresses() -> list[tuple[str, str]]:
@@ -171,13 +175,13 @@ def main(argv: list[str]) -> int:
         spec = job_spec(pod, hostfile_text, own_addresses())
         transport.write(JOB_SPEC, spec.to_json())
     except (ValueError, OSError) as error:
-        agent = OperatorAgent(fallback_spec(hostfile_text), transport, ssh_auth)
+        agent = operator_agent(fallback_spec(hostfile_text), transport, ssh_auth)
         try:
             return agent.refuse(one_line(error)).status
         except JobError:  # no key to tell the workers with: they stop when the operator removes the pods
             transport.write(JOB_STATUS, JobEnd(2, one_line(error)).to_json() + "\n")
             return 2
-    return OperatorAgent(spec, transport, ssh_auth).run().status
+    return operator_agent(spec, transport, ssh_auth).run().status
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ class Lifeline(Protocol):
         """True once the line has closed because the worker stopped answering (no reset: link or host down)."""
 
     def send(self, message: str) -> None:
-        """Send the last line (a job-end message, or KEEP_RUNNING) and close."""
+        """Send the last line (the job's end record, or KEEP_RUNNING) and close."""
 
     def wait(self) -> None:
         """Until the worker's end has it (bounded)."""

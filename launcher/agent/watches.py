@@ -1,14 +1,15 @@
 """The watches beside a running job, each a thread that run_job (launcher/agent/job.py) starts with the job and
 stops once it ends: ElasticClaims (an elastic job's joining and returning workers claimed), LifelineWatch (a worker
 lost: the job ended, or an elastic one goes on without it), StallWatch (a job that shows no progress: every rank's
-stack, once) and TimeLimit (the job ended at its time limit). A watch that ends the job says why (its cause).
+stack, once) and TimeLimit (the job ended at its time limit). Each works through the job's Workers service
+(launcher/agent/workers.py); a watch that ends the job says why (its cause, which run_job reads once it stopped it).
 """
 
 from __future__ import annotations
 
 import threading
 
-from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, LostWorker, WorkerContact
+from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, Workers
 from launcher.core import stall
 from launcher.core.job import Worker
 from launcher.core.protocol import JOB_STALL
@@ -25,11 +26,22 @@ class JobWatch(threading.Thread):
     """A thread beside the running job (run_job starts and stops them all): `done` ends it; `cause` is why it ended
     the job, when it did."""
 
-    def __init__(self, agent: WorkerContact, name: str) -> None:
+    def __init__(self, workers: Workers, name: str) -> None:
         super().__init__(name=name, daemon=True)
-        self.agent = agent
+        self.workers = workers
         self.done = threading.Event()
-        self.cause: str | None = None
+        self._cause: str | None = None
+
+    @property
+    def cause(self) -> str | None:
+        """Why this watch ended the job; None when it did not."""
+        return self._cause
+
+    def end_job(self, cause: str, said: str) -> None:
+        """Ends the job with `cause`, unless it ended by itself meanwhile (its end stands)."""
+        if self.workers.transport.stop_job():
+            self._cause = cause
+            self.workers.say(said)
 
     def stop(self) -> None:
         self.done.set()
@@ -39,8 +51,8 @@ class JobWatch(threading.Thread):
 class ElasticClaims(JobWatch):
     """During an elastic job: an ssh connection to every worker that joins or comes back (discovery lets it in)."""
 
-    def __init__(self, agent: WorkerContact) -> None:
-        super().__init__(agent, "elastic-claims")
+    def __init__(self, workers: Workers) -> None:
+        super().__init__(workers, "elastic-claims")
         self.returns: dict[str, int] = {}
         """How often each lost worker came back (with --restart-workers, its node's engine started it again)."""
 
@@ -49,35 +61,30 @@ class ElasticClaims(JobWatch):
             try:
                 self.claim_round()
             except Exception as error:  # noqa: BLE001  the job goes on; a later round tries again
-                self.agent.say(f"could not claim a returning worker: {error}")
+                self.workers.say(f"could not claim a returning worker: {error}")
 
     def claim_round(self) -> None:
         """One round: every candidate without a live connection that answers is claimed, unless it is a lost worker's
         old container (a lost worker comes back only as a new one, its container started again; the old one stops)."""
-        agent = self.agent
-        unclaimed = [
-            worker
-            for worker in agent.candidates()
-            if not (line := agent.lifelines.get(worker.address)) or not line.alive()
-        ]
+        workers = self.workers
         joining = [
             worker
-            for worker in unclaimed
-            if agent.answers(worker, DISCOVERY_SSH_TIMEOUT)
-            and (worker.address not in agent.lost or agent.unclaimed_since_start(worker))
+            for worker in workers.unclaimed()
+            if workers.answers(worker, DISCOVERY_SSH_TIMEOUT)
+            and (not workers.is_lost(worker.address) or workers.unclaimed_since_start(worker))
         ]
-        agent.claim(joining)
-        options = agent.spec.options
+        workers.claim(joining)
+        options = workers.spec.options
         for worker in joining:
-            if worker.address in agent.lost:
-                agent.mark_lost(worker.address, None)
+            if workers.is_lost(worker.address):
+                workers.mark_lost(worker.address, None)
                 self.returns[worker.name] = count = self.returns.get(worker.name, 0) + 1
                 restarted = (
                     f" (its engine's restart {count} of at most {options.worker_restarts}, --worker-restarts)"
                     if options.restart_workers
                     else ""
                 )
-                agent.say(f"{worker.name}: a new worker there is claimed; host discovery lists it again{restarted}")
+                workers.say(f"{worker.name}: a new worker there is claimed; host discovery lists it again{restarted}")
 
 
 class LifelineWatch(JobWatch):
@@ -88,8 +95,8 @@ class LifelineWatch(JobWatch):
     listing it (JOB_LOST); should the job then show no progress for its elastic timeout and
     ELASTIC_RECOVERY_GRACE_SECONDS (Horovod neither went on nor failed), it is ended, the loss its cause."""
 
-    def __init__(self, agent: WorkerContact) -> None:
-        super().__init__(agent, "connection-watch")
+    def __init__(self, workers: Workers) -> None:
+        super().__init__(workers, "connection-watch")
         self.last_loss: float | None = None
 
     def run(self) -> None:
@@ -97,33 +104,29 @@ class LifelineWatch(JobWatch):
             try:
                 self.check()
             except Exception as error:  # noqa: BLE001  the job goes on; the next round looks again
-                self.agent.say(f"connection watch: {type(error).__name__}: {error}")
+                self.workers.say(f"connection watch: {type(error).__name__}: {error}")
 
     def check(self) -> None:
-        agent = self.agent
-        for address, line in list(agent.lifelines.items()):
-            if line.alive() or address in agent.lost:
+        workers = self.workers
+        for address, loss in workers.newly_closed():
+            workers.mark_lost(address, loss)
+            if not workers.spec.elastic and not workers.runs_on(address):  # a spare: the job goes on
+                workers.say(f"{loss}; a spare, not used by any restart")
                 continue
-            loss = LostWorker(agent.claimed[address].name, line.silent())
-            agent.mark_lost(address, loss)
-            if not agent.spec.elastic and address not in agent.running:  # a spare: the job goes on
-                agent.say(f"{loss}; a spare, not used by any restart")
-                continue
-            self.last_loss = agent.clock()
-            if not agent.spec.elastic:
-                self.end(str(loss))
+            self.last_loss = workers.clock()
+            if not workers.spec.elastic:
+                self.end_job(str(loss), f"error: {loss}; ending the job")
                 return
-            agent.say(f"{loss}; host discovery drops it and the elastic job goes on without it")
-        if agent.spec.elastic and agent.lost and self.last_loss is not None:
-            patience = agent.spec.options.elastic_timeout + ELASTIC_RECOVERY_GRACE_SECONDS
-            if agent.clock() - self.last_loss > patience and agent.transport.output_age() > patience:
-                lost = ", ".join(loss.short() for loss in agent.lost.values())
-                self.end(f"the elastic job showed no progress for {patience} s after it lost {lost}")
-
-    def end(self, cause: str) -> None:
-        if self.agent.transport.stop_job():  # else it ended by itself meanwhile: its end stands
-            self.cause = cause
-            self.agent.say(f"error: {cause}; ending the job")
+            workers.say(f"{loss}; host discovery drops it and the elastic job goes on without it")
+        lost = workers.lost()
+        if workers.spec.elastic and lost and self.last_loss is not None:
+            patience = workers.spec.options.elastic_timeout + ELASTIC_RECOVERY_GRACE_SECONDS
+            if workers.clock() - self.last_loss > patience and workers.transport.output_age() > patience:
+                cause = (
+                    f"the elastic job showed no progress for {patience} s after it lost "
+                    f"{', '.join(loss.short() for loss in lost.values())}"
+                )
+                self.end_job(cause, f"error: {cause}; ending the job")
 
 
 class StallWatch(JobWatch):
@@ -131,12 +134,12 @@ class StallWatch(JobWatch):
     stack goes into the job's log once, and JOB_STALL says so for `launcher status` (also Horovod's own stall
     warnings); with the stall action `fail`, the job is ended with the stall as its cause."""
 
-    def __init__(self, agent: WorkerContact, workers: list[Worker]) -> None:
-        super().__init__(agent, "stall-watch")
-        self.workers = workers
+    def __init__(self, workers: Workers, ready: list[Worker]) -> None:
+        super().__init__(workers, "stall-watch")
+        self.ready = ready
 
     def run(self) -> None:
-        spec, transport = self.agent.spec, self.agent.transport
+        spec, transport = self.workers.spec, self.workers.transport
         metrics = spec.metrics_file
         where = ""
         written: stall.StallRecord | None = None  # the first round writes even an empty one: a former run's is over
@@ -152,7 +155,7 @@ class StallWatch(JobWatch):
                 idle = stall.idle_seconds(transport.output_age(), transport.file_age(metrics) if metrics else None)
                 if not stall.is_stalled(idle, spec.options.stall_timeout):
                     if where and written:  # the stall's length as last written: idle starts over with new output
-                        self.agent.say(
+                        self.workers.say(
                             f"the job shows progress again after a stall of {written.idle_seconds} s or more"
                         )
                     where = ""
@@ -163,20 +166,18 @@ class StallWatch(JobWatch):
                     where = self.stalled(idle) or "no rank's stack could be taken"
                 publish(stall.StallRecord(int(idle) if where else 0, where, transport.horovod_warning()))
             except Exception as error:  # noqa: BLE001  the job goes on; the next round tries again
-                self.agent.say(f"stall watch: {type(error).__name__}: {error}")
+                self.workers.say(f"stall watch: {type(error).__name__}: {error}")
 
     def stalled(self, idle: float) -> str:
-        spec = self.agent.spec
-        where = self.agent.report_stacks(
-            self.workers,
+        spec = self.workers.spec
+        where = self.workers.report_stacks(
+            self.ready,
             f"the job looks stalled: no output and no new metrics for {idle:.0f} s (stall timeout "
             f"{spec.options.stall_timeout} s)",
         )
         if spec.options.stall_action == "fail":
             cause = f"the job stalled: no output and no new metrics for {idle:.0f} s; {where or 'no stacks'}"
-            if self.agent.transport.stop_job():  # else it ended by itself meanwhile: its end stands
-                self.cause = cause
-                self.agent.say(f"error: {cause}; ending the job (stall action fail)")
+            self.end_job(cause, f"error: {cause}; ending the job (stall action fail)")
         return where
 
 
@@ -186,17 +187,15 @@ class TimeLimit(JobWatch):
 
     STATUS = 124
 
-    def __init__(self, agent: WorkerContact, workers: list[Worker], seconds: float) -> None:
-        super().__init__(agent, "time-limit")
-        self.workers, self.seconds = workers, seconds
+    def __init__(self, workers: Workers, ready: list[Worker], seconds: float) -> None:
+        super().__init__(workers, "time-limit")
+        self.ready, self.seconds = ready, seconds
         """What is left of the limit (all of it in the first run)."""
 
     def run(self) -> None:
-        limit = self.agent.spec.options.time_limit
+        limit = self.workers.spec.options.time_limit
         if self.done.wait(max(0.0, self.seconds)):
             return
-        where = self.agent.report_stacks(self.workers, f"the job ran past its time limit of {limit} s")
+        where = self.workers.report_stacks(self.ready, f"the job ran past its time limit of {limit} s")
         cause = f"the job ran past its time limit of {limit} s; {where or 'no stacks'}"
-        if self.agent.transport.stop_job():  # else it ended by itself while the stacks were taken: its end stands
-            self.cause = cause
-            self.agent.say(f"error: {cause}; ending the job")
+        self.end_job(cause, f"error: {cause}; ending the job")

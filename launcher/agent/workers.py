@@ -1,10 +1,12 @@
-"""The agent's contact with its workers, however the job was launched: which workers the job may use, their host
-keys pinned (never trusted over the network), an ssh connection to each (it ends when the job ends, or when the agent
-dies), which ones were lost during the run and how, whether each can start the command, every rank's stack on them,
-and the last word each is told. Also the agent's log line (say) and the one error the agent names a fix in (JobError).
+"""The Workers service: the agent's contact with its workers, however the job was launched: which workers the job may
+use, their host keys pinned (never trusted over the network; or learnt at first contact, launcher/agent/hostkeys.py),
+an ssh connection to each (it ends when the job ends, or when the agent dies), which ones were lost during the run and
+how, whether each can start the command, every rank's stack on them, and the last word each is told. Also the agent's
+log line (say) and the one error the agent names a fix in (JobError).
 
-Every part of the agent builds on WorkerContact: the restarts (launcher/agent/restarts.py), the watches beside the
-running job (launcher/agent/watches.py) and the job itself (launcher/agent/job.py).
+The job agent (launcher/agent/job.py), its restarts (launcher/agent/restarts.py) and the watches beside the running
+job (launcher/agent/watches.py) each use one Workers; host discovery and `stacks` (launcher/agent/__main__.py) use one
+without an agent. Its state (connections, lost workers) is its own: others ask and tell through its methods.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from launcher.agent import stacks
 from launcher.agent.transport import Lifeline, Transport
@@ -30,10 +31,13 @@ from launcher.core.protocol import (
     WORKER_CLAIMED,
     agent_line,
 )
+from launcher.core.runs import LostWorker
 
 DISCOVERY_SSH_TIMEOUT = 2
 
 Say = Callable[[str], None]
+Scan = Callable[[str, int], str | None]
+"""Reads a worker's host key as its sshd offers it now ('TYPE BASE64'; None while it does not answer)."""
 
 
 def say(message: str) -> None:
@@ -48,35 +52,14 @@ def lifeline_command(driver: str) -> str:
     return shlex.join([*AGENT, AGENT_LINK, "--driver", driver])
 
 
-@dataclass(frozen=True)
-class LostWorker:
-    """A worker lost during the run: its connection closed (its container stopped or was killed), or it went silent."""
-
-    name: str
-    silent: bool
-
-    def __str__(self) -> str:
-        if self.silent:
-            return f"{self.name} went silent (no answer for {SILENCE_SECONDS} s: link down, host down or powered off)"
-        return f"{self.name}: worker lost during the run"
-
-    def short(self) -> str:
-        """As one of a list of lost workers."""
-        return f"{self.name} (silent for {SILENCE_SECONDS} s)" if self.silent else self.name
-
-    def reason(self) -> str:
-        """As the reason for a restart."""
-        return f"{self.name} went silent" if self.silent else f"{self.name}'s worker was lost"
-
-
 def lost_addresses(text: str | None) -> set[str]:
     """The addresses in JOB_LOST."""
     return set((text or "").split())
 
 
-class WorkerContact:
-    """The agent's workers and its ssh connections to them (the module's docstring); the job agent
-    (launcher/agent/job.py) is one."""
+class Workers:
+    """The job's workers and the agent's ssh connections to them (the module's docstring). `scan`: learn each
+    worker's host key at first contact (launcher/agent/hostkeys.py) instead of reading the one it published."""
 
     def __init__(
         self,
@@ -85,16 +68,34 @@ class WorkerContact:
         say: Say = say,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        scan: Scan | None = None,
     ) -> None:
-        self.spec, self.transport, self.say, self.clock, self.sleep = spec, transport, say, clock, sleep
-        self.lifelines: dict[str, Lifeline] = {}
+        self._spec = spec
+        self.transport, self.say, self.clock, self.sleep, self.scan = transport, say, clock, sleep, scan
+        self._lifelines: dict[str, Lifeline] = {}
         """Open connections to workers, by worker address."""
-        self.claimed: dict[str, Worker] = {}
+        self._claimed: dict[str, Worker] = {}
         """Every worker a connection was opened to, by address."""
-        self.lost: dict[str, LostWorker] = {}
+        self._lost: dict[str, LostWorker] = {}
         """Workers lost during the run and not claimed again, by address."""
-        self.running: set[str] = set()
+        self._running: set[str] = set()
         """The addresses of the workers the job runs on now (not a spare's)."""
+
+    @property
+    def spec(self) -> JobSpec:
+        """The job as it runs now: its first run's, or its latest restart's (use)."""
+        return self._spec
+
+    def use(self, spec: JobSpec) -> None:
+        """From now on the job is `spec` (a restart's: its run number, its workers)."""
+        self._spec = spec
+
+    def start_run(self, workers: list[Worker]) -> None:
+        """The job runs on `workers` now (the others claimed are spares)."""
+        self._running = {worker.address for worker in workers}
+
+    def runs_on(self, address: str) -> bool:
+        return address in self._running
 
     # --- finding and trusting workers -----------------------------------------------------------------------------
     def candidates(self) -> list[Worker]:
@@ -106,8 +107,10 @@ class WorkerContact:
         return []
 
     def pin(self, worker: Worker) -> bool:
-        """Pins the host key the worker published (read from the cluster's files, never trusted over the network);
-        False while it has published none."""
+        """Pins the host key the worker published (read from the cluster's files, never trusted over the network), or
+        the one learnt at first contact (`scan`); False while there is none."""
+        if self.scan is not None and not self.learn(worker):
+            return False
         key = self.transport.read(f"{HOSTKEYS_DIR}/{worker.address}.pub")
         if not key or len(key.split()) < 2:
             return False
@@ -115,6 +118,18 @@ class WorkerContact:
         updated = pin_known_host(known, worker.address, self.spec.options.ssh_port, key)
         if updated != known:
             self.transport.write(KNOWN_HOSTS, updated, 0o600)
+        return True
+
+    def learn(self, worker: Worker) -> bool:
+        """The worker's host key as learnt at first contact (stored where published keys go, HOSTKEYS_DIR, and pinned as
+        strictly from then on); False while its sshd does not answer."""
+        learnt = f"{HOSTKEYS_DIR}/{worker.address}.pub"
+        if self.transport.read(learnt):
+            return True
+        key = self.scan(worker.address, self.spec.options.ssh_port) if self.scan else None
+        if not key:
+            return False
+        self.transport.write(learnt, key + "\n")
         return True
 
     def answers(self, worker: Worker, timeout: float = SSH_CONNECT_TIMEOUT_SECONDS) -> bool:
@@ -137,12 +152,39 @@ class WorkerContact:
     def claim(self, workers: list[Worker]) -> None:
         """An ssh connection to every worker that has none open: it ends when the job ends, or when this agent dies."""
         for worker in workers:
-            line = self.lifelines.get(worker.address)
+            line = self._lifelines.get(worker.address)
             if line is None or not line.alive():
-                self.lifelines[worker.address] = self.transport.lifeline(
+                self._lifelines[worker.address] = self.transport.lifeline(
                     worker.address, lifeline_command(self.spec.driver)
                 )
-                self.claimed[worker.address] = worker
+                self._claimed[worker.address] = worker
+
+    def unclaimed(self) -> list[Worker]:
+        """The candidates with no open connection (never claimed, or their connection closed)."""
+        return [
+            worker
+            for worker in self.candidates()
+            if not (line := self._lifelines.get(worker.address)) or not line.alive()
+        ]
+
+    def newly_closed(self) -> list[tuple[str, LostWorker]]:
+        """The claimed workers whose connection closed and that are not yet marked lost, by address."""
+        return [
+            (address, LostWorker(self._claimed[address].name, line.silent()))
+            for address, line in list(self._lifelines.items())
+            if not line.alive() and address not in self._lost
+        ]
+
+    def is_lost(self, address: str) -> bool:
+        return address in self._lost
+
+    def lost(self) -> dict[str, LostWorker]:
+        """The workers lost during the run and not claimed again, by address."""
+        return dict(self._lost)
+
+    def claimed(self) -> list[Worker]:
+        """Every worker a connection was opened to."""
+        return list(self._claimed.values())
 
     def unclaimed_since_start(self, worker: Worker) -> bool:
         """The worker has never been claimed since its container started: a new worker, not a lost one that came
@@ -152,17 +194,17 @@ class WorkerContact:
     def mark_lost(self, address: str, loss: LostWorker | None) -> None:
         """Records a worker as lost or, with None, claimed again; JOB_LOST tells host discovery."""
         if loss is None:
-            self.lost.pop(address, None)
+            self._lost.pop(address, None)
         else:
-            self.lost[address] = loss
+            self._lost[address] = loss
         if self.spec.elastic:
-            self.transport.write(JOB_LOST, "".join(f"{lost}\n" for lost in sorted(self.lost)))
+            self.transport.write(JOB_LOST, "".join(f"{lost}\n" for lost in sorted(self._lost)))
 
     def loss(self, worker: Worker) -> LostWorker | None:
         """How the worker was lost during the run, or None while its connection holds and it answers."""
-        if worker.address in self.lost:
-            return self.lost[worker.address]
-        line = self.lifelines.get(worker.address)
+        if worker.address in self._lost:
+            return self._lost[worker.address]
+        line = self._lifelines.get(worker.address)
         if line is not None and not line.alive():
             return LostWorker(worker.name, line.silent())
         if line is None or not self.answers(worker, DISCOVERY_SSH_TIMEOUT):
@@ -215,7 +257,7 @@ class WorkerContact:
         that itself and stopped: one more word costs a short try. One never claimed is told over a new connection,
         retried for `patience` seconds."""
         lines = {
-            worker.address: self.lifelines[worker.address] for worker in workers if worker.address in self.lifelines
+            worker.address: self._lifelines[worker.address] for worker in workers if worker.address in self._lifelines
         }
         sent = {address: line for address, line in lines.items() if line.alive()}
         for line in sent.values():

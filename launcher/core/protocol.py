@@ -1,21 +1,18 @@
-"""What the stack's processes agree on: paths in the containers, shared defaults, and the job-end message.
+"""What the stack's processes agree on: paths in the containers, shared defaults, the agent's and the workers' words
+(the job's end itself is a record: launcher/core/jobend.py).
 
 One home for each fact that more than one process reads: the host-side launcher, the job agent in the rank-0 (or
 compose launcher) container, each worker's entrypoint (docker/entrypoint.sh reads the values it needs through
 `python -m launcher.core.protocol shell`) and `launcher status`. Nothing here has side effects.
 
     python -m launcher.core.protocol shell               KEY=VALUE lines for bash (eval)
-    python -m launcher.core.protocol exit-code MESSAGE   the status in a job-end message (e.g. 3), for bash
 """
 
 from __future__ import annotations
 
-import json
-import re
 import shlex
 import signal
 import sys
-from dataclasses import asdict, dataclass
 
 from app import frameworks
 
@@ -112,9 +109,10 @@ KEPT_JOB_LOG = "job.log"
 """In the job's run folder: JOB_LOG as it was when the job ended (every rank's lines, tagged), kept after the
 containers are gone (`launcher results` brings it home)."""
 JOB_STATUS = f"{HOME}/job.status"
-"""How the job ended (JobEnd as JSON), written once it has ended, however it ended."""
+"""How the job ended (launcher.core.jobend.JobEnd as JSON), written once it has ended, however it ended."""
 JOB_END_FILE = f"{HOME}/.job-ended"
-"""In every worker: the job-end message its agent sent; the entrypoint stops the worker when it appears."""
+"""In every worker: the job's end record its agent sent (launcher.core.jobend.JobEnd); the entrypoint stops the
+worker when it appears."""
 WORKER_CLAIMED = f"{HOME}/.claimed"
 """In every worker: made when an agent's ssh connection first reaches it."""
 AGENT = ("python", "-m", "launcher.agent")
@@ -185,80 +183,12 @@ def agent_message(line: str) -> str | None:
 LOST_PREFIX = "lost: "
 """How a worker's end file starts when the job's driver went away instead of ending the job."""
 KEEP_RUNNING = "keep running"
-"""Sent to a worker by its agent instead of a job-end message: the job ended, but the worker stays (--keep-running)."""
-_JOB_END = re.compile(r"^exit status (\d+)(?:: (.*))?$")
-
-
-@dataclass(frozen=True)
-class JobEnd:
-    """How a job ended, as the agent records it in JOB_STATUS (a JSON object) for every host-side reader: its exit
-    status; where the agent could tell, the one-line cause; the nodes its last run lost; the restarts it made; and,
-    when restarts were allowed and it failed, why it was not started again."""
-
-    status: int
-    cause: str | None = None
-    lost: tuple[str, ...] = ()
-    """The nodes whose workers the last run lost."""
-    restarts: tuple[str, ...] = ()
-    """Each restart made, as it was said (launcher.core.restart.Restart.line)."""
-    not_restarted: str | None = None
-    """Why the job was not started again (launcher.core.restart.why_not's words)."""
-
-    @property
-    def succeeded(self) -> bool:
-        return self.status == 0
-
-    def root_cause(self, seen: str | None = None) -> str | None:
-        """The one line that says why the job failed: `seen` (what the launcher saw end it, such as a killed worker)
-        or the agent's own cause, with why it was not restarted; None when there is nothing to say."""
-        cause = seen or self.cause
-        if cause and self.not_restarted and self.not_restarted not in cause:
-            return f"{cause}; {self.not_restarted}"
-        return cause
-
-    def message(self) -> str:
-        """'exit status 3', or 'exit status 2: ROOT CAUSE': the agent's last line to a worker, which the worker's
-        entrypoint reads (`python -m launcher.core.protocol exit-code`)."""
-        cause = self.root_cause()
-        return f"exit status {self.status}" + (f": {cause}" if cause else "")
-
-    def to_json(self) -> str:
-        """JOB_STATUS's content."""
-        return json.dumps({**asdict(self), "lost": list(self.lost), "restarts": list(self.restarts)})
-
-    @classmethod
-    def from_json(cls, text: str) -> JobEnd | None:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(data, dict) or not isinstance(data.get("status"), int):
-            return None
-        return cls(
-            data["status"],
-            data.get("cause"),
-            tuple(data.get("lost") or ()),
-            tuple(data.get("restarts") or ()),
-            data.get("not_restarted"),
-        )
-
-
-def parse_job_end(text: str | None) -> JobEnd | None:
-    """The JobEnd in JOB_STATUS's record or the agent's last line to a worker; None for anything else (no message,
-    a lost driver). (A message's cause is its whole root cause.)"""
-    first = (text or "").strip().splitlines()[:1]
-    if first and first[0].startswith("{"):
-        return JobEnd.from_json(first[0])
-    found = _JOB_END.match(first[0]) if first else None
-    if found:
-        return JobEnd(int(found.group(1)), found.group(2) or None)
-    if first and first[0].isdigit():  # a JOB_STATUS written before the record existed
-        return JobEnd(int(first[0]))
-    return None
+"""Sent to a worker by its agent instead of the job's end record: the job ended, but the worker stays
+(--keep-running)."""
 
 
 def lost_driver_message(driver: str) -> str:
-    """What a worker records when its agent went away without a job-end message."""
+    """What a worker records when its agent went away without the job's end record."""
     return f"{LOST_PREFIX}{driver} went away (its ssh connection closed)"
 
 
@@ -275,18 +205,6 @@ def shell_settings() -> dict[str, str]:
     }
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["shell"]:
-        print("\n".join(f"{key}={shlex.quote(value)}" for key, value in shell_settings().items()))
-        return 0
-    if argv[:1] == ["exit-code"] and len(argv) == 2:
-        end = parse_job_end(argv[1])
-        print(end.status if end else 1)
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
-
-
 # --- the MPIJob export (launcher/k8s/mpijob.py writes these paths into the document; agent/mpijob_pod.py reads them) --
 MPIJOB_SSH_AUTH_DIR = "/cluster/mpi-operator-ssh"
 """The MPIJob's sshAuthMountPath: where the MPI Operator mounts its Secret (id_rsa, id_rsa.pub, authorized_keys;
@@ -297,6 +215,14 @@ MPIJOB_HOSTFILE = "/etc/mpi/hostfile"
 MPIJOB_DISCOVERY = "/etc/mpi/discover_hosts.sh"
 """The operator's elastic host discovery in the launcher pod: one host name per running worker, no slot counts
 (horovodrun's --slots-per-host gives them)."""
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["shell"]:
+        print("\n".join(f"{key}={shlex.quote(value)}" for key, value in shell_settings().items()))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
 """Restarting a fixed-size job that lost a node (--max-restarts, MAX_RESTARTS): which ended runs are started again,
-on which workers, and the one line each restart is said and recorded in. Pure: the job agent
-(launcher/agent/restarts.py) does what these decide, and records each restart (Restart.record) for `launcher status`.
+on which workers, and the one line each restart is said and recorded in. Pure: `decide` takes a run's RunResult
+(launcher/core/runs.py) and returns Restart or NotRestarted, each a record with its reason as a field; the job agent
+(launcher/agent/restarts.py) does what it decides, and records each restart (Restart.record) for `launcher status`.
 
 A run that lost a node is started again from the newest checkpoint in the shared folder: on every worker when the
 lost ones answer again, else on those that remain when the user allowed a smaller world (--min-nodes). A failure of
 the script itself (no node lost) is started again once at most: a second would fail the same way.
+
+Also a worker's own restarts (--restart-workers): which worker containers their node's engine starts again after
+they failed, and how often (worker_restarts, worker_restart_policy). The one part of it that only the container can
+apply, that a worker that stopped by itself stays stopped when its engine starts it again, is docker/entrypoint.sh's
+(RESTART_ON_FAILURE).
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ import json
 import signal
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 
 from launcher.core import metrics
+from launcher.core.runs import RunResult, RunState
 from launcher.core.spelling import Spelling
 
 RESTART_WAIT_SECONDS = 30
@@ -27,6 +35,18 @@ RECORDS_FILE = "restarts.jsonl"
 """In the run folder: one JSON object per restart (Restart.record)."""
 
 
+def worker_restarts(restart_workers: bool, most: int, holds_driver: bool) -> int:
+    """How often a worker's node engine starts it again after it failed (--restart-workers, at most `most` times,
+    --worker-restarts): never the one that holds the job's driver (rank 0's: the agent and the elastic driver)."""
+    return most if restart_workers and not holds_driver else 0
+
+
+def worker_restart_policy(restarts: int) -> dict[str, str | int] | None:
+    """The engine's restart policy for a worker started again `restarts` times at most: only after it failed (a crash,
+    an out-of-memory kill); a container stopped by hand (`docker stop`, `docker kill`) is not started again."""
+    return {"Name": "on-failure", "MaximumRetryCount": restarts} if restarts else None
+
+
 def metrics_epoch(metrics_text: str | None) -> int | None:
     """The last epoch the bundled trainer recorded in its metrics.jsonl (its checkpoint is of that epoch); None
     without one. A line cut short (the run was killed while writing it) is left out."""
@@ -34,37 +54,92 @@ def metrics_epoch(metrics_text: str | None) -> int | None:
     return int(record["epoch"]) if record else None
 
 
-def why_not(
-    *,
-    status: int,
-    lost: Sequence[str],
-    ended_by: str | None,
-    stop_asked: bool,
-    restarts: int,
-    script_restarts: int,
-    max_restarts: int,
-    say: Spelling,
-) -> str | None:
-    """Why an ended run is not started again ("" when there is nothing to say: it succeeded, or restarts are off);
-    None when it is. `lost`: the workers it lost; `ended_by`: a watch that ended it (its time limit, a stall);
-    `restarts`: restarts so far, `script_restarts` those for a failure of the script itself."""
-    if max_restarts == 0 or status == 0:
-        return ""
+class Why(StrEnum):
+    """Why an ended run is not started again."""
+
+    SUCCEEDED = "succeeded"
+    RESTARTS_OFF = "restarts_off"
+    STOP_ASKED = "stop_asked"
+    ENDED_BY_WATCH = "ended_by_watch"
+    USED_UP = "used_up"
+    SCRIPT_FAILED_AGAIN = "script_failed_again"
+    LOST_DID_NOT_RETURN = "lost_did_not_return"
+    TOO_FEW_LEFT = "too_few_left"
+
+
+@dataclass(frozen=True)
+class NotRestarted:
+    """The decision to end the job as its last run ended: why, and the line that says so ("" where there is nothing
+    to say: the run succeeded, or restarts are off)."""
+
+    why: Why
+    reason: str = ""
+
+    def to_record(self) -> dict:
+        return {"why": self.why.value, "reason": self.reason}
+
+    @classmethod
+    def from_record(cls, data: dict) -> NotRestarted:
+        """to_record's dict read back (ValueError, TypeError or KeyError for anything else)."""
+        return cls(Why(data["why"]), str(data.get("reason") or ""))
+
+
+def refusal(
+    run: RunResult, *, stop_asked: bool, history: Sequence[Restart], max_restarts: int, say: Spelling
+) -> NotRestarted | None:
+    """Why the ended `run` is not started again, whatever workers answer; None when it may be (decide then says on
+    which workers). `history`: the restarts made so far."""
+    status, lost = run.status, run.lost
+    if max_restarts == 0:
+        return NotRestarted(Why.RESTARTS_OFF)
+    if run.state is RunState.SUCCEEDED or status == 0:
+        return NotRestarted(Why.SUCCEEDED)
     if stop_asked or (not lost and status in STOP_STATUSES):
-        return f"not restarted: the job was told to stop (exit status {status})"
-    if ended_by:
-        return f"not restarted: {ended_by} ended it, not a lost node"
-    if restarts >= max_restarts:
-        return (
+        return NotRestarted(Why.STOP_ASKED, f"not restarted: the job was told to stop (exit status {status})")
+    if run.state.ended_by_watch:
+        return NotRestarted(Why.ENDED_BY_WATCH, f"not restarted: {run.state.ended_by_watch} ended it, not a lost node")
+    if len(history) >= max_restarts:
+        return NotRestarted(
+            Why.USED_UP,
             f"not restarted: all {max_restarts} restart(s) ({say.of('max_restarts', max_restarts)}) are used up; "
-            f"allow more with a larger {say.of('max_restarts')}"
+            f"allow more with a larger {say.of('max_restarts')}",
         )
+    script_restarts = sum(1 for done in history if done.after is RunState.FAILED)
     if not lost and script_restarts >= SCRIPT_RESTARTS:
-        return (
+        return NotRestarted(
+            Why.SCRIPT_FAILED_AGAIN,
             f"not restarted: the script itself failed again (exit status {status}) with no node lost, so another "
-            "restart would fail the same way; the error is in the job's log above (restarts are for lost nodes)"
+            "restart would fail the same way; the error is in the job's log above (restarts are for lost nodes)",
         )
     return None
+
+
+def decide(
+    run: RunResult,
+    *,
+    stop_asked: bool,
+    history: Sequence[Restart],
+    max_restarts: int,
+    workers: Sequence[str],
+    spares: Sequence[str],
+    back: Sequence[str],
+    min_workers: int | None,
+    resume: tuple[int | None, str | None],
+    say: Spelling,
+) -> Restart | NotRestarted:
+    """Whether the ended `run` on `workers` starts again, and on which: each lost worker replaced by the next spare
+    that answers (`spares`), else back when it answers again (`back`), else left out when `min_workers` allows; the
+    restart records where it resumes (`resume`: the checkpointed epoch, the checkpoint folder)."""
+    refused = refusal(run, stop_asked=stop_asked, history=history, max_restarts=max_restarts, say=say)
+    if refused is not None:
+        return refused
+    lost = [loss.name for loss in run.lost]
+    world, unreplaced = swap_in(workers, lost, spares)
+    chosen = world_after(world, unreplaced, back, min_workers, say)
+    if isinstance(chosen, NotRestarted):
+        return chosen
+    reason = " and ".join(loss.reason() for loss in run.lost) or f"the script failed (exit status {run.status})"
+    return Restart(len(history) + 1, max_restarts, reason, tuple(chosen), *resume, after=run.state)
 
 
 def swap_in(workers: Sequence[str], lost: Sequence[str], spares: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -81,24 +156,26 @@ def must_wait(workers: int, lost: int, min_workers: int | None) -> bool:
 
 def world_after(
     workers: Sequence[str], lost: Sequence[str], back: Sequence[str], min_workers: int | None, say: Spelling
-) -> tuple[list[str], str | None]:
+) -> list[str] | NotRestarted:
     """The workers a restart runs on (rank 0's first, in the job's order): every one when the lost ones answer
-    again (`back`), else those that remain when `min_workers` allows it; or, with no world, why not (one line)."""
+    again (`back`), else those that remain when `min_workers` allows it; or, with no world, why not."""
     missing = [name for name in lost if name not in back]
     chosen = [name for name in workers if name not in missing]
     if not missing:
-        return chosen, None
+        return chosen
     if min_workers is None:
-        return [], (
+        return NotRestarted(
+            Why.LOST_DID_NOT_RETURN,
             f"not restarted: {', '.join(missing)} did not answer again within {RESTART_WAIT_SECONDS} s and the job "
             f"may not run on fewer nodes: pass {say.of('elastic_min_workers', len(chosen))} to let it go on without "
-            f"{'it' if len(missing) == 1 else 'them'}"
+            f"{'it' if len(missing) == 1 else 'them'}",
         )
     if len(chosen) < min_workers:
-        return [], (
-            f"not restarted: {len(chosen)} worker(s) remain, fewer than {say.of('elastic_min_workers', min_workers)}"
+        return NotRestarted(
+            Why.TOO_FEW_LEFT,
+            f"not restarted: {len(chosen)} worker(s) remain, fewer than {say.of('elastic_min_workers', min_workers)}",
         )
-    return chosen, None
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -113,6 +190,9 @@ class Restart:
     resume_epoch: int | None = None
     """The bundled trainer: the last epoch its checkpoint holds (None: none yet, or a script of the user's)."""
     checkpoint_dir: str | None = None
+    after: RunState = RunState.WORKERS_LOST
+    """How the run it starts again ended: a failure of the script itself (FAILED) is restarted SCRIPT_RESTARTS times
+    at most."""
 
     def line(self) -> str:
         """`restart 1/3: node_2 went silent; resuming after epoch 7 on node_1,node_3`."""
@@ -125,15 +205,23 @@ class Restart:
             return f"resuming from the newest checkpoint in {self.checkpoint_dir}"
         return "starting over"
 
+    def to_record(self) -> dict:
+        return {**asdict(self), "workers": list(self.workers), "after": self.after.value}
+
     def record(self) -> str:
         """One line of RECORDS_FILE."""
-        return json.dumps({**asdict(self), "workers": list(self.workers)}) + "\n"
+        return json.dumps(self.to_record()) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Restart:
+        """to_record's dict read back (ValueError, TypeError or KeyError for anything else)."""
+        after = RunState(data.get("after", RunState.WORKERS_LOST))
+        return cls(**{**data, "workers": tuple(data["workers"]), "after": after})
 
     @classmethod
     def from_record(cls, text: str) -> Restart:
         """record()'s line read back (ValueError, TypeError or KeyError for anything else)."""
-        data = json.loads(text)
-        return cls(**{**data, "workers": tuple(data["workers"])})
+        return cls.from_dict(json.loads(text))
 
 
 def last_restart(records: str | None) -> str | None:

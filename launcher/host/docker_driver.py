@@ -17,7 +17,7 @@ from docker.types import DeviceRequest, Mount, Ulimit
 from requests.exceptions import RequestException
 
 from app.gpu import GPU_QUERY, CudaBuild, gpu_problem
-from launcher.core import layers
+from launcher.core import layers, restart
 from launcher.core.mounts import Bind
 from launcher.core.nics import IP_ADDRESSES
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
@@ -390,7 +390,7 @@ class NodeDriver:
                 devices=list(spec.devices) or None,
                 hostname=spec.hostname,
                 extra_hosts=spec.extra_hosts or None,
-                restart_policy={"Name": "on-failure", "MaximumRetryCount": spec.restarts} if spec.restarts else None,
+                restart_policy=restart.worker_restart_policy(spec.restarts),
                 detach=True,
             )
         except APIError as error:

@@ -10,7 +10,8 @@ import threading
 from collections.abc import Callable, Collection
 from typing import IO
 
-from launcher.core.protocol import AGENT, AGENT_PREFIX, JOB_STATUS, JobEnd, parse_job_end
+from launcher.core.jobend import JobEnd, parse_job_end
+from launcher.core.protocol import AGENT, AGENT_PREFIX, JOB_STATUS
 from launcher.host import ranklogs
 from launcher.host.docker_driver import NodeDriver
 from launcher.host.engines import Connect, Container, NodeEngine, NodeError

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from launcher.core import metrics, restart
-from launcher.core.protocol import parse_job_end
+from launcher.core.jobend import parse_job_end
 from launcher.core.ranktag import untagged
 from launcher.core.stall import StallRecord
 
@@ -86,7 +86,7 @@ def describe(
     epoch, the ranks' errors), the containers' states, the metrics file, JOB_STALL's and JOB_RESTARTS's records."""
     now = now or datetime.now(UTC)
     end = parse_job_end(job_status)
-    restarted = (end.restarts[-1] if end.restarts else None) if end else restart.last_restart(restarts_made)
+    restarted = end.last_restart() if end else restart.last_restart(restarts_made)
     restarts = f"; {restarted}" if restarted else ""
     if end is None:
         if rank0.running:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from app import frameworks
 from app.frameworks import Framework
 from app.gpu import FRAMEWORK_LABEL
+from launcher.core import restart
 from launcher.core.job import JobSpec, Worker
 from launcher.core.mounts import Bind
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
@@ -245,7 +246,7 @@ class ClusterPlan:
         """How often `node`'s engine starts its failed worker again (--restart-workers): never rank 0's, which holds
         the elastic driver."""
         job = self.settings.job
-        return job.worker_restarts if job.restart_workers and node != self.rank0 else 0
+        return restart.worker_restarts(job.restart_workers, job.worker_restarts, holds_driver=node == self.rank0)
 
     def gpu_request(self, node: Node) -> GpuRequest | None:
         """The device request the worker on `node` makes (the same as the GPU check's before a start)."""

@@ -6,7 +6,7 @@ cause (root_cause).
 
 from __future__ import annotations
 
-from launcher.core.protocol import JobEnd
+from launcher.core.jobend import JobEnd
 from launcher.host.engines import Container, NodeEngine, NodeError
 from launcher.host.follow import WorkerWatch
 from launcher.host.plan import ClusterPlan
