@@ -166,12 +166,13 @@ def test_an_elastic_jobs_remote_rank_gets_140_env_values_and_the_secret(cluster)
         timeout=600,
     )
     output = done.stdout + done.stderr
-    line = r"environment of rank (\d+) on (\S+): (\d+) of \d+ --env values right; API_KEY sha256 (\w+)"
+    line = r"environment of rank (\d+) on (\S+): (\d+) of \d+ --env values right; API_KEY sha256 (\w+); "
+    line += r"zombies of ssh (\d+)"
     seen = re.findall(line, output)
     print(f"what each rank saw: {seen}")
     digest = hashlib.sha256(value.encode()).hexdigest()
-    assert len({host for _, host, _, _ in seen}) == 2, output[-5000:]  # a rank on each node: one is remote
-    assert sorted(seen) == sorted((rank, host, str(count), digest) for rank, host, _, _ in seen), output[-5000:]
+    assert len({host for _, host, *_ in seen}) == 2, output[-5000:]  # a rank on each node: one is remote
+    assert sorted(seen) == sorted((rank, host, str(count), digest, "0") for rank, host, *_ in seen), output[-5000:]
     assert done.returncode == 0, output[-5000:]
     assert value not in output
     assert cluster.project_containers() == {node.name: [] for node in cluster.every_node}
