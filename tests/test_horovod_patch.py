@@ -1,7 +1,9 @@
 """The stack's Horovod build (docker/patch-horovod-source.sh) on two real ranks, under horovodrun (Gloo) and under
 mpirun: late ranks, quiet periods, out-of-order synchronize and join still give the right sums, and an idle rank's
 background thread no longer negotiates every cycle (1 ms) but about every idle wait (50 ms); a peer that reaches a
-rendezvous later than the collective timeout is still waited for."""
+rendezvous later than the collective timeout is still waited for. And the runner patch (docker/horovod-runner/patch.py)
+over this checkout's installed runner: pinned host keys, no values on command lines, a remote rank's environment on
+the ssh channel's stdin."""
 
 from __future__ import annotations
 
@@ -153,11 +155,7 @@ def test_a_remote_ranks_environment_arrives_on_stdin_whatever_its_size(tmp_path,
     import psutil
     from horovod.runner.common.util.hosts import SlotInfo
 
-    sys.path.insert(0, str(REMOTE_RANK.parent))
-    try:
-        from remote_rank import expected  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
+    expected = load_module(REMOTE_RANK, "remote_rank").expected
     for i in range(300):
         monkeypatch.setenv(f"HST_{i}", expected(i))
     secret = f"sk-SECRET-{os.urandom(6).hex()}"
@@ -186,13 +184,15 @@ def test_a_remote_ranks_environment_arrives_on_stdin_whatever_its_size(tmp_path,
 
     pid_file.unlink()
     result: dict[str, int] = {}
-    runner = threading.Thread(target=lambda: result.update(status=execute(rank_command(0, 300), slot, [])[0]))
+    held = rank_command(0, 300)
+    runner = threading.Thread(target=lambda: result.update(status=execute(held, slot, [])[0]), daemon=True)
     runner.start()
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert runner.is_alive() and time.monotonic() < deadline, capfd.readouterr()
+        time.sleep(0.1)
+    rank = psutil.Process(int(pid_file.read_text()))
     try:
-        while not pid_file.exists() or not pid_file.read_text():
-            assert runner.is_alive(), capfd.readouterr()
-            time.sleep(0.1)
-        rank = psutil.Process(int(pid_file.read_text()))
         argvs = [process.info["cmdline"] or [] for process in psutil.process_iter(["cmdline"])]
         assert [argv for argv in argvs if secret in " ".join(argv) or "second line" in " ".join(argv)] == []
         assert [argv for argv in argvs if str(REMOTE_RANK) in argv]  # the check's control: the rank is seen

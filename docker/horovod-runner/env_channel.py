@@ -2,22 +2,25 @@
 utilities as horovod.runner.common.util.env_channel; patched into gloo_run's remote command by patch.py).
 
 ssh's own way (SendEnv, with AcceptEnv on the worker) has a limit: OpenSSH's sshd takes at most 128 variables a
-session and ignores the rest without a word, so in a large environment the job's secret (added last) never reached
-a remote rank. Here horovodrun's ssh runs behind the sender, and the remote command behind the receiver:
+session and ignores the rest without a word, so a remote rank of a job with a large environment lost variables (on
+the test hosts, 33 of 140 --env values), the job's secret too where it came late. Here horovodrun's ssh runs behind
+the sender, and the remote command behind the receiver:
 
     PYTHON -I env_channel.py send ssh ... HOST 'exec PYTHON -I env_channel.py receive '"'"'cd PWD; COMMAND'"'"''
 
 The sender writes horovodrun's exportable environment (Horovod's env.is_exportable) into a pipe as one record (a
-4-byte big-endian length, then a JSON object of names to values, at most RECORD_LIMIT bytes) and becomes ssh with
-that pipe as its stdin; ssh carries it to the receiver over the authenticated channel. The receiver reads that one
-record, sets each variable the worker's ssh session has not set itself (USER, HOME, PATH, sshd_config's SetEnv: as
-with SendEnv, the worker's own values win), points stdin at /dev/null and becomes `/bin/sh -c COMMAND`, so a rank's
-exit status is ssh's, and ending ssh (horovodrun's termination of the process tree) ends the session as before. No
-value is on a command line or in a file. `-I`: neither side imports from the job's working directory or PYTHONPATH.
+4-byte big-endian length, then a JSON object of names to values, at most RECORD_LIMIT bytes; the pipe made large
+enough to hold it, else a forked writer feeds it) and becomes ssh with that pipe as its stdin; ssh carries it to the
+receiver over the authenticated channel. The receiver reads that one record, sets each variable the worker's ssh
+session has not set itself (USER, HOME, PATH, sshd_config's SetEnv: as with SendEnv, the worker's own values win),
+points stdin at /dev/null and becomes `/bin/sh -c COMMAND`. Both exec, so no process of ours stays: a rank's exit
+status is ssh's, and horovodrun's termination of the process tree meets ssh as before. No value is on a command line
+or in a file. `-I`: neither side imports from the job's working directory or PYTHONPATH.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -118,15 +121,32 @@ def default_signals() -> None:
         signal.signal(number, signal.SIG_DFL)
 
 
+def holds(fd: int, size: int) -> bool:
+    """Whether the pipe `fd` holds `size` bytes unread (its capacity raised to that where it was less)."""
+    try:
+        capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        if capacity < size:
+            capacity = fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+        return capacity >= size
+    except OSError:  # past /proc/sys/fs/pipe-max-size, or the user's pipe pages spent
+        return False
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def send(ssh_argv: list[str]) -> None:
     record = encode(exportable(os.environ))
     read_end, write_end = os.pipe()
-    if os.fork() == 0:  # the writer: a record larger than the pipe's buffer must not block the exec of ssh
+    if holds(write_end, len(record)):
+        write_all(write_end, record)  # at once: no writer process, which would be ssh's child, unreaped
+    elif os.fork() == 0:  # a writer beside ssh, where the pipe cannot hold the record
         os.close(read_end)
         try:
-            view = memoryview(record)
-            while view:
-                view = view[os.write(write_end, view) :]
+            write_all(write_end, record)
         except BrokenPipeError:  # ssh ended first; it says why
             pass
         os._exit(0)
@@ -134,7 +154,10 @@ def send(ssh_argv: list[str]) -> None:
     os.dup2(read_end, 0)
     os.close(read_end)
     default_signals()
-    os.execvp(ssh_argv[0], ssh_argv)
+    try:
+        os.execvp(ssh_argv[0], ssh_argv)
+    except OSError as error:
+        raise ChannelError(f"cannot run {ssh_argv[0]}: {error.strerror}") from None
 
 
 def receive(command: str) -> None:
