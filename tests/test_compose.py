@@ -686,11 +686,12 @@ def test_both_ssh_paths_refuse_a_worker_whose_host_key_changed(engine, lone_work
     """mpirun's ssh (the fixed-size path, as the job agent's) and Horovod's own (elastic horovodrun's, patched in
     the image) both connect with the cluster's ssh config and its pinned known_hosts: a worker whose host key is not
     the pinned one is refused by both; with the right pin both log in, and the elastic path hands the environment
-    over ssh's own channel, not its command line."""
+    over the ssh channel's stdin (env_channel, as the patched gloo_run wraps it), not its command line."""
     _, worker, _ = lone_worker
     (tmp_path / "both_paths.py").write_text(f"""
 import json, os, shlex, subprocess
 from pathlib import Path
+from horovod.runner.common.util import env_channel
 from horovod.runner.util.remote import get_remote_command
 from launcher.core.job import ssh_config
 from launcher.core.protocol import CLUSTER_KEY, KNOWN_HOSTS, SSH_CONFIG
@@ -707,7 +708,8 @@ found = {{}}
 for label, key in (("changed", impostor), ("pinned", pinned)):
     Path(KNOWN_HOSTS).write_text(f"[{worker}]:12345 {{key}}\\n")
     fixed = subprocess.run(["ssh", "{worker}", "echo logged-in"], capture_output=True, text=True)
-    elastic_line = get_remote_command(shlex.quote("echo logged-in API_KEY=$API_KEY"), "{worker}", port=12345)
+    remote = shlex.quote(env_channel.receiving("echo logged-in API_KEY=$API_KEY"))
+    elastic_line = env_channel.sending(get_remote_command(remote, "{worker}", port=12345))
     elastic = subprocess.run(elastic_line, shell=True, capture_output=True, text=True)
     found[label] = {{"fixed": [fixed.returncode, fixed.stdout + fixed.stderr],
                     "elastic": [elastic.returncode, elastic.stdout + elastic.stderr], "elastic_line": elastic_line}}
@@ -731,6 +733,7 @@ print(json.dumps(found))
     assert (
         "sk-SENT-OVER-SSH" not in found["pinned"]["elastic_line"]
         and "StrictHostKeyChecking" not in found["pinned"]["elastic_line"]
+        and "SendEnv" not in found["pinned"]["elastic_line"]
     ), found
 
 

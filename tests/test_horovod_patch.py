@@ -1,15 +1,20 @@
 """The stack's Horovod build (docker/patch-horovod-source.sh) on two real ranks, under horovodrun (Gloo) and under
 mpirun: late ranks, quiet periods, out-of-order synchronize and join still give the right sums, and an idle rank's
 background thread no longer negotiates every cycle (1 ms) but about every idle wait (50 ms); a peer that reaches a
-rendezvous later than the collective timeout is still waited for."""
+rendezvous later than the collective timeout is still waited for. And the runner patch (docker/horovod-runner/patch.py)
+over this checkout's installed runner: pinned host keys, no values on command lines, a remote rank's environment on
+the ssh channel's stdin."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +24,7 @@ from tests.extras import needs
 
 SCRIPT = Path(__file__).parent / "horovod_patch" / "collectives.py"
 LATE_PEER = Path(__file__).parent / "horovod_patch" / "late_peer.py"
+REMOTE_RANK = Path(__file__).parent / "horovod_patch" / "remote_rank.py"
 
 
 def idle_cycles(peer: str, out: Path, **env: str) -> int:
@@ -101,25 +107,102 @@ def patched_runner(tmp_path: Path):
     return tmp_path / "horovod" / "runner"
 
 
+def load_gloo_run(runner: Path, monkeypatch: pytest.MonkeyPatch):
+    """The patched gloo_run, importing the patched copy's env_channel (this checkout's .venv may predate it)."""
+    channel = load_module(runner / "common/util/env_channel.py", "horovod.runner.common.util.env_channel")
+    monkeypatch.setitem(sys.modules, "horovod.runner.common.util.env_channel", channel)
+    return load_module(runner / "gloo_run.py", "patched_gloo_run")
+
+
 @needs("horovod")
 def test_the_runner_patch_pins_host_keys_and_keeps_values_off_command_lines(tmp_path, monkeypatch):
     """docker/horovod-runner/patch.py over this checkout's installed Horovod runner: elastic ranks' ssh no longer
-    trusts any host key, and a rank's command line holds no variable horovodrun has itself (a secret setting)."""
+    trusts any host key nor sends variables (SendEnv), and a rank's command line holds no variable horovodrun has
+    itself (a secret setting)."""
     from horovod.runner.common.util.hosts import SlotInfo
 
     runner = patched_runner(tmp_path)
     remote = load_module(runner / "util/remote.py", "patched_remote")
     command = remote.get_ssh_command("true", "node_2", port=12345)
-    assert "StrictHostKeyChecking" not in command and "-o 'SendEnv=*'" in command, command
+    assert command.startswith("ssh -o PasswordAuthentication=no node_2 -p 12345 "), command
+    assert "StrictHostKeyChecking" not in command and "SendEnv" not in command, command
 
     monkeypatch.setenv("API_KEY", "sk-SECRET123")
     monkeypatch.setenv("HOROVOD_STACK_RENDEZVOUS_TOKEN", "the-jobs-secret")
-    gloo_run = load_module(runner / "gloo_run.py", "patched_gloo_run")
+    gloo_run = load_gloo_run(runner, monkeypatch)
     env = {**os.environ, "HOROVOD_FUSION_THRESHOLD": "0"}  # one of horovodrun's own settings, not in its environment
     line = gloo_run._slot_info_to_command_fn("python t.py", env)(SlotInfo("node_2", 1, 0, 1, 2, 1, 2))
     assert "sk-SECRET123" not in line and "API_KEY" not in line, line
     assert "the-jobs-secret" not in line, line  # the rendezvous secret travels as any other inherited value
     assert "HOROVOD_FUSION_THRESHOLD=0" in line and "HOROVOD_RANK=1" in line
+
+
+def session_like_sshd(local_command: str, host: str, port=None, identity_file=None, timeout_s=None) -> str:
+    """Stands in for the ssh command horovodrun runs for a remote rank: as sshd does, a fresh session environment
+    (HOME, PATH) in which the login shell runs the command string. Its stdin is ssh's, as ssh forwards it."""
+    return f"env -i HOME=/home/mpiuser PATH={shlex.quote(os.environ['PATH'])} sh -c {local_command}"
+
+
+@needs("horovod")
+def test_a_remote_ranks_environment_arrives_on_stdin_whatever_its_size(tmp_path, monkeypatch, capfd):
+    """The patched runner's command for a rank on another host (its ssh stood in for by a fresh session on this one):
+    300 variables with quotes and newlines and the secret arrive, the session's HOME stays, the rank's stdin is empty
+    and its exit status passes through; no value is on a command line meanwhile, and no process of the channel stays
+    in the rank's process tree."""
+    import threading
+    import types
+
+    import psutil
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    expected = load_module(REMOTE_RANK, "remote_rank").expected
+    for i in range(300):
+        monkeypatch.setenv(f"HST_{i}", expected(i))
+    secret = f"sk-SECRET-{os.urandom(6).hex()}"
+    monkeypatch.setenv("API_KEY", secret)
+    monkeypatch.setenv("HOME", "/root-of-the-driver")
+    gloo_run = load_gloo_run(patched_runner(tmp_path / "site"), monkeypatch)
+    monkeypatch.setattr(gloo_run, "get_remote_command", session_like_sshd)
+    monkeypatch.setattr(gloo_run.network, "resolve_host_address", lambda host: "198.51.100.2")
+    monkeypatch.setattr(gloo_run.network, "get_local_host_addresses", lambda: {"127.0.0.1"})  # node_2 is elsewhere
+    settings = types.SimpleNamespace(
+        elastic=True, ssh_port=12345, ssh_identity_file=None, verbose=False, output_filename=None, num_proc=2,
+        prefix_output_with_timestamp=False,
+    )  # fmt: skip
+    execute = gloo_run._exec_command_fn(settings)
+    slot = SlotInfo("node_2", 1, 0, 1, 2, 1, 2)
+    pid_file = tmp_path / "rank.pid"
+
+    def rank_command(status: int, seconds: float) -> str:
+        run = f"{shlex.quote(sys.executable)} {REMOTE_RANK} 300 {status} {seconds} {pid_file}"
+        return gloo_run._slot_info_to_command_fn(run, dict(os.environ))(slot)
+
+    exit_status, _ = execute(rank_command(7, 0), slot, [])
+    said = capfd.readouterr().out
+    assert f"300 of 300 right; API_KEY {secret}; HOME /home/mpiuser; stdin ''" in said, said
+    assert exit_status == 7
+
+    pid_file.unlink()
+    result: dict[str, int] = {}
+    held = rank_command(0, 300)
+    runner = threading.Thread(target=lambda: result.update(status=execute(held, slot, [])[0]), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert runner.is_alive() and time.monotonic() < deadline, capfd.readouterr()
+        time.sleep(0.1)
+    rank = psutil.Process(int(pid_file.read_text()))
+    try:
+        argvs = [process.info["cmdline"] or [] for process in psutil.process_iter(["cmdline"])]
+        assert [argv for argv in argvs if secret in " ".join(argv) or "second line" in " ".join(argv)] == []
+        assert [argv for argv in argvs if str(REMOTE_RANK) in argv]  # the check's control: the rank is seen
+        # Both ends exec'd: between the runner's shell, ssh and the rank no process of ours stays, so the runner's
+        # termination of the process tree meets the processes it met before.
+        assert [argv for argv in argvs if argv[1:2] == ["-I"] and argv[2].endswith("env_channel.py")] == []
+    finally:
+        rank.terminate()
+        runner.join(timeout=30)
+    assert result == {"status": 128 + signal.SIGTERM}  # a rank ended by a signal: its status as a shell says it
 
 
 @needs("horovod")

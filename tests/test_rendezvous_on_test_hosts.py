@@ -2,11 +2,13 @@
 this machine's own address on their bridge is outside the job): nothing of the job listens on a wildcard address,
 the rendezvous refuses every request without the job's secret (403, and one line in the job's output naming the
 sender), a pickle sent to every listening port runs nothing, a flood of rank 0's notification service costs it a
-bounded number of threads and little memory, and the job finishes as if no one had asked. The rules
-and the server alone: tests/test_rendezvous_guard.py."""
+bounded number of threads and little memory, and the job finishes as if no one had asked. The rules and the server
+alone: tests/test_rendezvous_guard.py. And the job's secret reaches a remote rank however large the environment is
+(it travels with the rest over the ssh channel's stdin: docker/horovod-runner/env_channel.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -24,10 +26,11 @@ pytestmark = pytest.mark.integration
 
 IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
 LAUNCHER = str(Path(sys.executable).parent / "launcher")
-PROBE = Path(__file__).parent / "user_script" / "rendezvous_probe.py"
+USER_SCRIPT = Path(__file__).parent / "user_script"
+PROBE = USER_SCRIPT / "rendezvous_probe.py"
 MARKER = "/tmp/hst-rendezvous-ran-code"
 WILDCARDS = ("0.0.0.0:", "*:", "[::]:")
-FLOOD = Path(__file__).parent / "user_script" / "notification_flood.py"
+FLOOD = USER_SCRIPT / "notification_flood.py"
 STRANGERS_CONNECTIONS = 2000
 HELD_SECONDS = 6.0
 
@@ -127,4 +130,35 @@ def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_fi
     assert process.returncode == 0, output[-5000:]
     refused = f"horovod-stack: refused a rendezvous request from {cluster.bridge_address} (PUT "
     assert refused in output, output[-5000:]
+    assert cluster.project_containers() == {node.name: [] for node in cluster.every_node}
+
+
+def test_an_elastic_jobs_remote_rank_gets_140_env_values_and_the_secret(cluster):
+    """sshd takes at most 128 variables a session from a client and ignores the rest: over ssh's SendEnv the remote
+    rank of this job got 107 of the 140 --env values (and the job's secret only where it came early). Every rank sees
+    all of them and the secret now, and the job exits 0."""
+    count, value = 140, f"sk-SECRET-{os.urandom(8).hex()}"
+    probe_values = [f'--env=HST_PROBE_{i}=value {i} it\'s "quoted"' for i in range(count)]
+    job = [
+        *("start", "--env-file", str(cluster.env_file()), "--workdir", str(USER_SCRIPT)),
+        *("--elastic", "--min-nodes", "2", "--secret", "API_KEY", *probe_values),
+        *("--", "python", "environment_probe.py", "HST_PROBE", str(count), "API_KEY"),
+    ]
+    done = subprocess.run(
+        [LAUNCHER, *job],
+        env={**cluster.launcher_env(), "API_KEY": value},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = done.stdout + done.stderr
+    line = r"environment of rank (\d+) on (\S+): (\d+) of \d+ --env values right; API_KEY sha256 (\w+); "
+    line += r"zombies of ssh (\d+)"
+    seen = re.findall(line, output)
+    print(f"what each rank saw: {seen}")
+    digest = hashlib.sha256(value.encode()).hexdigest()
+    assert len({host for _, host, *_ in seen}) == 2, output[-5000:]  # a rank on each node: one is remote
+    assert sorted(seen) == sorted((rank, host, str(count), digest, "0") for rank, host, *_ in seen), output[-5000:]
+    assert done.returncode == 0, output[-5000:]
+    assert value not in output
     assert cluster.project_containers() == {node.name: [] for node in cluster.every_node}

@@ -8,8 +8,9 @@ jobs, the CI smoke role):
 - No values on command lines: it put every variable of its environment on each rank's command line (visible in `ps`
   on the driver's node and on every worker), secret settings included. Now a rank's command line carries only the
   variables that differ from horovodrun's own environment (the per-rank HOROVOD_* ones and the like); the others
-  reach local ranks by inheritance, and remote ranks through ssh's own channel (SendEnv, which the workers' sshd
-  accepts: docker/sshd_config AcceptEnv).
+  reach local ranks by inheritance, and remote ranks as one record on the ssh channel's stdin (env_channel.py,
+  installed beside the runner's util modules: no count limit, unlike ssh's SendEnv, whose sshd ignores a session's
+  variables past 128; the workers' sshd takes no variable from a client).
 - A closed rendezvous (stack_guard.py, installed beside the runner's util modules): horovodrun makes one secret per
   job for its ranks' environment; its HTTP servers refuse a request without it (403, one line naming the sender),
   and a GET of the ranks' notification keys; nothing from the network is unpickled but plain data (the rendezvous)
@@ -25,7 +26,8 @@ jobs, the CI smoke role):
   before accepting them, not socketserver's 5, so a stranger's burst does not crowd out the job's own connections.
 
 Each edit is an exact text replacement that must match once, so a Horovod whose runner changed fails here, loudly,
-instead of shipping unpatched; an edit already made is left as it is (running this twice changes nothing).
+instead of shipping unpatched; an edit already made is left as it is (running this twice changes nothing), and one
+an earlier patch.py made otherwise is made anew where the edit names that earlier text.
 """
 
 from __future__ import annotations
@@ -38,14 +40,41 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MARK = "# horovod-stack"
 
-EDITS: dict[str, list[tuple[str, str]]] = {
+INSTALLED = ("stack_guard.py", "env_channel.py")
+"""Our modules, installed beside the runner's util modules (horovod.runner.common.util)."""
+
+# Each edit: (old, new) or (old, new, what an earlier patch.py made of old), so that a runner patched before is
+# brought up to date too.
+EDITS: dict[str, list[tuple[str, ...]]] = {
     "runner/util/remote.py": [
         (
             "SSH_COMMAND_PREFIX = 'ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no'\n",
+            f"SSH_COMMAND_PREFIX = 'ssh -o PasswordAuthentication=no'  {MARK}: pinned host keys\n",
+            # what an earlier patch.py made of that line (a host's .venv patched before): ssh sent the environment
             f"SSH_COMMAND_PREFIX = \"ssh -o PasswordAuthentication=no -o 'SendEnv=*'\"  {MARK}: pinned keys, env by ssh\n",
         ),
     ],
     "runner/gloo_run.py": [
+        (
+            "from horovod.runner.common.util import env as env_util, safe_shell_exec\n",
+            "from horovod.runner.common.util import env as env_util, safe_shell_exec\n"
+            f"from horovod.runner.common.util import env_channel  {MARK}\n",
+        ),
+        (
+            "            local_command = quote('cd {pwd} > /dev/null 2>&1 ; {command}'\n"
+            "                                  .format(pwd=os.getcwd(), command=command))\n"
+            "            command = get_remote_command(local_command,\n"
+            "                                         host=host_name,\n"
+            "                                         port=settings.ssh_port,\n"
+            "                                         identity_file=settings.ssh_identity_file)\n",
+            f"            {MARK}: the environment on ssh's stdin (env_channel), received before the command runs\n"
+            "            local_command = quote(env_channel.receiving('cd {pwd} > /dev/null 2>&1 ; {command}'\n"
+            "                                                        .format(pwd=os.getcwd(), command=command)))\n"
+            "            command = env_channel.sending(get_remote_command(local_command,\n"
+            "                                                             host=host_name,\n"
+            "                                                             port=settings.ssh_port,\n"
+            "                                                             identity_file=settings.ssh_identity_file))\n",
+        ),
         (
             "if env_util.is_exportable(key)]),\n",
             "if env_util.is_exportable(key) and os.environ.get(key) != value]),"
@@ -193,30 +222,33 @@ EDITS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def apply(text: str, old: str, new: str) -> str:
+def apply(text: str, old: str, new: str, *earlier: str) -> str:
+    """`text` with `old` (or what an earlier patch.py made of it: `earlier`) replaced by `new`, once."""
     if new in text:
         return text
-    if text.count(old) != 1:
-        raise SystemExit(f"patch.py: {old.strip()[:60]!r} is there {text.count(old)} times, not once: "
-                         "this Horovod's runner changed; check docker/horovod-runner/patch.py")
-    return text.replace(old, new)
+    for found in (old, *earlier):
+        if text.count(found) == 1:
+            return text.replace(found, new)
+    raise SystemExit(f"patch.py: {old.strip()[:60]!r} is there {text.count(old)} times, not once: "
+                     "this Horovod's runner changed; check docker/horovod-runner/patch.py")
 
 
 def patch(site: Path) -> list[Path]:
-    """Applies every edit under SITE/horovod (and installs stack_guard.py); the files it changed or checked."""
+    """Applies every edit under SITE/horovod (and installs INSTALLED); the files it changed or checked."""
     horovod = site / "horovod"
     files = []
     for relative, edits in EDITS.items():
         path = horovod / relative
         text = path.read_text()
-        for old, new in edits:
-            text = apply(text, old, new)
+        for edit in edits:
+            text = apply(text, *edit)
         path.write_text(text)
         files.append(path)
-    guard = horovod / "runner/common/util/stack_guard.py"
-    guard.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(HERE / "stack_guard.py", guard)
-    files.append(guard)
+    for name in INSTALLED:
+        module = horovod / "runner/common/util" / name
+        module.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(HERE / name, module)
+        files.append(module)
     for path in files:
         py_compile.compile(str(path), doraise=True)
     return files
