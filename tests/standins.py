@@ -11,13 +11,13 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app import gpu
 from launcher.agent import stacks
 from launcher.core import legacy_keras
 from launcher.core.protocol import AGENT_LINK, HOSTKEYS_DIR, JOB_LOST, KNOWN_HOSTS
-from launcher.host.engines import Container, Loss, NodeEngine, NodeError, pull_failure
+from launcher.host.engines import Connect, Container, Loss, NodeEngine, NodeError, pull_failure
 from launcher.host.jobstate import ContainerState
 from launcher.host.plan import Node, WorkerContainer
 from launcher.host.preflight import HostView
@@ -27,7 +27,17 @@ IMAGE_ID = "sha256:0123456789abcdef"
 """The image's ID on a stand-in engine that has it, and after it pulls it."""
 
 
-class StandInEngine:
+class PartialEngine:
+    """A NodeEngine with only the methods a test defines on it: a call of any other fails loudly (AttributeError)
+    rather than passing silently. A test's own small stand-in subclasses it, so it is a NodeEngine to mypy."""
+
+    node: Node
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"{type(self).__name__} has no {name}")
+
+
+class StandInEngine(PartialEngine):
     """One node's engine without Docker: what host_view, the GPU query, the link probe and the image's export give is
     given; starting a worker fails the test (every test of the host side that uses it expects the checks to refuse
     first)."""
@@ -153,16 +163,13 @@ class StandInEngine:
         self.pulled.append(image)
         self.image = IMAGE_ID
 
-    def __getattr__(self, name: str):  # what no unit test needs: refuse loudly rather than pass silently
-        raise AttributeError(f"StandInEngine has no {name}")
 
-
-def connect_to(*engines: StandInEngine):
+def connect_to(*engines: StandInEngine) -> Connect:
     """A `connect` for session and doctor that hands out the stand-ins by node name."""
     by_name = {engine.node.name: engine for engine in engines}
 
     def connect(node: Node) -> NodeEngine:
-        return by_name[node.name]  # type: ignore[return-value]
+        return by_name[node.name]
 
     return connect
 
@@ -381,4 +388,5 @@ if TYPE_CHECKING:  # each stand-in against the protocol it stands in for
     from launcher.agent.transport import Transport
 
     _engine: NodeEngine = StandInEngine("node_1")
+    _partial: NodeEngine = PartialEngine()
     _transport: Transport = StandInTransport()

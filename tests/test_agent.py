@@ -126,7 +126,7 @@ whole traceback)."""
 )  # fmt: skip
 def test_a_rank_that_dies_of_keras2_code_on_keras3_is_the_jobs_cause_with_the_doors_fix(job, env, fix):
     clock = Clock()
-    up = {address: 0 for address in (W1.address, W2.address, "172.18.0.2", "172.18.0.3")}
+    up: dict[str, float] = {address: 0 for address in (W1.address, W2.address, "172.18.0.2", "172.18.0.3")}
     transport = Transport(clock, up_from=up, resolves=["172.18.0.2", "172.18.0.3"], status=1, output=KERAS3_TRACEBACK)
     end, said = run(job, clock, transport)
     assert all(f"-x {pair}" in " ".join(transport.ran[0]) for pair in env)
@@ -204,12 +204,8 @@ def test_a_worker_that_goes_silent_ends_a_fixed_job_at_once_with_the_silence_as_
 def test_an_elastic_job_drops_a_silent_worker_from_host_discovery_and_goes_on(tmp_path):
     clock = Clock()
     job = compose.job_spec({"WORKERS": "2", "ELASTIC_MIN_WORKERS": "1", "NETWORK_INTERFACE": "eth0"}, [])
-    transport = Transport(
-        clock,
-        up_from={"172.18.0.2": 0, "172.18.0.3": 0},
-        resolves=["172.18.0.2", "172.18.0.3"],
-        silent_in_job={"172.18.0.3"},
-    )
+    up: dict[str, float] = {"172.18.0.2": 0, "172.18.0.3": 0}
+    transport = Transport(clock, up_from=up, resolves=["172.18.0.2", "172.18.0.3"], silent_in_job={"172.18.0.3"})
     end, said = run(job, clock, transport)
     assert end == SUCCEEDED
     assert (
@@ -217,7 +213,7 @@ def test_an_elastic_job_drops_a_silent_worker_from_host_discovery_and_goes_on(tm
         "it and the elastic job goes on without it"
     ) in said
     assert transport.files[JOB_LOST] == "172.18.0.3\n"
-    transport.up_from["172.18.0.3"] = 0  # the link is back: the old worker answers until it notices and stops
+    up["172.18.0.3"] = 0  # the link is back: the old worker answers until it notices and stops
     transport.files[JOB_SPEC] = job.to_json()
     (tmp_path / f".elastic-discovery-{job.job_id}").touch()
     assert agent.discover(transport, marker_dir=str(tmp_path)) == ["172.18.0.2:1"]
@@ -352,11 +348,12 @@ def test_a_refused_compose_job_still_tells_the_workers_that_are_up():
 
 def test_discovery_names_rank0_alone_first_then_every_answering_worker(tmp_path):
     clock = Clock()
-    transport = Transport(clock, up_from={W1.address: 0, W2.address: 0})
+    up: dict[str, float] = {W1.address: 0, W2.address: 0}
+    transport = Transport(clock, up_from=up)
     transport.files[JOB_SPEC] = spec(elastic_min_workers=1, slots=2, network_interface="eth0").to_json()
     assert agent.discover(transport, marker_dir=str(tmp_path)) == ["10.0.0.1:2"]
     assert agent.discover(transport, marker_dir=str(tmp_path)) == ["10.0.0.1:2", "10.0.0.2:2"]
-    transport.up_from[W2.address] = float("inf")  # lost
+    up[W2.address] = float("inf")  # lost
     assert agent.discover(transport, marker_dir=str(tmp_path)) == ["10.0.0.1:2"]
 
 

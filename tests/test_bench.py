@@ -247,7 +247,7 @@ def test_ps_vs_ring_in_namespaces_short(tmp_path):
     )
     assert [row["ranks"] for row in rows] == [2, 3]
     assert not any(
-        line.startswith(netns.NAMESPACE_PREFIX)
+        line.startswith(netns.PS_VS_RING.namespace_prefix)
         for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
     )
 

@@ -2,7 +2,6 @@
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,12 +13,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from app import checkpoint, train_loop  # noqa: E402
+from app.config import TrainConfig  # noqa: E402
+from app.model import SimpleNet  # noqa: E402
 
 
 def test_round_trip(tmp_path):
     checkpoint.save_checkpoint(tmp_path, {"epoch": 3, "weights": torch.arange(4)})
     state = checkpoint.load_latest_checkpoint(tmp_path)
-    assert state["epoch"] == 3 and torch.equal(state["weights"], torch.arange(4))
+    assert state is not None and state["epoch"] == 3 and torch.equal(state["weights"], torch.arange(4))
 
 
 def test_missing_checkpoint_is_none(tmp_path):
@@ -39,14 +40,13 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save_checkpoint(tmp_path, {"epoch": 2})
     monkeypatch.undo()
-    assert checkpoint.load_latest_checkpoint(tmp_path)["epoch"] == 1
+    kept = checkpoint.load_latest_checkpoint(tmp_path)
+    assert kept is not None and kept["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == [checkpoint.LATEST]
 
 
-def trainer_state(epoch: int = 2) -> tuple[dict, torch.nn.Module, torch.optim.Optimizer]:
+def trainer_state(epoch: int = 2) -> tuple[dict, SimpleNet, torch.optim.Optimizer]:
     """What the trainer's record_epoch saves: SimpleNet's weights and SGD's momentum after a step."""
-    from app.model import SimpleNet
-
     torch.manual_seed(0)
     model = SimpleNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
@@ -57,11 +57,10 @@ def trainer_state(epoch: int = 2) -> tuple[dict, torch.nn.Module, torch.optim.Op
 
 
 def test_a_trainer_checkpoint_loads_weights_only_into_a_fresh_model(tmp_path):
-    from app.model import SimpleNet
-
     saved, model, optimizer = trainer_state()
     checkpoint.save_checkpoint(tmp_path, saved)
     state = checkpoint.load_latest_checkpoint(tmp_path)
+    assert state is not None
     fresh = SimpleNet()
     fresh_optimizer = torch.optim.SGD(fresh.parameters(), lr=0.01, momentum=0.5)
     fresh.load_state_dict(state["model"])
@@ -147,10 +146,14 @@ def test_the_refusal_names_what_torch_refused_not_its_advice(message, reason):
     assert checkpoint.unpickling_reason(message) == reason
 
 
-def torch_trainer(config: SimpleNamespace):
+def resuming_config(checkpoint_dir: Path) -> TrainConfig:
+    return TrainConfig(checkpoint_dir=checkpoint_dir, dataset="digits", base_lr=0.1, momentum=0.0)
+
+
+def torch_trainer(config: TrainConfig):
     """The PyTorch trainer's model and optimizer, built as the run builds them, before any training."""
     train_torch = pytest.importorskip("app.train_torch")  # imports horovod.torch
-    trainer = train_torch.TorchTrainer(SimpleNamespace(**{"base_lr": 0.1, "momentum": 0.0, **vars(config)}))
+    trainer = train_torch.TorchTrainer(config)
     trainer.build()
     return trainer
 
@@ -158,25 +161,34 @@ def torch_trainer(config: SimpleNamespace):
 def test_resuming_from_a_refused_checkpoint_is_the_trainers_one_line_problem(tmp_path):
     marker = tmp_path / "ran"
     checkpoint.save_checkpoint(tmp_path, {"epoch": 1, "dataset": "digits", "model": RunsCode(marker)})
-    config = SimpleNamespace(checkpoint_dir=tmp_path, dataset="digits")
+    config = resuming_config(tmp_path)
     start_epoch, problem = train_loop.load_resume_point(config, torch_trainer(config))
-    assert start_epoch == 1 and problem.startswith(f"refusing checkpoint {tmp_path / checkpoint.LATEST}")
+    assert (
+        start_epoch == 1
+        and problem is not None
+        and problem.startswith(f"refusing checkpoint {tmp_path / checkpoint.LATEST}")
+    )
     assert not marker.exists()
 
 
 def test_resuming_from_a_trainer_checkpoint_continues_after_its_epoch(tmp_path):
     saved, trained, _ = trainer_state(epoch=4)
     checkpoint.save_checkpoint(tmp_path, saved)
-    config = SimpleNamespace(checkpoint_dir=tmp_path, dataset="digits")
+    config = resuming_config(tmp_path)
     trainer = torch_trainer(config)
     assert train_loop.load_resume_point(config, trainer) == (5, None)
     assert torch.equal(trainer.model.fc1.weight, trained.fc1.weight)
 
 
 def test_tensorflow_checkpoints_round_trip_as_arrays_without_pickle(tmp_path):
-    arrays = {"model": [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3)], "optimizer": [np.array(7)]}
+    arrays: dict[str, list[np.ndarray]] = {
+        "model": [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3)],
+        "optimizer": [np.array(7)],
+    }
     checkpoint.save_arrays(tmp_path, {"epoch": 3, "dataset": "digits"}, arrays)
-    meta, loaded = checkpoint.load_arrays(tmp_path)
+    read_back = checkpoint.load_arrays(tmp_path)
+    assert read_back is not None
+    meta, loaded = read_back
     assert meta == {"epoch": 3, "dataset": "digits"}
     assert [a.tolist() for a in loaded["model"]] == [a.tolist() for a in arrays["model"]]
     assert loaded["optimizer"][0] == 7
@@ -184,7 +196,12 @@ def test_tensorflow_checkpoints_round_trip_as_arrays_without_pickle(tmp_path):
 
 
 def test_a_tensorflow_checkpoint_that_holds_a_pickle_is_refused_in_one_line(tmp_path):
-    np.savez(tmp_path / checkpoint.KERAS_LATEST, meta=np.array('{"epoch": 1}'), **{"model/0": np.array([object()])})
+    np.savez(
+        tmp_path / checkpoint.KERAS_LATEST,
+        allow_pickle=True,
+        meta=np.array('{"epoch": 1}'),
+        **{"model/0": np.array([object()])},
+    )
     with pytest.raises(checkpoint.CheckpointError, match=r"^cannot read checkpoint .*latest\.npz \(.*pickle"):
         checkpoint.load_arrays(tmp_path)
 

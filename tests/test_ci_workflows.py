@@ -362,10 +362,13 @@ def test_the_templates_steps_against_a_local_registry(tmp_path):
         "GITHUB_REPOSITORY": "Your-Org/Horovod-Stack",
         "GITHUB_REPOSITORY_OWNER": "Your-Org",
     }
-    names, ran = {}, {}
+    names: dict[str, str] = {}
+    ran: dict[str, set[str]] = {}
     for name in TEMPLATES:
         Path(env["GITHUB_ENV"]).write_text("")
-        done = subprocess.run([*SHELL, template_step(name, "The image's name", ran)], env=env, capture_output=True)
+        done = subprocess.run(
+            [*SHELL, template_step(name, "The image's name", ran)], env=env, capture_output=True, text=True
+        )
         assert done.returncode == 0, done.stderr
         names[name] = Path(env["GITHUB_ENV"]).read_text().removeprefix("IMAGE=").strip()
     # Lower case for ghcr.io, and the smoke workflow pulls what the image workflow pushes (a copy named horovod-stack)

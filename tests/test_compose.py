@@ -109,7 +109,7 @@ class ComposeRun:
 
 @pytest.fixture
 def compose_run(tmp_path):
-    runs = []
+    runs: list[ComposeRun] = []
 
     def make(**settings):
         workdir = tmp_path / f"checkout-{len(runs)}"
@@ -370,7 +370,6 @@ def horovod_rank(container) -> int | None:
     return ranks.pop() if len(ranks) == 1 else None
 
 
-RENDEZVOUS_PROBE = USER_SCRIPT / "rendezvous_probe.py"
 MARKER = "/tmp/hst-rendezvous-ran-code"
 
 
@@ -444,7 +443,9 @@ def test_elastic_job_loses_a_worker_and_finishes_at_the_smaller_size(engine, com
     assert process.returncode == 0, output[-5000:]
     assert "world size 3 -> 2" in output and "job succeeded (exit status 0)" in output, output[-5000:]
     assert "horovod-stack: refused a rendezvous request from " in output, output[-5000:]
-    gap = re.search(r"first step at world size 2, ([0-9.]+) s after the last step", output).group(1)
+    found = re.search(r"first step at world size 2, ([0-9.]+) s after the last step", output)
+    assert found, output[-5000:]
+    gap = found.group(1)
     measured(f"elastic (compose): {gap} s from the last step at world size 3 to the first at world size 2")
     exit_codes = sorted(
         (c.labels["com.docker.compose.service"], c.attrs["State"]["ExitCode"])
@@ -572,8 +573,8 @@ def private_keys_in_image_archive(stream):
                     with tarfile.open(fileobj=layer, mode="r|*") as files:
                         for entry in files:
                             if entry.isfile() and entry.size < 64 * 1024:
-                                content = files.extractfile(entry).read()
-                                if PRIVATE_KEY_MARK in content:
+                                extracted = files.extractfile(entry)  # a regular file's: never None
+                                if extracted and PRIVATE_KEY_MARK in extracted.read():
                                     yield f"{member.name}:{entry.name}"
                 except tarfile.ReadError:
                     continue  # a JSON blob (config, manifest), not a layer

@@ -166,7 +166,7 @@ def test_the_readme_shows_one_command_per_example_and_entry_point():
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_examples_need_nothing_of_this_repository(script):
     """Users copy them: they import Horovod, their framework, NumPy and scikit-learn, nothing of app/ or launcher/."""
-    imported = set()
+    imported: set[str] = set()
     for node in ast.walk(ast.parse((EXAMPLES / script).read_text())):
         if isinstance(node, ast.Import):
             imported.update(alias.name.split(".")[0] for alias in node.names)

@@ -27,7 +27,7 @@ def test_a_missing_framework_names_the_image_that_holds_it(missing, current, wan
     if wanted is None:
         assert message is None
     else:
-        assert message.startswith("error: ") and "\n" not in message
+        assert message is not None and message.startswith("error: ") and "\n" not in message
         assert f"run it on {wanted.image}" in message and f"--image {wanted.image}" in message
         assert current.image in message
 

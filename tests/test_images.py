@@ -78,11 +78,8 @@ CHUNKS = [bytes([n]) * 1000 for n in range(40)]  # more than CHUNKS_AHEAD: the l
 
 
 def test_one_export_reaches_every_node_at_once():
-    source, targets, said = (
-        Engine("this machine", chunks=CHUNKS),
-        [Engine("node_2"), Engine("node_3"), Engine("node_4")],
-        [],
-    )
+    source, targets = Engine("this machine", chunks=CHUNKS), [Engine("node_2"), Engine("node_3"), Engine("node_4")]
+    said: list[str] = []
     images.push_everywhere(source, targets, "img:1", said.append)
     assert source.saves == 1
     assert all(target.loaded == CHUNKS for target in targets)
@@ -100,7 +97,7 @@ def test_a_node_that_fails_its_load_does_not_stop_the_others():
 
 
 def test_pulls_run_on_every_node_and_a_missing_tag_is_one_line():
-    said = []
+    said: list[str] = []
     targets = [Engine("node_1"), Engine("node_2")]
     images.pull_everywhere(targets, "registry.example:5000/img:1", said.append)
     assert [target.pulled for target in targets] == [["registry.example:5000/img:1"]] * 2

@@ -271,6 +271,7 @@ def cluster_containers() -> list[str]:
 
 
 def test_on_debian_13s_python_3_13_the_launcher_installs_alone_and_its_unit_tests_pass():
+    from typer.core import TyperGroup
     from typer.main import get_command
 
     from launcher.cli import app
@@ -303,6 +304,7 @@ def test_on_debian_13s_python_3_13_the_launcher_installs_alone_and_its_unit_test
         venv_kib = int(box.run("du -sk /venv").stdout.split()[0])  # on disk, as `du -sh` says it
 
         commands = get_command(app)
+        assert isinstance(commands, TyperGroup)  # an app of several commands
         usage = box.run("launcher --help")
         assert usage.returncode == 0, usage.stderr
         assert all(name in usage.stdout for name in commands.commands), usage.stdout

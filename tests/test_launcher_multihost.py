@@ -1120,7 +1120,9 @@ def test_a_shared_folder_lets_a_job_resume_with_rank_0_on_the_other_node(cluster
         "--resume",
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
-    started_at = int(re.search(r"resuming from \S+ after epoch (\d+)", resumed.stdout + resumed.stderr).group(1))
+    resuming = re.search(r"resuming from \S+ after epoch (\d+)", resumed.stdout + resumed.stderr)
+    assert resuming, resumed.stderr[-3000:] + resumed.stdout[-3000:]
+    started_at = int(resuming.group(1))
     assert started_at >= 2
     assert f"epoch {started_at + 1}/{epochs}:" in resumed.stdout and f"epoch 1/{epochs}:" not in resumed.stdout
     assert_nothing_left(cluster)
@@ -1154,7 +1156,9 @@ def test_results_come_home_after_the_cluster_is_gone(cluster, tmp_path):
         r"timeline: /shared/runs/\w+/timeline.json: \d+ tensors, allreduced over \d+ steps; per step", said
     )
     assert re.search(r"autotune: (chose|not finished after \d+ samples)", said), said[-3000:]
-    cluster_id = re.search(r"launcher results --cluster (\w+) --to results", result.stderr).group(1)
+    hint = re.search(r"launcher results --cluster (\w+) --to results", result.stderr)
+    assert hint, result.stderr[-3000:]
+    cluster_id = hint.group(1)
     assert_nothing_left(cluster)
     home = launcher(cluster, "results", "--env-file", str(cluster.env_file()), "--to", str(tmp_path))
     assert home.returncode == 0, home.stderr

@@ -33,6 +33,7 @@ from launcher.host.links import (
     slowest,
     unreachable_line,
 )
+from launcher.host.preflight import HostView
 from tests.conftest import launch_settings
 from tests.standins import StandInEngine
 
@@ -348,7 +349,8 @@ def test_probe_over_loopback_measures_both_ways_within_its_bounds():
     assert result["forward_sent"] <= 16 << 20 and result["forward"]["bytes"] == result["forward_sent"]
     assert result["backward"]["bytes"] == served["backward_sent"] <= 16 << 20
     assert result["forward"]["mbit"] > 0 and result["backward"]["mbit"] > 0 and result["rtt_ms"] > 0
-    assert read_probe("a", "b", "127.0.0.1", port, json.dumps(result)).forward_mbit == result["forward"]["mbit"]
+    link = read_probe("a", "b", "127.0.0.1", port, json.dumps(result))
+    assert isinstance(link, Link) and link.forward_mbit == result["forward"]["mbit"]
 
 
 def test_probe_of_a_closed_port_prints_one_error_and_fails(capsys):
@@ -443,8 +445,8 @@ def stand_in_settings(network_interface):
 
 
 VIEWS = {
-    "node_1": SimpleNamespace(addresses=(("hst0", "10.0.0.1/24"),)),
-    "node_2": SimpleNamespace(addresses=(("hst0", "10.0.0.2/24"),)),
+    "node_1": HostView(port_taken=False, nics=("hst0",), addresses=(("hst0", "10.0.0.1/24"),)),
+    "node_2": HostView(port_taken=False, nics=("hst0",), addresses=(("hst0", "10.0.0.2/24"),)),
 }
 
 

@@ -13,7 +13,7 @@ from launcher.core.jobend import JobEnd
 from launcher.core.protocol import JOB_LOG, JOB_STATUS
 from launcher.host import clusters, streams
 from launcher.host.plan import Node
-from tests.standins import container
+from tests.standins import PartialEngine, container
 
 
 def chunked(data: bytes, size: int = 7) -> list[bytes]:
@@ -65,7 +65,7 @@ def test_a_file_from_the_engine_arrives_block_by_block():
     assert list(streams.file_in_archive(iter([b"not a tar archive" * 40]))) == []
 
 
-class Rank0Node:
+class Rank0Node(PartialEngine):
     """One node holding rank 0's container of cluster c1, its job log handed out in small chunks; what was read of
     it is counted."""
 
@@ -129,7 +129,7 @@ def test_following_a_running_job_streams_from_the_agent_not_the_file():
     assert node.followed and node.chunks_read == 0
 
 
-class EndedNode:
+class EndedNode(PartialEngine):
     """A node whose containers are gone, its shared folder holding run folders (name: (modified, files))."""
 
     def __init__(self, name: str, runs: dict[str, tuple[int, dict[str, bytes]]]) -> None:

@@ -20,6 +20,7 @@ def test_simplenet_gives_log_probabilities_for_28x28_batches():
 
 def test_digits_are_real_28x28_images_in_an_80_20_split():
     train, val = torch_datasets.load_dataset("digits", Path("unused"), seed=0)
+    assert isinstance(train, torch.utils.data.TensorDataset) and isinstance(val, torch.utils.data.TensorDataset)
     assert (len(train), len(val)) == (1438, 359)
     image, label = train[0]
     assert image.shape == (1, 28, 28) and 0 <= int(label) <= 9

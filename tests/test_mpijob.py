@@ -30,6 +30,7 @@ from launcher.core.protocol import CLUSTER_KEY, HOSTKEYS_DIR, MPIJOB_HOSTFILE, M
 from launcher.k8s import mpijob, mpijob_request, podsecurity, resources
 from tests.conftest import JOB_OPTIONS, job_spec
 from tests.standins import StandInTransport
+from tests.test_podsecurity import strictest_profile
 
 SCHEMA = Path(__file__).parent / "k8s" / "mpijob-v2beta1.schema.json"
 """The operator's CRD schema, kept with the tests (tests/k8s/README.md); the workplace's reference copy is below."""
@@ -569,8 +570,14 @@ def operator_transport(keys: dict[str, str]) -> StandInTransport:
 
 def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_first_contact():
     keys = {"w0.j.ns.svc": "ssh-ed25519 AAA0", "w1.j.ns.svc": "ssh-ed25519 AAA1"}
-    transport = operator_transport(dict(keys))
+    pinned = dict(keys)
+    transport = operator_transport(pinned)
     scanned: list[str] = []
+
+    def scan(address: str, port: int) -> str:
+        scanned.append(address)
+        return keys[address]
+
     spec = job_spec(
         job_id="j",
         command=("true",),
@@ -581,7 +588,7 @@ def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_fir
         spec,
         transport,
         MPIJOB_SSH_AUTH_DIR,  # type: ignore[arg-type]
-        scan=lambda address, port: scanned.append(address) or keys[address],
+        scan=scan,
         say=lambda _: None,
     )
     agent.prepare()
@@ -590,7 +597,7 @@ def test_the_agent_takes_the_operators_key_and_pins_each_workers_host_key_at_fir
     assert [worker.name for worker in agent.wait_until_ready()] == ["w0", "w1"]
     assert transport.files[f"{HOSTKEYS_DIR}/w0.j.ns.svc.pub"] == "ssh-ed25519 AAA0\n"
     # Learnt once: from then on the pin is strict, as for published keys (and in elastic discovery, which reads it).
-    transport.keys["w1.j.ns.svc"] = "ssh-ed25519 MALLORY"
+    pinned["w1.j.ns.svc"] = "ssh-ed25519 MALLORY"
     assert not agent.workers.answers(spec.workers[1])
     assert scanned == ["w0.j.ns.svc", "w1.j.ns.svc"]
 
@@ -616,7 +623,7 @@ def test_an_elastic_job_discovers_its_workers_with_the_operators_script():
 
 def test_the_pods_pass_the_profile_asked_for_and_no_stricter_one_than_needed():
     def strictest(**fields):
-        return {podsecurity.strictest(pod) for pod in pods(export(**fields))}
+        return {strictest_profile(pod) for pod in pods(export(**fields))}
 
     assert strictest() == {"baseline"}
     assert strictest(pod_security="restricted") == {"restricted"}

@@ -195,7 +195,12 @@ def test_check_node_probes_only_from_outside_and_removes_its_container(monkeypat
     sources = {"10.0.0.11": "192.0.2.2", "10.1.0.11": "10.1.0.1"}
     monkeypatch.setattr(portcheck, "source_towards", lambda address, port: sources[address])
     tried: list[tuple[str, int]] = []
-    monkeypatch.setattr(portcheck, "connects", lambda address, port: tried.append((address, port)) or True)
+
+    def connects(address: str, port: int) -> bool:
+        tried.append((address, port))
+        return True
+
+    monkeypatch.setattr(portcheck, "connects", connects)
     addresses = (("lo", "127.0.0.1/8"), ("eno1", "10.0.0.11/24"), ("eno2", "10.1.0.11/24"))
     verdict = portcheck.check_node("img", engine, addresses)
     assert tried == [("10.0.0.11", 12350)]  # eno2's subnet holds this machine: not a stranger's vantage

@@ -98,17 +98,19 @@ def test_tensorboard_scalars_per_step_and_per_epoch(tmp_path):
 
 
 def test_finish_draws_curves_beside_the_metrics(tmp_path):
-    config = TrainConfig(metrics_file=tmp_path / "metrics.jsonl", progress="lines")
+    metrics_file = tmp_path / "metrics.jsonl"
+    config = TrainConfig(metrics_file=metrics_file, progress="lines")
     for epoch in (1, 2, 3):
-        metrics.append_record(config.metrics_file, record(epoch))
+        metrics.append_record(metrics_file, record(epoch))
     Observer(config, enabled=True).finish()
     assert png_size(tmp_path / "curves.png") == (1300, 380)
 
 
 def test_other_ranks_show_and_write_nothing(tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    config = TrainConfig(metrics_file=tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
-    metrics.append_record(config.metrics_file, record(1))
+    metrics_file = tmp_path / "metrics.jsonl"
+    config = TrainConfig(metrics_file=metrics_file, tensorboard_dir=tmp_path / "tb")
+    metrics.append_record(metrics_file, record(1))
     stream = io.StringIO()
     observer = Observer(config, enabled=False, stream=stream)
     run_epochs(observer)

@@ -14,7 +14,7 @@ from launcher.core.jobend import JobEnd
 from launcher.core.options import SettingsError
 from launcher.host import follow, ranklogs
 from launcher.host.plan import Node
-from tests.standins import container
+from tests.standins import PartialEngine, container
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,9 @@ def test_what_rank_and_grep_keep(line, rank, grep, shown):
 
 def test_lines_arriving_in_pieces_are_filtered_whole():
     pieces = ["[1,0]<stdout>:ep", "och 1\n[1,1]<stdout>:epoch 1\n[1,", "0]<stdout>:epoch 2"]
-    assert list(ranklogs.selected(pieces, 0, None)) == ["[1,0]<stdout>:epoch 1\n", "[1,0]<stdout>:epoch 2"]
+    out = io.StringIO()
+    ranklogs.relay(pieces, out, 0, None)
+    assert out.getvalue() == "[1,0]<stdout>:epoch 1\n[1,0]<stdout>:epoch 2"
 
 
 def test_tee_writes_one_file_per_rank_whatever_is_shown(tmp_path):
@@ -232,7 +234,7 @@ def test_what_the_live_view_shows(line, ranks, shown):
     assert ranklogs.in_view(line, ranks) is shown
 
 
-class FollowedRank0:
+class FollowedRank0(PartialEngine):
     """Rank 0's engine as follow_job reads it: the agent's log in chunks that cut lines, then the job's end."""
 
     node = Node("node_1", "ssh://node_1")
@@ -255,13 +257,13 @@ def test_start_shows_the_agents_lines_and_the_chosen_ranks_only():
         b"[agent 12:00:00] running: mpirun -np 2\n[1,0]<stdout>:rank 0 here\n[1,1]<stdout>:rank 1 here\n"
         b"untagged\n[1,1]<stderr>:rank 1's last, without an end"
     )
-    out, relayed = io.StringIO(), []
+    out, relayed = io.StringIO(), list[str]()
     end = follow.follow_job(FollowedRank0(log), container("c1-node_1", "c1"), out, relayed.append, {0})
     assert end is not None and end.status == 0
     assert relayed == ["[agent 12:00:00] running: mpirun -np 2"]
     assert out.getvalue() == "[1,0]<stdout>:rank 0 here\n"
     everything = io.StringIO()
-    follow.follow_job(FollowedRank0(log), container("c1-node_1", "c1"), everything, [].append)
+    follow.follow_job(FollowedRank0(log), container("c1-node_1", "c1"), everything, lambda _: None)
     assert everything.getvalue() == log.decode().split("\n", 1)[1]
 
 

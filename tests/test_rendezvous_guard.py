@@ -29,6 +29,7 @@ TOKEN = "the-jobs-secret"
 
 def load_guard():
     found = importlib.util.spec_from_file_location("stack_guard", REPO / "docker" / "horovod-runner" / "stack_guard.py")
+    assert found is not None and found.loader is not None
     module = importlib.util.module_from_spec(found)
     found.loader.exec_module(module)
     return module

@@ -9,6 +9,7 @@ import tarfile
 import pytest
 
 from launcher.host.results import Run, choose, extract, fetch
+from tests.standins import PartialEngine
 
 RUNS = [Run("a1b2c3d4", "node_1", 100), Run("e5f6a7b8", "node_1", 300), Run("c9d0e1f2", "node_2", 200)]
 
@@ -85,7 +86,7 @@ def test_the_archive_lands_as_it_arrives_not_once_it_is_whole(tmp_path):
     assert (tmp_path / "run1/tb/events").read_bytes() == b"e" * 1_000_000
 
 
-class RunFolders:
+class RunFolders(PartialEngine):
     """A node's shared folder as the engine hands it out: the names in a run folder, and any part of one as docker's
     get_archive makes it (members named from the part's own name); what was asked for is kept."""
 

@@ -13,7 +13,7 @@ from app.gpu import FRAMEWORK_LABEL
 from launcher.cli import app
 from launcher.core import nics
 from launcher.host import doctor, launch, nodechecks, preflight
-from launcher.host.engines import pull_failure
+from launcher.host.engines import NodeEngine, pull_failure
 from launcher.host.plan import ClusterPlan
 from launcher.host.preflight import NodeFacts, Severity
 from launcher.host.rootcause import LaunchError
@@ -45,7 +45,7 @@ def node_engine(name, nics, port_taken=False, gpu_query="", addresses=()):  # th
 )
 def test_nic_and_port_are_checked_before_any_worker_starts(nic, node_2_nics, port_taken, error):
     engines = [node_engine("node_1", ("lo", "ens5")), node_engine("node_2", node_2_nics, port_taken)]
-    said = []
+    said: list[str] = []
     settings = launch_settings(nodes=("node_1", "node_2"), network_interface=nic)
     if error is None:
         nodechecks.check_nodes(settings, engines, say=said.append)
@@ -119,7 +119,7 @@ def test_gpus_are_checked_on_every_node_before_any_worker_starts(query, wanted, 
 )
 def test_each_images_framework_is_held_to_its_own_cuda_builds_needs(labels, query, problem):
     found = gpu.gpu_problem(query, 1, gpu.build_of(labels))
-    assert found == problem if problem is None else found.startswith(problem)
+    assert (found is None) if problem is None else (found is not None and found.startswith(problem))
 
 
 A100_550 = "0, NVIDIA A100-SXM4-40GB, 550.54.15, 8.0\n"
@@ -166,7 +166,8 @@ def test_gpus_named_by_id_are_checked_with_the_workers_own_request():
     nodechecks.check_nodes(settings, engines, say=lambda _: None)
     plan = ClusterPlan.of(settings)
     assert [request for driver in engines for request in driver.gpu_requests] == [plan.gpu_request(plan.rank0)] * 2
-    assert plan.gpu_request(plan.rank0).device_ids == ("0", "1")
+    request = plan.gpu_request(plan.rank0)
+    assert request is not None and request.device_ids == ("0", "1")
 
 
 @pytest.mark.parametrize(
@@ -317,7 +318,9 @@ def test_a_node_name_rank_0_cannot_resolve_blocks_with_an_etc_hosts_line_and_a_p
 
 
 def test_nodes_that_share_a_host_name_are_told_apart_by_their_workers_own():
-    engines = [StandInEngine(name, ("lo", "eth0"), resolves=HOSTS, host_name="ubuntu") for name in HOSTS]
+    engines: list[NodeEngine] = [
+        StandInEngine(name, ("lo", "eth0"), resolves=HOSTS, host_name="ubuntu") for name in HOSTS
+    ]
     said: list[str] = []
     plan, findings = nodechecks.check_nodes(launch_settings(nodes=tuple(HOSTS)), engines, say=said.append)
     assert (

@@ -220,9 +220,15 @@ def test_the_stall_watch_gathers_the_stacks_once_and_ends_the_job_only_when_aske
     # `launcher status` says "stalled" while the stacks are taken, not only after.
     assert stall.StallRecord.from_json(transport.stall_while_stacks_taken[0]) == stall.StallRecord(999)
     record = stall.StallRecord.from_json(transport.files[JOB_STALL])
-    assert record.idle_seconds == 999 and record.where.startswith("rank 1 (node_2 pid 50) in wait_for_data")
+    assert (
+        record is not None
+        and record.idle_seconds == 999
+        and record.where.startswith("rank 1 (node_2 pid 50) in wait_for_data")
+    )
     if action == "fail":
-        assert watch.cause.startswith("the job stalled: no output and no new metrics for 999 s; rank 1 (node_2")
+        assert watch.cause is not None and watch.cause.startswith(
+            "the job stalled: no output and no new metrics for 999 s; rank 1 (node_2"
+        )
     else:
         assert watch.cause is None
     assert json.loads(transport.files[JOB_STALL])["horovod"] is None

@@ -126,9 +126,9 @@ def test_a_keras_job_that_loses_a_node_restarts_from_its_tensorflow_checkpoint(s
     assert "train_keras.py" in stacks.stdout, stacks.stdout[-3000:]
     killed = kill_worker(cluster, "node_2")
     resumed = run.wait_for("resuming from", timeout=180)
-    status, output, stderr = run.finish()
+    exit_status, output, stderr = run.finish()
     measured(f"Keras job: node_2's worker killed, the restarted job resumed {resumed - killed:.1f} s later")
-    assert status == 0, stderr[-3000:] + output[-3000:]
+    assert exit_status == 0, stderr[-3000:] + output[-3000:]
     assert "restart 1/1: node_2's worker was lost; resuming after epoch " in stderr, stderr[-3000:]
     assert re.search(r"resuming from \S+/ck/latest\.npz after epoch \d", output), output[-3000:]
     records = [json.loads(line) for line in node_file(cluster, f"{folder}/metrics.jsonl").splitlines()]

@@ -46,7 +46,6 @@ class Names:
 
 PS_VS_RING = Names("hsbbr0", "10.213.9", "hsb-rank", "hsbv")
 LINKS = Names("hslbr0", "10.213.10", "hsl-rank", "hslv")
-NAMESPACE_PREFIX = PS_VS_RING.namespace_prefix
 
 
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -151,7 +150,7 @@ class Network:
             sh("tc", "-n", host.namespace, *shaping(NIC, mbit, self.queue))
         self.link_mbit = mbit
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_exc: object) -> None:
         sweep(self.names, forward_rule=self.forward_rule)
 
 

@@ -61,8 +61,3 @@ class RunResult:
     cause: str | None = None
     lost: tuple[LostWorker, ...] = ()
     failed_rank: int | None = None
-
-    @property
-    def failed_node(self) -> str | None:
-        """The node whose worker ended the run, when one was lost."""
-        return self.lost[0].name if self.lost else None

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +34,7 @@ class Member:
     container: Container
 
 
-def status(engines: list[NodeEngine]) -> Iterator[str]:
+def status(engines: Sequence[NodeEngine]) -> Iterator[str]:
     """Each cluster's job (running: epoch, accuracy, throughput; succeeded; failed, with its cause) and its
     containers on every node, or that there is none."""
     found = False
@@ -91,7 +91,7 @@ def job_log_tail(engine: NodeEngine, container: Container) -> str:
 
 
 def fetch_results(
-    engines: list[NodeEngine], image: str | None, shared_dir: str, cluster: str | None, to: Path, checkpoints: bool
+    engines: Sequence[NodeEngine], image: str | None, shared_dir: str, cluster: str | None, to: Path, checkpoints: bool
 ) -> tuple[results.Run, list[str]]:
     """Copies a run's folder (the cluster's, or the newest) from the node that holds it into `to`; `image` reads
     the shared folder (None: each node's reading_image)."""
@@ -128,7 +128,7 @@ def node_problem(settings: LaunchSettings, node: str | None) -> str | None:
 
 
 def logs(
-    engines: list[NodeEngine], node: str | None, follow: bool, tail: int | None, image: str | None, shared_dir: str
+    engines: Sequence[NodeEngine], node: str | None, follow: bool, tail: int | None, image: str | None, shared_dir: str
 ) -> tuple[Iterator[bytes], Iterator[bytes], str | None]:
     """A worker's own output (`node`'s, default rank 0's), and the job's (rank 0's container's, its last `tail` lines
     when given, also after the job ended, and with `follow`, streamed until the job ends; nothing before a job).
@@ -159,7 +159,7 @@ def logs(
     return own(), job(), None
 
 
-def last_run(engines: list[NodeEngine], image: str | None, shared_dir: str) -> tuple[results.Run, NodeEngine]:
+def last_run(engines: Sequence[NodeEngine], image: str | None, shared_dir: str) -> tuple[results.Run, NodeEngine]:
     """The newest run folder in the nodes' shared folder, which kept its job's output, and the engine of its node;
     one ClusterError saying where an ended job's output goes when there is none such."""
     runs = results.runs_on(engines, lambda engine: reading_image(engine, image), shared_dir)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 from launcher.core import sshtrust
@@ -29,7 +29,7 @@ from launcher.host.rootcause import LaunchError
 
 def hand_over_trust(
     plan: ClusterPlan,
-    engines: list[NodeEngine],
+    engines: Sequence[NodeEngine],
     containers: list[Container],
     keys: sshtrust.KeyPair,
     deadline: float,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from launcher.core import layers
 from launcher.host import streams
@@ -37,7 +37,7 @@ class Progress:
         self.say(f"{node}: {self.verb} {self.image}: {done / 1e9:.2f} of {total / 1e9:.2f} GB")
 
 
-def pull_everywhere(engines: list[NodeEngine], image: str, say: Say) -> None:
+def pull_everywhere(engines: Sequence[NodeEngine], image: str, say: Say) -> None:
     progress = Progress(say, "pulling", image)
 
     def pull(engine: NodeEngine) -> None:
@@ -48,7 +48,7 @@ def pull_everywhere(engines: list[NodeEngine], image: str, say: Say) -> None:
     on_each(engines, pull)
 
 
-def push_everywhere(source: NodeEngine, targets: list[NodeEngine], image: str, say: Say) -> None:
+def push_everywhere(source: NodeEngine, targets: Sequence[NodeEngine], image: str, say: Say) -> None:
     """One `docker save` on this machine, each chunk handed to every target's `docker load` as it comes, without the
     layers that every target holds already."""
     total = source.image_size(image)

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from app.cost_model import model_seconds
 from launcher.core.nics import own_nic, subnet_of
@@ -69,7 +71,10 @@ class Prediction:
     ps_s: float
 
 
-def pairs(nodes: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
+Item = TypeVar("Item")
+
+
+def pairs(nodes: Sequence[Item]) -> list[tuple[Item, Item]]:
     """Every unordered pair once, in node order: (prober, server)."""
     return [(a, b) for index, a in enumerate(nodes) for b in nodes[index + 1 :]]
 

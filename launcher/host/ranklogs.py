@@ -72,11 +72,6 @@ def lines_of(texts: Iterable[str]) -> Iterator[str]:
         yield pending
 
 
-def selected(texts: Iterable[str], rank: int | None, grep: str | None) -> Iterator[str]:
-    """The lines of the stream that --rank and --grep keep, as they arrive."""
-    return (line for line in lines_of(texts) if shown(line, rank, grep))
-
-
 def tee_name(line: str) -> str:
     """The --tee file a line goes to: rank-N.log for rank N's, OTHER for the rest."""
     rank = rank_of(line)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tarfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -97,7 +97,7 @@ def write_as_data(archive: tarfile.TarFile, member: tarfile.TarInfo, into: Path)
     os.utime(target, (member.mtime, member.mtime))
 
 
-def runs_on(engines: list[NodeEngine], image_of: Callable[[NodeEngine], str], shared_dir: str) -> list[Run]:
+def runs_on(engines: Sequence[NodeEngine], image_of: Callable[[NodeEngine], str], shared_dir: str) -> list[Run]:
     """Every node's run folders, each listed with the image `image_of` names for its node."""
     return [
         Run(name, engine.node.name, modified)

@@ -129,8 +129,3 @@ def violations(pod: Mapping[str, Any], profile: str) -> list[str]:
     if profile == "restricted":
         return restricted_violations(pod)
     return baseline_violations(pod) if profile == "baseline" else []
-
-
-def strictest(pod: Mapping[str, Any]) -> str:
-    """The strictest profile the pod spec passes."""
-    return next(profile for profile in reversed(PROFILES) if not violations(pod, profile))
