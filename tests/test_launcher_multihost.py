@@ -336,6 +336,11 @@ def test_ssh_port_taken_on_a_node(cluster):
     assert_nothing_left(cluster)
 
 
+def worker_states(status: str) -> list[str]:
+    """The state `launcher status` gives each node's worker (its lines after the cluster's and the image's)."""
+    return [line.split()[-1] for line in status.splitlines() if " role=" in line]
+
+
 def test_second_start_is_refused_while_one_runs_then_stop_removes_it(cluster):
     detached = launcher(cluster, *start_args(cluster, "--detach"), *LONG_TRAIN)
     assert detached.returncode == 0, detached.stderr[-3000:]
@@ -345,7 +350,8 @@ def test_second_start_is_refused_while_one_runs_then_stop_removes_it(cluster):
     assert "is still running; stop it first with `launcher stop" in line
     status = launcher(cluster, "status", "--env-file", str(cluster.env_file()))
     assert "running: " in status.stdout.splitlines()[0], status.stdout
-    assert [line.split()[-1] for line in status.stdout.splitlines()[1:]] == ["running", "running"], status.stdout
+    assert worker_states(status.stdout) == ["running", "running"], status.stdout
+    assert re.search(r"^  image \S+ \(PyTorch\)$", status.stdout, re.MULTILINE), status.stdout
     deadline = time.monotonic() + 120
     while "[rank 0] epoch 1 [" not in (logs := launcher(cluster, "logs", "--env-file", str(cluster.env_file()))).stdout:
         assert time.monotonic() < deadline, logs.stdout[-2000:] + logs.stderr[-2000:]
@@ -398,7 +404,7 @@ def test_detached_job_shows_its_latest_epoch_then_winds_down_by_itself_and_says_
         time.sleep(1)
     print(f"\n{status.stdout}")
     assert re.search(r"running: epoch \d+( of 15)?, val accuracy [0-9.]+, \d+ samples/s$", first), first
-    assert [line.split()[-1] for line in status.stdout.splitlines()[1:]] == ["running", "running"]
+    assert worker_states(status.stdout) == ["running", "running"], status.stdout
     containers = wait_until_stopped(cluster)  # the launcher process is long gone: nothing depends on it
     rank0 = next(c for c in containers if c.labels["horovod-stack.role"] == "rank0")
     _, log_stat = rank0.get_archive("/home/mpiuser/job.log")

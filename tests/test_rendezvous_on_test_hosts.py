@@ -51,7 +51,9 @@ def threads_and_memory(pid: int) -> tuple[int, int]:
 def flood_the_notification_service(local: str, who: str, measured) -> None:
     """A stranger's lengths of -1 and 1 GiB, then 2,000 idle connections held, against a rank's notification
     service: each length closed at once, and the rank grows by at most MAX_CONNECTIONS threads (and a few of its
-    own) and less than 16 MiB while they are held (the service alone: tests/test_rendezvous_guard.py)."""
+    own) while they are held. Its memory is a figure printed beside the same time without the stranger, not an
+    assertion: a training rank's own allocations (an epoch's end, a checkpoint) move it by tens of MiB on a loaded
+    machine; the service's memory bound is asserted where nothing else allocates, tests/test_rendezvous_guard.py."""
     from horovod.runner.common.util.stack_guard import MAX_CONNECTIONS  # the runner's patch, as the image has it
 
     address, port = local.rsplit(":", 1)
@@ -76,7 +78,7 @@ def flood_the_notification_service(local: str, who: str, measured) -> None:
         f"{opened['closed_at_once']}"
     )
     assert opened == {**opened, "closed_at_once": [True, True], "held": STRANGERS_CONNECTIONS}, opened
-    assert grown_threads <= MAX_CONNECTIONS + 4 and grown_memory < 16 * 2**20, (grown_threads, grown_memory)
+    assert grown_threads <= MAX_CONNECTIONS + 4, grown_threads
 
 
 def test_a_stranger_gets_nothing_from_an_elastic_jobs_rank_0_node_and_the_job_finishes(cluster, tmp_path, measured):
