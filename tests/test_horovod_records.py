@@ -14,7 +14,7 @@ from app import autotune, timeline
 from launcher.agent.job import Agent
 from launcher.core.job import horovod_outputs
 from launcher.core.options import JobOptions, SettingsError, switch
-from launcher.host.settings import resolve_settings
+from launcher.host.planning.settings import resolve_settings
 from tests.conftest import job_spec, plan_of
 from tests.standins import Clock, StandInTransport
 from tests.test_launcher_plan import compose_spec

@@ -25,9 +25,10 @@ from launcher.core.mpiports import (
     port_verdict,
     ranks_problem,
 )
-from launcher.host import portcheck, preflight
-from launcher.host.plan import LABEL_CLUSTER
-from launcher.host.preflight import HostView, NodeFacts, Severity
+from launcher.host.doctor import portcheck
+from launcher.host.planning import preflight
+from launcher.host.planning.plan import LABEL_CLUSTER
+from launcher.host.planning.preflight import HostView, NodeFacts, Severity
 from tests.conftest import launch_settings
 from tests.standins import StandInEngine
 

@@ -16,7 +16,8 @@ from launcher.core.options import SPELLINGS, JobOptions, SettingsError
 from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, JOB_STATUS, RESTART_VARIABLE
 from launcher.core.restart import NotRestarted, Why
 from launcher.core.runs import LostWorker, RunResult, RunState
-from launcher.host import jobstate
+from launcher.host.engines.node_engine import ContainerState
+from launcher.host.running import jobstate
 from tests.conftest import job_spec, launch_settings
 from tests.standins import Clock
 from tests.standins import StandInTransport as Transport
@@ -237,9 +238,9 @@ def test_status_shows_the_last_restart_from_the_agents_records_not_from_its_word
 
 def test_status_of_a_running_job_names_its_last_restart():
     log = "[1,0]<stdout>:restart 9/9: the user's own words\n"  # a rank's words are not the agent's records
-    state = jobstate.describe(jobstate.ContainerState("rank0", True), None, log, [], restarts_made=FIRST.record())
+    state = jobstate.describe(ContainerState("rank0", True), None, log, [], restarts_made=FIRST.record())
     assert state.endswith("; restart 1/2: node_2 went silent; starting over on node_1")
-    assert jobstate.describe(jobstate.ContainerState("rank0", True), None, log, []) == "running: no epoch finished yet"
+    assert jobstate.describe(ContainerState("rank0", True), None, log, []) == "running: no epoch finished yet"
 
 
 def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end_record():
@@ -250,7 +251,7 @@ def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end
         restarts=(FIRST,),
         not_restarted=NotRestarted(Why.USED_UP, "not restarted: all 1 restart(s) (--max-restarts 1) are used up"),
     )
-    state = jobstate.describe(jobstate.ContainerState("rank0", False, 137), end.to_json(), "", [])
+    state = jobstate.describe(ContainerState("rank0", False, 137), end.to_json(), "", [])
     assert state == (
         "failed (exit status 137): node_2: worker lost during the run; not restarted: all 1 restart(s) "
         "(--max-restarts 1) are used up; restart 1/2: node_2 went silent; starting over on node_1"
@@ -307,7 +308,7 @@ def test_a_fixed_job_with_restarts_may_name_its_fewest_nodes():
 
 
 def test_max_restarts_comes_from_the_env_file_unless_the_flag_gives_it():
-    from launcher.host.settings import job_options
+    from launcher.host.planning.settings import job_options
 
     assert job_options({"MAX_RESTARTS": "2"}, {}).max_restarts == 2
     assert job_options({"MAX_RESTARTS": "2"}, {"max_restarts": 1}).max_restarts == 1
@@ -626,7 +627,7 @@ def test_spares_travel_in_the_job_spec():
 
 # --- spares on the host side -------------------------------------------------------------------------------------
 def test_spares_come_from_the_flag_or_the_env_file_with_their_own_rank_counts():
-    from launcher.host.settings import resolve_settings
+    from launcher.host.planning.settings import resolve_settings
 
     flagged = resolve_settings({"MAX_RESTARTS": "1"}, nodes="node_1,node_2", spares="node_4:2,node_5")
     assert flagged.nodes == ("node_1", "node_2") and flagged.spares == ("node_4", "node_5")

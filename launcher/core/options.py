@@ -6,7 +6,8 @@ flag, an .env key, an MPIJob export option) and the fix.
 A launch method builds one JobOptions from what its users set (the launcher from .env and flags, compose from its
 environment, the MPIJob launch method from its arguments); the job spec the agent runs carries it (launcher.core.job).
 Adding an option is one field here and its rule in `problems`; its launcher flag is the field's option(flag=, key=,
-help=), from which launcher/host/flags.py makes `launcher start`'s parameter, its --help and where its value goes.
+help=), from which launcher/host/planning/flags.py makes `launcher start`'s parameter, its --help and where its value
+goes.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def option(
 ) -> Any:
     """A JobOptions field and how each launch method's users set it: the launcher's `flag` and its .env `key`, compose's
     .env key, `launcher export mpijob`'s flag (which the MPIJob's launcher pod reads back). `help` is the launcher
-    flag's --help text (launcher/host/flags.py makes `start`'s parameter and its `(default: ...)` from this row);
-    `shown`: how that help words the default where it is not the default itself (e.g. `0: never`)."""
+    flag's --help text (launcher/host/planning/flags.py makes `start`'s parameter and its `(default: ...)` from this
+    row); `shown`: how that help words the default where it is not the default itself (e.g. `0: never`)."""
     meta = {"flag": flag, "key": key, "compose": compose, "mpijob": mpijob, "help": help, "shown": shown}
     return field(default=default, metadata=meta)
 
