@@ -2,9 +2,9 @@
 
 One launch, in order: settings (.env, flags: host/planning/flags.py and settings.py, a LaunchSettings holding one
 core/options.JobOptions) -> the node checks (host/running/nodechecks.py, host/planning/preflight.py, fed by each
-node's engine: host/engines/node_engine.py) -> a plan and its job spec (host/planning/plan.py, core/job.py; pure) -> a
-worker container on every node, the cluster's SSH trust handed over (host/running/handover.py, core/sshtrust.py) -> the
-job agent in the rank-0 container (agent/job.py): readiness, an ssh connection to every worker, mpirun, the exit
+node's engine: host/engines/node_engine.py) -> a plan and its job spec (host/planning/plan.py, core/jobspec.py; pure) ->
+a worker container on every node, the cluster's SSH trust handed over (host/running/handover.py, core/sshtrust.py) ->
+the job agent in the rank-0 container (agent/job.py): readiness, an ssh connection to every worker, mpirun, the exit
 status and root cause, every worker stopped.
 
 The packages, by folder:
@@ -14,7 +14,7 @@ The packages, by folder:
   its Docker SDK driver: docker_driver, docker_sdk; reach, images, streams), running (launch and its steps:
   nodechecks, handover, follow, rootcause; its signal policy, signals; clusters: status, logs, stacks, results, stop;
   jobstate, ranklogs, results) and doctor (checkup, portcheck, link_report and link_probes: doctor --links);
-- launcher/core/, what every side reads: options, job, nics (which NIC is mine here), ranks (ranks per node, and
+- launcher/core/, what every side reads: options, jobspec, nics (which NIC is mine here), ranks (ranks per node, and
   which ranks a node runs), protocol, pod_contract (an MPIJob launcher pod's arguments), stall, sshtrust, imageref,
   restart (a lost node's restart), metrics (the trainer's metrics file, read), ranktag (the rank tag on a job's
   output lines), legacy_keras (a rank that died of Keras 2 code on Keras 3, and the fix);

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from launcher.core.job import JobSpec
+from launcher.core.jobspec import JobSpec
 from launcher.core.options import JobOptions
 from launcher.host.planning.plan import ClusterPlan, Found
 from launcher.host.planning.settings import LaunchSettings

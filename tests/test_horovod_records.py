@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from app import autotune, timeline
 from launcher.agent.job import Agent
-from launcher.core.job import horovod_outputs
+from launcher.core.jobspec import horovod_outputs
 from launcher.core.options import JobOptions, SettingsError, switch
 from launcher.host.planning.settings import resolve_settings
 from tests.conftest import job_spec, plan_of
@@ -238,7 +238,7 @@ W = ("10.0.0.1", "10.0.0.2")
 
 
 def finished_job(files: dict[str, str], **options) -> tuple[list[str], StandInTransport]:
-    from launcher.core.job import Worker
+    from launcher.core.jobspec import Worker
 
     clock = Clock()
     transport = StandInTransport(clock)

@@ -100,9 +100,9 @@ def test_every_module_keeps_the_rooms_import_rules():
 @pytest.mark.parametrize(
     "module, source, broken",
     [
-        ("launcher.core.job", "from launcher.host.planning.plan import Node", True),
-        ("launcher.core.job", "def f():\n    from launcher.agent import stacks", True),
-        ("launcher.core.job", "from launcher.core.nics import own_nic", False),
+        ("launcher.core.jobspec", "from launcher.host.planning.plan import Node", True),
+        ("launcher.core.jobspec", "def f():\n    from launcher.agent import stacks", True),
+        ("launcher.core.jobspec", "from launcher.core.nics import own_nic", False),
         ("launcher.agent.job", "import launcher.host.engines.node_engine", True),
         ("launcher.agent.job", "from launcher import cli", True),
         ("launcher.agent.job", "from launcher.core import stall", False),
@@ -123,8 +123,8 @@ def test_every_module_keeps_the_rooms_import_rules():
         ("launcher.cli", "from launcher.k8s import mpijob", False),
         ("app.train", "from launcher.core.protocol import RUNS_DIR", True),
         ("app.train", "from app.config import parse", False),
-        ("launcher.core.job", "from . import nics", False),
-        ("launcher.core.job", "from ..host import plan", True),
+        ("launcher.core.jobspec", "from . import nics", False),
+        ("launcher.core.jobspec", "from ..host import plan", True),
     ],
 )
 def test_a_broken_rule_is_named(module, source, broken):

@@ -12,7 +12,7 @@ import pytest
 from app.entrypoint import TRAINER
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.agent import compose
-from launcher.core.job import (
+from launcher.core.jobspec import (
     JobSpec,
     RunPaths,
     Worker,

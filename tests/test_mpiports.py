@@ -13,7 +13,7 @@ import time
 import pytest
 
 from launcher.agent import linkprobe
-from launcher.core.job import mpirun_argv
+from launcher.core.jobspec import mpirun_argv
 from launcher.core.mpiports import (
     OPEN_MPI_PORTS,
     RANKS_PER_NODE_MAX,

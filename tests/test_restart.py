@@ -10,8 +10,8 @@ import pytest
 from launcher.agent.job import Agent
 from launcher.agent.restarts import LEFTOVERS
 from launcher.core import restart
-from launcher.core.job import JobSpec, Worker
 from launcher.core.jobend import JobEnd, parse_job_end
+from launcher.core.jobspec import JobSpec, Worker
 from launcher.core.options import SPELLINGS, JobOptions, SettingsError
 from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, JOB_STATUS, RESTART_VARIABLE
 from launcher.core.restart import NotRestarted, Why

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from app.gpu import gpu_rank_env, gpus_asked
-from launcher.core.job import DoorWords, JobSpec, new_run_id
+from launcher.core.jobspec import DoorWords, JobSpec, new_run_id
 from launcher.core.options import ENV_NAME, JobOptions, SettingsError, door_names, job_command, option_kind, switch
 from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
 from launcher.core.ranks import COMPOSE, ranks_per_node

@@ -31,8 +31,8 @@ from launcher.agent.restarts import Restarts
 from launcher.agent.transport import Transport
 from launcher.agent.workers import JobError, LostWorker, Say, Scan, Workers, say
 from launcher.core import legacy_keras
-from launcher.core.job import JobSpec, Worker, hostfile, ssh_config
 from launcher.core.jobend import JobEnd
+from launcher.core.jobspec import JobSpec, Worker, hostfile, ssh_config
 from launcher.core.protocol import (
     HOME,
     HOSTFILE_PATH,

@@ -11,7 +11,7 @@ import dataclasses
 
 from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, JobError, Workers
 from launcher.core import restart
-from launcher.core.job import Worker
+from launcher.core.jobspec import Worker
 from launcher.core.protocol import JOB_RESTARTS
 from launcher.core.runs import LostWorker, RunResult
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from launcher.agent import stacks
 from launcher.agent.transport import Lifeline, Transport
-from launcher.core.job import JobSpec, Worker, command_probe, pin_known_host
+from launcher.core.jobspec import JobSpec, Worker, command_probe, pin_known_host
 from launcher.core.protocol import (
     AGENT,
     AGENT_LINK,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 TAG_OUTPUT = "--tag-output"
-"""mpirun's flag that tags every line a rank writes (the job's mpirun line carries it: launcher/core/job.py)."""
+"""mpirun's flag that tags every line a rank writes (the job's mpirun line carries it: launcher/core/jobspec.py)."""
 _TAG = r"\[(?:[^\[\],<>]+,)?(\d+)\]<(stdout|stderr|stddiag)>:"
 RANK_TAG = re.compile("^" + _TAG)
 """mpirun's --tag-output prefix ([JOBID,RANK]<stream>:) or horovodrun's ([RANK]<stream>:)."""

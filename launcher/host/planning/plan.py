@@ -16,7 +16,7 @@ from app import frameworks
 from app.frameworks import Framework
 from app.gpu import FRAMEWORK_LABEL
 from launcher.core import restart
-from launcher.core.job import JobSpec, Worker
+from launcher.core.jobspec import JobSpec, Worker
 from launcher.core.mounts import Bind
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.core.protocol import (
