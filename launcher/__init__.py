@@ -18,7 +18,7 @@ The packages, by folder:
   which ranks a node runs), protocol, pod_contract (an MPIJob launcher pod's arguments), stall, sshtrust, imageref,
   restart (a lost node's restart), metrics (the trainer's metrics file, read), ranktag (the rank tag on a job's
   output lines), legacy_keras (a rank that died of Keras 2 code on Keras 3, and the fix);
-- launcher/agent/, what runs in the containers: the agent (job, and its parts: workers, restarts, watches, records)
+- launcher/agent/, what runs in the containers: the agent (job, and its parts: workers, restarter, watches, records)
   and its transport, compose's job (compose), the MPIJob launcher pod's job (mpijob_pod), stacks, rank_nic, linkprobe;
 - launcher/k8s/, the Kubernetes document: the MPIJob, its checked request (mpijob_request), its pods'
   resources and Pod Security checks;

@@ -105,7 +105,7 @@ def test_start_has_the_flags():
 
     result = CliRunner().invoke(app, ["start", "--help"], env={"COLUMNS": "200"})
     assert "--timeline" in result.output and "--autotune" in result.output
-    assert JobOptions(timeline=True).spelling.of("timeline") == "--timeline"
+    assert JobOptions(timeline=True).option_names.of("timeline") == "--timeline"
 
 
 # --- the timeline ---

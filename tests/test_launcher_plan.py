@@ -1099,8 +1099,8 @@ def test_each_doors_words_survive_the_job_specs_json():
     spec = compose_spec(WORKERS="3", ELASTIC_MIN_WORKERS="2")
     again = JobSpec.from_json(spec.to_json())
     assert again == spec and again.options.door == "compose"
-    assert again.options.spelling.of("elastic_min_workers", 2) == "ELASTIC_MIN_WORKERS=2"
-    assert make_plan().job_spec().options.spelling.of("elastic_min_workers", 2) == "--min-nodes 2"
+    assert again.options.option_names.of("elastic_min_workers", 2) == "ELASTIC_MIN_WORKERS=2"
+    assert make_plan().job_spec().options.option_names.of("elastic_min_workers", 2) == "--min-nodes 2"
 
 
 def test_an_elastic_subnet_job_before_rank_0s_nic_is_known_says_where_it_goes():

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from launcher.agent.job import Agent
-from launcher.agent.restarts import LEFTOVERS
+from launcher.agent.restarter import LEFTOVERS
 from launcher.core import restart
 from launcher.core.jobend import JobEnd, parse_job_end
 from launcher.core.jobspec import JobSpec, Worker
-from launcher.core.options import SPELLINGS, JobOptions, SettingsError
+from launcher.core.options import OPTION_NAMES, JobOptions, SettingsError
 from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, JOB_STATUS, RESTART_VARIABLE
 from launcher.core.restart import NotRestarted, Why
 from launcher.core.runs import LostWorker, RunResult, RunState
@@ -23,7 +23,7 @@ from tests.standins import Clock
 from tests.standins import StandInTransport as Transport
 
 W1, W2, W3 = Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2"), Worker("node_3", "10.0.0.3")
-LAUNCHER = SPELLINGS["launcher"]
+LAUNCHER = OPTION_NAMES["launcher"]
 RUN = "/shared/runs/c0ffee00"
 
 
@@ -143,7 +143,7 @@ def test_the_restart_decision_is_a_record_with_its_reason(run, spares, back, min
 
 
 def test_compose_names_its_own_setting():
-    refused = refusal(restarts=1, max_restarts=1, say=SPELLINGS["compose"])
+    refused = refusal(restarts=1, max_restarts=1, say=OPTION_NAMES["compose"])
     assert refused and "(MAX_RESTARTS=1)" in refused.reason
 
 
@@ -616,7 +616,7 @@ def test_a_lost_spare_does_not_end_the_job():
     watch.check()
     assert watch.cause is None and not transport.ended.is_set()
     assert said == ["node_4: worker lost during the run; a spare, not used by any restart"]
-    assert agent.restarts.answering_spares(1) == []
+    assert agent.restarter.answering_spares(1) == []
 
 
 def test_spares_travel_in_the_job_spec():
