@@ -10,11 +10,11 @@ _.print_help  # app/config.py: argparse calls it for --help (the checking parser
 _.install  # app/frameworks.py: the images' horovod_stack_hint.pth runs it at start-up
 _.__signature__  # launcher/cli.py with_flags: typer reads the command's parameters from it
 _.__annotations__  # launcher/cli.py with_flags: inspect reads it next to __signature__
-_.readable  # launcher/host/streams.py ChunkReader: io.BufferedReader asks it (io.RawIOBase's protocol)
-_.readinto  # launcher/host/streams.py ChunkReader: io.BufferedReader calls it (io.RawIOBase's protocol)
+_.readable  # launcher/host/engines/streams.py ChunkReader: io.BufferedReader asks it (io.RawIOBase's protocol)
+_.readinto  # launcher/host/engines/streams.py ChunkReader: io.BufferedReader calls it (io.RawIOBase's protocol)
 _.RANKS_PER_NODE_MAX  # launcher/core/mpiports.py: the port range's capacity, only tests/test_mpiports.py reads it
-_.gid  # launcher/core/sshtrust.py, launcher/host/workdir.py: tarfile writes the member's group from it
-_.gname  # launcher/host/workdir.py: tarfile writes the member's group name from it
+_.gid  # launcher/core/sshtrust.py, launcher/host/planning/workdir.py: tarfile writes the member's group from it
+_.gname  # launcher/host/planning/workdir.py: tarfile writes the member's group name from it
 _.linkname  # tests/test_results.py: tarfile writes a symbolic link's target from it
 _._split_scope  # tests/conftest.py TwoRooms: pytest-xdist's LoadScopeScheduling calls it
 _.handle_hosts_updated  # tests/test_rendezvous_guard.py Manager: Horovod's WorkerNotificationService calls it

@@ -1,8 +1,8 @@
 """The stack's Horovod settings: every rank gets them unless the user's environment sets them.
 
 Owned here, beside the trainer, so the code that runs on every rank needs nothing from the host-side launcher; the
-launch methods (launcher/core/job.py) put the same values into the ranks' environment, and the trainer fills in any that
-a plain `horovodrun` or `mpirun` of the user's left out.
+launch methods (launcher/core/jobspec.py) put the same values into the ranks' environment, and the trainer fills in any
+that a plain `horovodrun` or `mpirun` of the user's left out.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The `launcher` command line: declares the commands and their flags (whose texts and meanings are
-launcher/host/flags.py's), calls one host-side function per command and prints what it returns. No logic of its own:
-the settings are launcher/host/settings.py's, the checks launcher/host/preflight.py's, a launch
-launcher/host/launch.py's, its signal policy launcher/host/signals.py's, the doctor launcher/host/doctor.py's, the
-clusters already started launcher/host/clusters.py's, the MPIJob document launcher/k8s/mpijob.py's.
+launcher/host/planning/flags.py's), calls one host-side function per command and prints what it returns. No logic of its
+own: the settings are launcher/host/planning/settings.py's, the checks launcher/host/planning/preflight.py's, a launch
+launcher/host/running/launch.py's, its signal policy launcher/host/running/signals.py's, the doctor
+launcher/host/doctor/checkup.py's, the clusters already started launcher/host/running/clusters.py's, the MPIJob document
+launcher/k8s/mpijob.py's.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import typer
 
 from launcher.core.options import SettingsError
 from launcher.core.protocol import Signalled
-from launcher.host import clusters, doctor, flags, launch, ranklogs, streams
-from launcher.host.engines import NodeEngine, NodeError
-from launcher.host.rootcause import LaunchError, unforeseen
-from launcher.host.settings import LaunchSettings, load_env_file, read_settings
-from launcher.host.signals import stop_on_signals, stopped
-from launcher.host.trainer import checked_command
+from launcher.host.doctor import checkup
+from launcher.host.engines import streams
+from launcher.host.engines.node_engine import NodeEngine, NodeError
+from launcher.host.planning import flags
+from launcher.host.planning.settings import LaunchSettings, load_env_file, read_settings
+from launcher.host.planning.trainer import checked_command
+from launcher.host.running import clusters, launch, ranklogs
+from launcher.host.running.rootcause import LaunchError, unforeseen
+from launcher.host.running.signals import stop_on_signals, stopped
 
 app = typer.Typer(
     add_completion=False,
@@ -308,7 +312,7 @@ def doctor_command(
 
     Example: launcher doctor --nodes node_1,node_2 --network-interface ens5 --links --push-image
     """
-    problem = doctor.link_options_problem(links, gradient_mb, link_seconds, compute_ms)
+    problem = checkup.link_options_problem(links, gradient_mb, link_seconds, compute_ms)
     if problem:
         fail(problem, 2)
     settings = settings_from(
@@ -322,7 +326,7 @@ def doctor_command(
         job={"ssh_port": ssh_port, "network_interface": network_interface},
     )
     try:
-        problems = doctor.examine(
+        problems = checkup.examine(
             settings,
             typer.echo,
             say,
@@ -334,7 +338,7 @@ def doctor_command(
     except Signalled as stop:
         removed = "the link-test containers were"
         fail(*stopped(stop, f"the image copy was stopped and {removed}, if any," if push_image else removed))
-    line, code = doctor.verdict(problems)
+    line, code = checkup.verdict(problems)
     if code:
         fail(line, code)
     typer.echo(line)

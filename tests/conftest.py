@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
-from launcher.core.job import JobSpec
+from launcher.core.jobspec import JobSpec
 from launcher.core.options import JobOptions
-from launcher.host.plan import ClusterPlan, Found
-from launcher.host.settings import LaunchSettings
+from launcher.host.planning.plan import ClusterPlan, Found
+from launcher.host.planning.settings import LaunchSettings
 
 JOB_OPTIONS = {field.name for field in dataclasses.fields(JobOptions)}
 

@@ -1,8 +1,8 @@
-"""The stand-ins the unit tests use for the side effects: one of the host side's NodeEngine (launcher/host/engines.py)
-and one of the agent's Transport (launcher/agent/transport.py), with a clock, a connection and records of what they
-were asked. Each refuses loudly what no unit test needs; mypy checks every method each has against its protocol
-(the assignments under TYPE_CHECKING at the end), so a changed protocol fails the type check, not a test at run
-time. The integration tests use the real things (Docker engines, sshd, mpirun) instead.
+"""The stand-ins the unit tests use for the side effects: one of the host side's NodeEngine
+(launcher/host/engines/node_engine.py) and one of the agent's Transport (launcher/agent/transport.py), with a clock, a
+connection and records of what they were asked. Each refuses loudly what no unit test needs; mypy checks every method
+each has against its protocol (the assignments under TYPE_CHECKING at the end), so a changed protocol fails the type
+check, not a test at run time. The integration tests use the real things (Docker engines, sshd, mpirun) instead.
 """
 
 from __future__ import annotations
@@ -17,10 +17,17 @@ from app import gpu
 from launcher.agent import stacks
 from launcher.core import legacy_keras
 from launcher.core.protocol import AGENT_LINK, HOSTKEYS_DIR, JOB_LOST, KNOWN_HOSTS
-from launcher.host.engines import Connect, Container, Loss, NodeEngine, NodeError, pull_failure
-from launcher.host.jobstate import ContainerState
-from launcher.host.plan import Node, WorkerContainer
-from launcher.host.preflight import HostView
+from launcher.host.engines.node_engine import (
+    Connect,
+    Container,
+    ContainerState,
+    Loss,
+    NodeEngine,
+    NodeError,
+    pull_failure,
+)
+from launcher.host.planning.plan import Node, WorkerContainer
+from launcher.host.planning.preflight import HostView
 
 # --- the host side's engine -------------------------------------------------------------------------------------
 IMAGE_ID = "sha256:0123456789abcdef"

@@ -18,8 +18,8 @@ from launcher.agent import compose
 from launcher.agent.job import Agent
 from launcher.agent.watches import ElasticClaims, LifelineWatch
 from launcher.agent.workers import say
-from launcher.core.job import JobSpec, Worker
 from launcher.core.jobend import JobEnd, parse_job_end
+from launcher.core.jobspec import JobSpec, Worker
 from launcher.core.options import SettingsError
 from launcher.core.protocol import (
     HOSTFILE_PATH,

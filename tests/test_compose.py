@@ -694,7 +694,7 @@ import json, os, shlex, subprocess
 from pathlib import Path
 from horovod.runner.common.util import env_channel
 from horovod.runner.util.remote import get_remote_command
-from launcher.core.job import ssh_config
+from launcher.core.jobspec import ssh_config
 from launcher.core.protocol import CLUSTER_KEY, KNOWN_HOSTS, SSH_CONFIG
 
 address = os.environ["address"]

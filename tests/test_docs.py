@@ -41,7 +41,7 @@ ENV_AS_KEY = re.compile(rf"in\s+{ENV_FILE}(?:\s+as|\s+with|:)\s+`({KEY})=[^`]*`(
 CHAINED_KEY = re.compile(rf"`({KEY})=")
 ENV_LINE = re.compile(rf"^({KEY})=\S*(?:\s+#.*)?$")
 ASSIGNMENT = re.compile(rf"^({KEY})=")
-# launcher/host/access.py node_key: a node's engine address and TLS variables
+# launcher/host/planning/access.py node_key: a node's engine address and TLS variables
 PER_NODE_ENGINE = re.compile(r"DOCKER_(?:HOST|TLS_VERIFY|CERT_PATH)_(?:<NODE>|[A-Z0-9_]+)")
 # `--gpus` (a count or GPU IDs; `--gpus-per-node` is its alias) on start and doctor: the docs may name it while the
 # option lands in launcher/cli.py.

@@ -1,7 +1,7 @@
-"""How the launcher reaches a node's engine (launcher/host/access.py): the per-node keys, TLS from the Docker CLI's
-variables through docker-py, an engine others could read refused unless allowed, and the one line of each TLS
-failure; then the real thing: `launcher status` through a TLS front of this machine's engine (tests/tlsengine.py)
-with this machine's client certificate, and with one of another CA, which the engine refuses."""
+"""How the launcher reaches a node's engine (launcher/host/planning/access.py): the per-node keys, TLS from the Docker
+CLI's variables through docker-py, an engine others could read refused unless allowed, and the one line of each TLS
+failure; then the real thing: `launcher status` through a TLS front of this machine's engine (tests/tlsengine.py) with
+this machine's client certificate, and with one of another CA, which the engine refuses."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from docker.tls import TLSConfig
 
 from launcher import cli
 from launcher.core.options import SettingsError
-from launcher.host import access, reach
-from launcher.host.access import EngineTls, Setting, exposure, insecure_allowed, node_key, node_setting
-from launcher.host.docker_driver import NodeDriver
-from launcher.host.engines import NodeError
-from launcher.host.plan import ClusterPlan, Node
-from launcher.host.settings import resolve_settings
+from launcher.host.engines import reach
+from launcher.host.engines.docker_driver import NodeDriver
+from launcher.host.engines.node_engine import NodeError
+from launcher.host.planning import access
+from launcher.host.planning.access import EngineTls, Setting, exposure, insecure_allowed, node_key, node_setting
+from launcher.host.planning.plan import ClusterPlan, Node
+from launcher.host.planning.settings import resolve_settings
 from tests import tlsengine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -278,7 +279,7 @@ def test_each_tls_failure_is_one_line_with_its_fix(said, folder, expected):
 
 
 def test_the_engines_ca_wins_over_requests_ca_bundle_variables(monkeypatch):
-    import launcher.host.docker_sdk  # noqa: F401  (patches docker-py's client)
+    import launcher.host.engines.docker_sdk  # noqa: F401  (patches docker-py's client)
 
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
     client = APIClient(base_url="tcp://127.0.0.1:1", version="1.41", tls=False)

@@ -13,7 +13,7 @@ from app import frameworks
 from app.frameworks import PYTORCH, TENSORFLOW
 from launcher.core.jobend import JobEnd
 from launcher.core.protocol import JOB_STATUS
-from launcher.host import clusters
+from launcher.host.running import clusters
 from tests.conftest import plan_of
 from tests.standins import container
 from tests.test_log_tail import EndedNode

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from app import autotune, timeline
 from launcher.agent.job import Agent
-from launcher.core.job import horovod_outputs
+from launcher.core.jobspec import horovod_outputs
 from launcher.core.options import JobOptions, SettingsError, switch
-from launcher.host.settings import resolve_settings
+from launcher.host.planning.settings import resolve_settings
 from tests.conftest import job_spec, plan_of
 from tests.standins import Clock, StandInTransport
 from tests.test_launcher_plan import compose_spec
@@ -105,7 +105,7 @@ def test_start_has_the_flags():
 
     result = CliRunner().invoke(app, ["start", "--help"], env={"COLUMNS": "200"})
     assert "--timeline" in result.output and "--autotune" in result.output
-    assert JobOptions(timeline=True).spelling.of("timeline") == "--timeline"
+    assert JobOptions(timeline=True).option_names.of("timeline") == "--timeline"
 
 
 # --- the timeline ---
@@ -238,7 +238,7 @@ W = ("10.0.0.1", "10.0.0.2")
 
 
 def finished_job(files: dict[str, str], **options) -> tuple[list[str], StandInTransport]:
-    from launcher.core.job import Worker
+    from launcher.core.jobspec import Worker
 
     clock = Clock()
     transport = StandInTransport(clock)

@@ -14,9 +14,10 @@ import pytest
 from launcher.core import layers
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError
-from launcher.host import images, nodechecks, streams
-from launcher.host.engines import NodeError, pull_failure
-from launcher.host.settings import resolve_settings
+from launcher.host.engines import images, streams
+from launcher.host.engines.node_engine import NodeError, pull_failure
+from launcher.host.planning.settings import resolve_settings
+from launcher.host.running import nodechecks
 from tests.conftest import launch_settings
 from tests.standins import StandInEngine as Engine
 

@@ -1,8 +1,8 @@
 """The packages' import rules, read from the source (ast), so an import that breaks one fails here and not in review:
 launcher/core/ imports no side; the agent (and the smoke role, which runs beside it in the containers) never
-imports the host side; the Kubernetes export reads only core; nothing imports the command line (launcher/cli.py, the
-face on top); app/ (the trainer, in every rank) never imports launcher; and no two modules import each other, even
-by way of others.
+imports the host side; the Kubernetes export reads only core; inside the host side, planning <- engines <- running <-
+doctor (each package reads only those before it); nothing imports the command line (launcher/cli.py, the face on top);
+app/ (the trainer, in every rank) never imports launcher; and no two modules import each other, even by way of others.
 """
 
 from __future__ import annotations
@@ -29,6 +29,17 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         ("launcher.agent", "launcher.k8s", "launcher.smoke", "launcher.cli"),
         "the host side reads core; the command line alone calls the other launch methods",
     ),
+    (
+        "launcher.host.planning",
+        ("launcher.host.engines", "launcher.host.running", "launcher.host.doctor"),
+        "what to run is decided before any engine is asked: planning reads no other host package",
+    ),
+    (
+        "launcher.host.engines",
+        ("launcher.host.running", "launcher.host.doctor"),
+        "an engine answers in its own records: engines read only planning's (a Node, a WorkerContainer)",
+    ),
+    ("launcher.host.running", ("launcher.host.doctor",), "doctor runs a start's checks, never the other way round"),
     ("launcher", ("launcher.cli",), "launcher/cli.py is the face on top: nothing imports it"),
     ("app", ("launcher",), "the trainer runs in every rank, without the launcher"),
 )
@@ -89,25 +100,50 @@ def test_every_module_keeps_the_rooms_import_rules():
 @pytest.mark.parametrize(
     "module, source, broken",
     [
-        ("launcher.core.job", "from launcher.host.plan import Node", True),
-        ("launcher.core.job", "def f():\n    from launcher.agent import stacks", True),
-        ("launcher.core.job", "from launcher.core.nics import own_nic", False),
-        ("launcher.agent.job", "import launcher.host.engines", True),
+        ("launcher.core.jobspec", "from launcher.host.planning.plan import Node", True),
+        ("launcher.core.jobspec", "def f():\n    from launcher.agent import stacks", True),
+        ("launcher.core.jobspec", "from launcher.core.nics import own_nic", False),
+        ("launcher.agent.job", "import launcher.host.engines.node_engine", True),
         ("launcher.agent.job", "from launcher import cli", True),
         ("launcher.agent.job", "from launcher.core import stall", False),
         ("launcher.k8s.mpijob", "from launcher.agent.job import Agent", True),
         ("launcher.k8s.mpijob", "from launcher.core.pod_contract import agent_args", False),
-        ("launcher.host.plan", "from launcher.cli import app", True),
-        ("launcher.host.plan", "from launcher.agent import compose", True),
+        ("launcher.host.planning.plan", "from launcher.cli import app", True),
+        ("launcher.host.planning.plan", "from launcher.agent import compose", True),
+        ("launcher.host.planning.plan", "from launcher.host.engines.reach import probe", True),
+        ("launcher.host.planning.plan", "from launcher.host.running import launch", True),
+        ("launcher.host.planning.plan", "from ..engines import images", True),
+        ("launcher.host.planning.plan", "from launcher.host.planning.access import EngineTls", False),
+        ("launcher.host.engines.images", "from launcher.host.running.rootcause import LaunchError", True),
+        ("launcher.host.engines.images", "from launcher.host.doctor import checkup", True),
+        ("launcher.host.engines.images", "from launcher.host.planning.plan import Node", False),
+        ("launcher.host.running.launch", "from launcher.host.doctor.checkup import verdict", True),
+        ("launcher.host.running.launch", "from launcher.host.engines import images", False),
+        ("launcher.host.doctor.checkup", "from launcher.host.running import nodechecks", False),
         ("launcher.cli", "from launcher.k8s import mpijob", False),
         ("app.train", "from launcher.core.protocol import RUNS_DIR", True),
         ("app.train", "from app.config import parse", False),
-        ("launcher.core.job", "from . import nics", False),
-        ("launcher.core.job", "from ..host import plan", True),
+        ("launcher.core.jobspec", "from . import nics", False),
+        ("launcher.core.jobspec", "from ..host import plan", True),
     ],
 )
 def test_a_broken_rule_is_named(module, source, broken):
     assert bool(rule_problems(module, source)) is broken
+
+
+HOST_ORDER = ("planning", "engines", "running", "doctor")
+"""The host side's packages, each reading only those before it (the rules above)."""
+
+
+def test_every_host_module_is_in_a_package_the_rules_order():
+    host = REPO / "launcher" / "host"
+    loose = sorted(path.name for path in host.glob("*.py") if path.name != "__init__.py")
+    packages = sorted(path.parent.name for path in host.glob("*/__init__.py"))
+    assert loose == [], "a module of launcher/host/ belongs in one of its packages"
+    assert packages == sorted(HOST_ORDER)
+    for index, package in enumerate(HOST_ORDER[:-1]):
+        later = tuple(f"launcher.host.{name}" for name in HOST_ORDER[index + 1 :])
+        assert (f"launcher.host.{package}", later) in {(room, forbidden) for room, forbidden, _ in RULES}
 
 
 def test_no_module_imports_itself_by_way_of_others():

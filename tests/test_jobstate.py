@@ -5,7 +5,8 @@ from datetime import UTC, datetime
 import pytest
 
 from launcher.core.jobend import JobEnd
-from launcher.host.jobstate import ContainerState, describe
+from launcher.host.engines.node_engine import ContainerState
+from launcher.host.running.jobstate import describe
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 LOG = (

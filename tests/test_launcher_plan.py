@@ -12,7 +12,7 @@ import pytest
 from app.entrypoint import TRAINER
 from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.agent import compose
-from launcher.core.job import (
+from launcher.core.jobspec import (
     JobSpec,
     RunPaths,
     Worker,
@@ -34,9 +34,9 @@ from launcher.core.protocol import (
     SILENCE_SECONDS,
     WORKER_ULIMITS,
 )
-from launcher.host import workdir
-from launcher.host.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
-from launcher.host.settings import engine_override_key, load_env_file, parse_gpus, resolve_settings
+from launcher.host.planning import workdir
+from launcher.host.planning.plan import ClusterPlan, Found, GpuRequest, Node, mpi_host, run_dir, worker_host_names
+from launcher.host.planning.settings import engine_override_key, load_env_file, parse_gpus, resolve_settings
 from tests.conftest import launch_settings
 from tests.conftest import plan_of as make_plan
 from tests.standins import PartialEngine, container
@@ -481,7 +481,7 @@ def test_env_example_is_a_valid_settings_file():
 
 
 def test_workdir_too_big_to_copy_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr("launcher.host.settings.WORKDIR_LIMIT_BYTES", 1000)
+    monkeypatch.setattr("launcher.host.planning.settings.WORKDIR_LIMIT_BYTES", 1000)
     (tmp_path / "data.bin").write_bytes(b"0" * 5000)
     with pytest.raises(SettingsError, match="more than the 0 MB copied to every node: put data in SHARED_DIR"):
         launch_settings(nodes=("node_1",), workdir=tmp_path)
@@ -786,7 +786,7 @@ def test_unpinned_nics_are_left_out_of_a_multi_host_job_and_survive_json():
     ],
 )
 def test_nodes_are_hosts_with_optional_rank_counts(text, expected):
-    from launcher.host.settings import parse_node_list
+    from launcher.host.planning.settings import parse_node_list
 
     if isinstance(expected, str):
         with pytest.raises(SettingsError, match=expected):
@@ -807,7 +807,7 @@ def test_nodes_are_hosts_with_optional_rank_counts(text, expected):
     ],
 )
 def test_hostfiles_in_open_mpis_format(text, expected):
-    from launcher.host.settings import parse_hostfile
+    from launcher.host.planning.settings import parse_hostfile
 
     if isinstance(expected, str):
         with pytest.raises(SettingsError, match=expected):
@@ -1099,8 +1099,8 @@ def test_each_doors_words_survive_the_job_specs_json():
     spec = compose_spec(WORKERS="3", ELASTIC_MIN_WORKERS="2")
     again = JobSpec.from_json(spec.to_json())
     assert again == spec and again.options.door == "compose"
-    assert again.options.spelling.of("elastic_min_workers", 2) == "ELASTIC_MIN_WORKERS=2"
-    assert make_plan().job_spec().options.spelling.of("elastic_min_workers", 2) == "--min-nodes 2"
+    assert again.options.option_names.of("elastic_min_workers", 2) == "ELASTIC_MIN_WORKERS=2"
+    assert make_plan().job_spec().options.option_names.of("elastic_min_workers", 2) == "--min-nodes 2"
 
 
 def test_an_elastic_subnet_job_before_rank_0s_nic_is_known_says_where_it_goes():
@@ -1176,7 +1176,7 @@ def test_rank_0_gets_the_secrets_as_a_0600_file_beside_the_cluster_key_and_no_wo
     import tarfile
 
     from launcher.core.sshtrust import KeyPair
-    from launcher.host import handover
+    from launcher.host.running import handover
 
     class Recorder(PartialEngine):
         def __init__(self, name: str) -> None:
@@ -1261,7 +1261,7 @@ def test_where_a_workers_sshd_listens_with_a_nic_pinned(addresses, nic, reached_
 
 
 def test_a_pinned_nic_tells_each_worker_where_to_listen():
-    from launcher.host.plan import Found
+    from launcher.host.planning.plan import Found
 
     settings = resolve_settings({}, nodes="a,b", job={"network_interface": "eno1"})
     plan = ClusterPlan.of(

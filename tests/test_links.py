@@ -19,7 +19,7 @@ from app.cost_model import model_seconds
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
 from launcher.agent import linkprobe
 from launcher.cli import app
-from launcher.host.links import (
+from launcher.host.doctor.link_report import (
     Link,
     Unreachable,
     advice,
@@ -33,7 +33,7 @@ from launcher.host.links import (
     slowest,
     unreachable_line,
 )
-from launcher.host.preflight import HostView
+from launcher.host.planning.preflight import HostView
 from tests.conftest import launch_settings
 from tests.standins import StandInEngine
 
@@ -196,7 +196,10 @@ def test_the_bundled_trainers_gradient_size_is_simplenets():
 
 
 def test_the_launcher_with_its_link_test_imports_no_torch():
-    code = "import sys, launcher.cli, launcher.host.linkcheck, launcher.agent.linkprobe; print('torch' in sys.modules)"
+    code = (
+        "import sys, launcher.cli, launcher.host.doctor.link_probes, launcher.agent.linkprobe;"
+        " print('torch' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stdout.strip() == "False"
 
@@ -209,7 +212,7 @@ def test_link_options_need_links(args):
 
 
 def test_link_options_take_positive_numbers():
-    from launcher.host.doctor import link_options_problem
+    from launcher.host.doctor.checkup import link_options_problem
 
     assert (
         link_options_problem(True, 8, None, 0) == "--gradient-mb, --compute-ms and --link-seconds take a positive "
@@ -260,7 +263,7 @@ def test_advice_holds_the_exchange_against_the_compute(exchange_s, compute_s, wo
 
 
 def advise_with(probe_output: str, gradient_mb=None, compute_ms=None) -> tuple[str, StandInEngine]:
-    from launcher.host.doctor import advise
+    from launcher.host.doctor.checkup import advise
 
     node_1 = StandInEngine("node_1", probe_output=probe_output)
     prediction = predict([Link("node_1", "node_2", "x", 0.2, 200.0, 200.0)], 46.8, 2)
@@ -461,10 +464,10 @@ VIEWS = {
 def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_addresses(
     network_interface, bind, target, source
 ):
-    from launcher.host import linkcheck
+    from launcher.host.doctor import link_probes
 
     node_1, node_2 = StandInEngine("node_1", probe_output=probe_output()), StandInEngine("node_2")
-    results = linkcheck.measure(stand_in_settings(network_interface), [node_1, node_2], VIEWS, 1.0, lambda _: None)
+    results = link_probes.measure(stand_in_settings(network_interface), [node_1, node_2], VIEWS, 1.0, lambda _: None)
     assert results == [Link("node_1", "node_2", "10.0.0.2", 0.25, 941.5, 938.0)]
     [(serve, labels)] = node_2.probes
     [(probe, _)] = node_1.probes
@@ -478,10 +481,10 @@ def test_measure_serves_on_the_later_node_probes_from_the_earlier_over_the_jobs_
 
 
 def test_measure_removes_every_container_when_interrupted():
-    from launcher.host import linkcheck
+    from launcher.host.doctor import link_probes
 
     node_1, node_2 = StandInEngine("node_1", interrupt=True), StandInEngine("node_2")
     with pytest.raises(KeyboardInterrupt):
-        linkcheck.measure(stand_in_settings("hst0"), [node_1, node_2], VIEWS, 1.0, lambda _: None)
+        link_probes.measure(stand_in_settings("hst0"), [node_1, node_2], VIEWS, 1.0, lambda _: None)
     cluster = node_2.probes[0][1]["horovod-stack.cluster"]
     assert node_1.removed == node_2.removed == [cluster]

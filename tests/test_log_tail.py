@@ -11,8 +11,9 @@ import pytest
 
 from launcher.core.jobend import JobEnd
 from launcher.core.protocol import JOB_LOG, JOB_STATUS
-from launcher.host import clusters, streams
-from launcher.host.plan import Node
+from launcher.host.engines import streams
+from launcher.host.planning.plan import Node
+from launcher.host.running import clusters
 from tests.standins import PartialEngine, container
 
 

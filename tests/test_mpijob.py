@@ -22,7 +22,7 @@ from app.horovod_defaults import HOROVOD_DEFAULTS
 from launcher.agent import mpijob_pod
 from launcher.agent.mpijob_pod import operator_agent
 from launcher.core import pod_contract
-from launcher.core.job import JobSpec, Worker
+from launcher.core.jobspec import JobSpec, Worker
 from launcher.core.nics import parse_ip_addresses
 from launcher.core.options import JobOptions, SettingsError, job_command
 from launcher.core.pod_contract import PodArgs

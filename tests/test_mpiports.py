@@ -13,7 +13,7 @@ import time
 import pytest
 
 from launcher.agent import linkprobe
-from launcher.core.job import mpirun_argv
+from launcher.core.jobspec import mpirun_argv
 from launcher.core.mpiports import (
     OPEN_MPI_PORTS,
     RANKS_PER_NODE_MAX,
@@ -25,9 +25,10 @@ from launcher.core.mpiports import (
     port_verdict,
     ranks_problem,
 )
-from launcher.host import portcheck, preflight
-from launcher.host.plan import LABEL_CLUSTER
-from launcher.host.preflight import HostView, NodeFacts, Severity
+from launcher.host.doctor import portcheck
+from launcher.host.planning import preflight
+from launcher.host.planning.plan import LABEL_CLUSTER
+from launcher.host.planning.preflight import HostView, NodeFacts, Severity
 from tests.conftest import launch_settings
 from tests.standins import StandInEngine
 

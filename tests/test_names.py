@@ -6,8 +6,8 @@ import pytest
 
 from launcher.core.imageref import parse_image
 from launcher.core.options import SettingsError, env_problem, job_command
-from launcher.host.docker_driver import host_view_argv, parse_host_view
-from launcher.host.plan import mpi_host
+from launcher.host.engines.docker_driver import host_view_argv, parse_host_view
+from launcher.host.planning.plan import mpi_host
 from launcher.k8s import mpijob_request
 from tests.conftest import launch_settings
 

@@ -12,8 +12,9 @@ from launcher import cli
 from launcher.core import ranktag
 from launcher.core.jobend import JobEnd
 from launcher.core.options import SettingsError
-from launcher.host import follow, ranklogs
-from launcher.host.plan import Node
+from launcher.core.ranks import parse_ranks
+from launcher.host.planning.plan import Node
+from launcher.host.running import follow, ranklogs
 from tests.standins import PartialEngine, container
 
 
@@ -196,7 +197,7 @@ def test_logs_takes_the_new_options():
     ],
 )
 def test_the_ranks_a_list_names(text, ranks):
-    assert ranklogs.parse_ranks(text) == frozenset(ranks)
+    assert parse_ranks(text) == frozenset(ranks)
 
 
 @pytest.mark.parametrize(
@@ -213,7 +214,7 @@ def test_the_ranks_a_list_names(text, ranks):
 )
 def test_a_list_that_is_not_ranks_is_refused_naming_the_flag_and_the_fix(text, why):
     with pytest.raises(SettingsError) as refused:
-        ranklogs.parse_ranks(text)
+        parse_ranks(text)
     assert str(refused.value) == (f"--ranks {text!r}: {why}; pass rank numbers from 0, e.g. --ranks 0 or --ranks 0,3")
 
 

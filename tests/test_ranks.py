@@ -12,7 +12,7 @@ import pytest
 from launcher.agent import compose
 from launcher.core.options import SettingsError
 from launcher.core.ranks import COMPOSE, LAUNCHER, MPIJOB, ranks_per_node, ranks_problem
-from launcher.host.settings import resolve_settings
+from launcher.host.planning.settings import resolve_settings
 from launcher.k8s import mpijob, mpijob_request
 
 REFUSED = "a GPU worker runs one rank per GPU"

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from launcher.host import reach
-from launcher.host.reach import SshTarget, ssh_failure, tcp_failure
+from launcher.host.engines import reach
+from launcher.host.engines.reach import SshTarget, ssh_failure, tcp_failure
 
 NODE = SshTarget("gpu_2", "alice", 2222)
 

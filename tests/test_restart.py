@@ -8,21 +8,22 @@ import json
 import pytest
 
 from launcher.agent.job import Agent
-from launcher.agent.restarts import LEFTOVERS
+from launcher.agent.restarter import LEFTOVERS
 from launcher.core import restart
-from launcher.core.job import JobSpec, Worker
 from launcher.core.jobend import JobEnd, parse_job_end
-from launcher.core.options import SPELLINGS, JobOptions, SettingsError
+from launcher.core.jobspec import JobSpec, Worker
+from launcher.core.options import OPTION_NAMES, JobOptions, SettingsError
 from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, JOB_STATUS, RESTART_VARIABLE
 from launcher.core.restart import NotRestarted, Why
 from launcher.core.runs import LostWorker, RunResult, RunState
-from launcher.host import jobstate
+from launcher.host.engines.node_engine import ContainerState
+from launcher.host.running import jobstate
 from tests.conftest import job_spec, launch_settings
 from tests.standins import Clock
 from tests.standins import StandInTransport as Transport
 
 W1, W2, W3 = Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2"), Worker("node_3", "10.0.0.3")
-LAUNCHER = SPELLINGS["launcher"]
+LAUNCHER = OPTION_NAMES["launcher"]
 RUN = "/shared/runs/c0ffee00"
 
 
@@ -142,7 +143,7 @@ def test_the_restart_decision_is_a_record_with_its_reason(run, spares, back, min
 
 
 def test_compose_names_its_own_setting():
-    refused = refusal(restarts=1, max_restarts=1, say=SPELLINGS["compose"])
+    refused = refusal(restarts=1, max_restarts=1, say=OPTION_NAMES["compose"])
     assert refused and "(MAX_RESTARTS=1)" in refused.reason
 
 
@@ -237,9 +238,9 @@ def test_status_shows_the_last_restart_from_the_agents_records_not_from_its_word
 
 def test_status_of_a_running_job_names_its_last_restart():
     log = "[1,0]<stdout>:restart 9/9: the user's own words\n"  # a rank's words are not the agent's records
-    state = jobstate.describe(jobstate.ContainerState("rank0", True), None, log, [], restarts_made=FIRST.record())
+    state = jobstate.describe(ContainerState("rank0", True), None, log, [], restarts_made=FIRST.record())
     assert state.endswith("; restart 1/2: node_2 went silent; starting over on node_1")
-    assert jobstate.describe(jobstate.ContainerState("rank0", True), None, log, []) == "running: no epoch finished yet"
+    assert jobstate.describe(ContainerState("rank0", True), None, log, []) == "running: no epoch finished yet"
 
 
 def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end_record():
@@ -250,7 +251,7 @@ def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end
         restarts=(FIRST,),
         not_restarted=NotRestarted(Why.USED_UP, "not restarted: all 1 restart(s) (--max-restarts 1) are used up"),
     )
-    state = jobstate.describe(jobstate.ContainerState("rank0", False, 137), end.to_json(), "", [])
+    state = jobstate.describe(ContainerState("rank0", False, 137), end.to_json(), "", [])
     assert state == (
         "failed (exit status 137): node_2: worker lost during the run; not restarted: all 1 restart(s) "
         "(--max-restarts 1) are used up; restart 1/2: node_2 went silent; starting over on node_1"
@@ -307,7 +308,7 @@ def test_a_fixed_job_with_restarts_may_name_its_fewest_nodes():
 
 
 def test_max_restarts_comes_from_the_env_file_unless_the_flag_gives_it():
-    from launcher.host.settings import job_options
+    from launcher.host.planning.settings import job_options
 
     assert job_options({"MAX_RESTARTS": "2"}, {}).max_restarts == 2
     assert job_options({"MAX_RESTARTS": "2"}, {"max_restarts": 1}).max_restarts == 1
@@ -615,7 +616,7 @@ def test_a_lost_spare_does_not_end_the_job():
     watch.check()
     assert watch.cause is None and not transport.ended.is_set()
     assert said == ["node_4: worker lost during the run; a spare, not used by any restart"]
-    assert agent.restarts.answering_spares(1) == []
+    assert agent.restarter.answering_spares(1) == []
 
 
 def test_spares_travel_in_the_job_spec():
@@ -626,7 +627,7 @@ def test_spares_travel_in_the_job_spec():
 
 # --- spares on the host side -------------------------------------------------------------------------------------
 def test_spares_come_from_the_flag_or_the_env_file_with_their_own_rank_counts():
-    from launcher.host.settings import resolve_settings
+    from launcher.host.planning.settings import resolve_settings
 
     flagged = resolve_settings({"MAX_RESTARTS": "1"}, nodes="node_1,node_2", spares="node_4:2,node_5")
     assert flagged.nodes == ("node_1", "node_2") and flagged.spares == ("node_4", "node_5")

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from launcher.host.results import Run, choose, extract, fetch
+from launcher.host.running.results import Run, choose, extract, fetch
 from tests.standins import PartialEngine
 
 RUNS = [Run("a1b2c3d4", "node_1", 100), Run("e5f6a7b8", "node_1", 300), Run("c9d0e1f2", "node_2", 200)]

@@ -1,5 +1,5 @@
 """The launch's checks before any worker starts, against the stand-in engine (no Docker): the same findings refuse
-a start and fill doctor's report (launcher/host/preflight.py)."""
+a start and fill doctor's report (launcher/host/planning/preflight.py)."""
 
 import io
 import re
@@ -12,11 +12,13 @@ from app import gpu
 from app.gpu import FRAMEWORK_LABEL
 from launcher.cli import app
 from launcher.core import nics
-from launcher.host import doctor, launch, nodechecks, preflight
-from launcher.host.engines import NodeEngine, pull_failure
-from launcher.host.plan import ClusterPlan
-from launcher.host.preflight import NodeFacts, Severity
-from launcher.host.rootcause import LaunchError
+from launcher.host.doctor import checkup
+from launcher.host.engines.node_engine import NodeEngine, pull_failure
+from launcher.host.planning import preflight
+from launcher.host.planning.plan import ClusterPlan
+from launcher.host.planning.preflight import NodeFacts, Severity
+from launcher.host.running import launch, nodechecks
+from launcher.host.running.rootcause import LaunchError
 from tests.conftest import launch_settings
 from tests.standins import IMAGE_ID, StandInEngine, connect_to, container
 
@@ -156,7 +158,7 @@ def test_doctor_gpus_holds_the_nodes_to_the_images_own_framework(image, labels, 
         for name, gpu_query in (("node_1", H100), ("node_2", query))
     ]
     settings = launch_settings(nodes=("node_1", "node_2"), gpus_per_node=1, image=image)
-    problems, _, _ = doctor.check(settings, lambda _: None, connect=connect_to(*engines))
+    problems, _, _ = checkup.check(settings, lambda _: None, connect=connect_to(*engines))
     assert problems == ([] if problem is None else [f"{problem}; update the driver there"])
 
 
@@ -224,7 +226,7 @@ def test_doctor_prints_every_finding_and_counts_the_problems_a_start_would_refus
     node_2 = node_engine("node_2", ("lo", "ens5"), port_taken=True)
     printed: list[str] = []
     settings = launch_settings(nodes=("node_1", "node_2"), network_interface="eth0")
-    problems, engines, views = doctor.check(settings, printed.append, connect=connect_to(node_1, node_2))
+    problems, engines, views = checkup.check(settings, printed.append, connect=connect_to(node_1, node_2))
     assert "node_1: engine        ok (26.1.5 at ssh://node_1)" in printed
     assert "node_1: network iface ok (eth0)" in printed and "node_1: ssh port      ok free (12345)" in printed
     assert (
@@ -304,7 +306,7 @@ def test_a_node_name_rank_0_cannot_resolve_blocks_with_an_etc_hosts_line_and_a_p
     node_3 = StandInEngine("node_3", ("lo", "eth0"), resolves={**HOSTS, "node_3": "10.0.0.3"})
     printed: list[str] = []
     settings = launch_settings(nodes=("node_1", "node_2", "node_3"))
-    problems, _, _ = doctor.check(settings, printed.append, connect=connect_to(node_1, node_2, node_3))
+    problems, _, _ = checkup.check(settings, printed.append, connect=connect_to(node_1, node_2, node_3))
     assert problems == [
         "node_1: node_2 does not resolve there (mpirun there reaches every node by its name); add to DNS or to "
         "/etc/hosts on node_1 (the workers read the host's): `10.0.0.2 node_2`",
@@ -373,8 +375,8 @@ def printed_fixes() -> list[tuple[str, tuple[str, ...]]]:
             (pull_failure("node_1", "registry.example/team/horovod-stack:1", why), ("start",))  # a start's pull
             for why in ("dial tcp: no such host", "unauthorized", "manifest unknown", "disk full")
         ),
-        (doctor.link_options_problem(False, 1.0, None) or "", ("doctor",)),
-        (doctor.link_options_problem(True, -1.0, None) or "", ("doctor",)),
+        (checkup.link_options_problem(False, 1.0, None) or "", ("doctor",)),
+        (checkup.link_options_problem(True, -1.0, None) or "", ("doctor",)),
     ]
 
 
@@ -403,7 +405,7 @@ def test_doctor_with_push_image_copies_the_image_first_so_every_check_runs_on_ev
     monkeypatch.setattr(nodechecks, "this_machine", lambda image: (here, here.image))
     printed: list[str] = []
     settings = launch_settings(nodes=("node_1", "node_2"), network_interface="eth0", push_image=True)
-    problems, _, views = doctor.check(settings, printed.append, connect=connect_to(node_1, node_2))
+    problems, _, views = checkup.check(settings, printed.append, connect=connect_to(node_1, node_2))
     if source_image is None:
         assert problems == [
             f"this machine: no image {settings.image} either, and --push-image copies it from here; "

@@ -14,10 +14,10 @@ from launcher.agent.job import Agent
 from launcher.agent.stacks import Frame, RankStack
 from launcher.agent.watches import StallWatch
 from launcher.core import stall
-from launcher.core.job import Worker
+from launcher.core.jobspec import Worker
 from launcher.core.protocol import JOB_STALL
-from launcher.host import jobstate
-from launcher.host.jobstate import ContainerState
+from launcher.host.engines.node_engine import ContainerState
+from launcher.host.running import jobstate
 from tests.conftest import job_spec
 from tests.standins import StandInTransport
 

@@ -1,6 +1,6 @@
-"""`launcher start`'s flags as one table (launcher/host/flags.py FLAGS, the job's rows from JobOptions' option()
-metadata): --help lists each row once with its default and .env key, each flag reaches its setting, and each row's
-.env key sets the same thing as its flag.
+"""`launcher start`'s flags as one table (launcher/host/planning/flags.py FLAGS, the job's rows from JobOptions'
+option() metadata): --help lists each row once with its default and .env key, each flag reaches its setting, and each
+row's .env key sets the same thing as its flag.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from launcher import cli
 from launcher.cli import app
 from launcher.core.options import JobOptions
-from launcher.host import flags
-from launcher.host.plan import ClusterPlan
-from launcher.host.settings import LaunchSettings, resolve_settings
+from launcher.host.planning import flags
+from launcher.host.planning.plan import ClusterPlan
+from launcher.host.planning.settings import LaunchSettings, resolve_settings
 
 SAMPLES: dict[str, tuple[str, Any, Callable[[LaunchSettings], Any]]] = {
     "nodes": ("x,y", ("x", "y"), lambda s: s.nodes),
@@ -169,6 +169,6 @@ def test_elastic_timeout_reaches_horovodrun():
 
 
 def test_the_insecure_engines_key_is_the_one_the_engines_access_reads():
-    from launcher.host import access
+    from launcher.host.planning import access
 
     assert flags.INSECURE.key == access.INSECURE_ENGINES

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from app.entrypoint import TRAINER
 from launcher import cli
 from launcher.cli import app
-from launcher.host.trainer import trainer_problem
+from launcher.host.planning.trainer import trainer_problem
 
 REPO = Path(__file__).resolve().parents[1]
 START_OPTIONS = ["--nodes", "--gpus", "--gpus-per-node", "--slots", "--push-image", "--no-push-image", "--env"]
@@ -121,7 +121,7 @@ def test_the_check_imports_neither_torch_nor_horovod():
         "for name in ('torch', 'torchvision', 'horovod', 'horovod.torch', 'sklearn', 'tensorboard'):\n"
         "    sys.modules[name] = None\n"
         "import launcher.cli\n"
-        "from launcher.host.trainer import trainer_problem\n"
+        "from launcher.host.planning.trainer import trainer_problem\n"
         "print(trainer_problem(('python', '-m', 'app.train', '--epochs', 'x')))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)

@@ -10,8 +10,8 @@ import tarfile
 import pytest
 
 from launcher.core.options import SettingsError
-from launcher.host import workdir
-from launcher.host.workdir import Skip
+from launcher.host.planning import workdir
+from launcher.host.planning.workdir import Skip
 from tests.conftest import launch_settings
 
 
@@ -204,7 +204,7 @@ def test_a_socket_stays_behind(tmp_path):
 
 
 def test_the_size_check_counts_only_what_travels(tmp_path, monkeypatch):
-    monkeypatch.setattr("launcher.host.settings.WORKDIR_LIMIT_BYTES", 1000)
+    monkeypatch.setattr("launcher.host.planning.settings.WORKDIR_LIMIT_BYTES", 1000)
     (tmp_path / "train.py").write_text("print(1)\n")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "big.bin").write_bytes(b"0" * 5000)

@@ -4,7 +4,7 @@ jobs, the CI smoke role):
 
 - Pinned host keys: its ssh passed `-o StrictHostKeyChecking=no`, and a command-line option wins over the cluster's
   ~/.ssh/config, so a worker with any host key was trusted. Without it the pinned known_hosts applies, as for
-  mpirun's ssh and the job agent's (launcher/core/job.py ssh_config).
+  mpirun's ssh and the job agent's (launcher/core/jobspec.py ssh_config).
 - No values on command lines: it put every variable of its environment on each rank's command line (visible in `ps`
   on the driver's node and on every worker), secret settings included. Now a rank's command line carries only the
   variables that differ from horovodrun's own environment (the per-rank HOROVOD_* ones and the like); the others

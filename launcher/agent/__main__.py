@@ -25,8 +25,8 @@ from launcher.agent.hostkeys import keyscan
 from launcher.agent.job import Agent
 from launcher.agent.transport import SshTransport, Transport, read_text, stop_on_signals, write_atomically
 from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, Workers, lost_addresses, say
-from launcher.core.job import JobSpec
 from launcher.core.jobend import JobEnd, parse_job_end
+from launcher.core.jobspec import JobSpec
 from launcher.core.options import one_line
 from launcher.core.protocol import (
     AGENT_LINK,

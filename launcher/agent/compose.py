@@ -13,13 +13,13 @@ from dataclasses import replace
 from typing import Any
 
 from app.gpu import gpu_rank_env, gpus_asked
-from launcher.core.job import DoorWords, JobSpec, new_run_id
+from launcher.core.jobspec import JobSpec, LaunchMethodFixes, new_run_id
 from launcher.core.options import ENV_NAME, JobOptions, SettingsError, door_names, job_command, option_kind, switch
 from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
 from launcher.core.ranks import COMPOSE, ranks_per_node
 
 DRIVER = "compose's launcher container"
-WORDS = DoorWords(
+WORDS = LaunchMethodFixes(
     command_fix="set WORKDIR to the folder that holds your code, or use an image FROM horovod-stack:latest that has it",
     workers_fix="check that the workers run (docker compose ps) and that WORKERS matches them",
     lost_hint="`docker compose ps -a` shows how they ended",

@@ -16,7 +16,7 @@ The agent is a loop that passes values (the shape of torchrun's elastic agent): 
 Restart or a NotRestarted (launcher/core/restart.py), and the job's end is a JobEnd carrying those records
 (launcher/core/jobend.py), which the host renders. Its parts, each in its own module: the Workers service (finding and
 trusting them, their connections, the lost ones, their stacks, the last word: launcher/agent/workers.py), the
-restarts (launcher/agent/restarts.py), the watches beside the running job (launcher/agent/watches.py) and Horovod's
+restarts (launcher/agent/restarter.py), the watches beside the running job (launcher/agent/watches.py) and Horovod's
 records summarised at the end (launcher/agent/records.py). Side effects go through a Transport
 (launcher/agent/transport.py), so every decision here is tested without containers.
 """
@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable
 
 from launcher.agent import records, watches
-from launcher.agent.restarts import Restarts
+from launcher.agent.restarter import Restarter
 from launcher.agent.transport import Transport
 from launcher.agent.workers import JobError, LostWorker, Say, Scan, Workers, say
 from launcher.core import legacy_keras
-from launcher.core.job import JobSpec, Worker, hostfile, ssh_config
 from launcher.core.jobend import JobEnd
+from launcher.core.jobspec import JobSpec, Worker, hostfile, ssh_config
 from launcher.core.protocol import (
     HOME,
     HOSTFILE_PATH,
@@ -69,7 +69,7 @@ class Agent:
         setup: Callable[[Transport], None] | None = None,
     ) -> None:
         self.workers = Workers(spec, transport, say, clock, sleep, scan)
-        self.restarts = Restarts(self.workers)
+        self.restarter = Restarter(self.workers)
         self.transport, self.say, self.clock, self.sleep, self.setup = transport, say, clock, sleep, setup
         self.job_started: float | None = None
         """When the job's first run started (its time limit counts from then, restarts included)."""
@@ -88,10 +88,10 @@ class Agent:
             ready = self.wait_until_ready()
             self.workers.claim(ready)
             self.workers.check_command(ready)
-            self.restarts.stand_by()
+            self.restarter.stand_by()
             result = self.run_job(ready, secrets)
-            while isinstance(decision := self.restarts.decide(result, ready), Restart):
-                ready = self.restarts.carry_out(decision, ready)
+            while isinstance(decision := self.restarter.decide(result, ready), Restart):
+                ready = self.restarter.carry_out(decision, ready)
                 result = self.run_job(ready, secrets)
             end = self.ended(result, decision)
         except JobError as error:
@@ -110,7 +110,7 @@ class Agent:
         """The job's end after its last run: the decision not to start it again is said, when there is a reason."""
         if decision.reason:
             self.say(decision.reason)
-        return JobEnd.of_run(result, self.restarts.made(), decision)
+        return JobEnd.of_run(result, self.restarter.made(), decision)
 
     # --- readiness -----------------------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -157,7 +157,7 @@ class Agent:
         if missing:
             raise JobError(
                 f"the secret setting(s) {', '.join(missing)} did not reach the job's agent: start the job again with "
-                f"{self.spec.options.spelling.of('secrets')} and the value in the launching machine's environment"
+                f"{self.spec.options.option_names.of('secrets')} and the value in the launching machine's environment"
             )
         return found
 

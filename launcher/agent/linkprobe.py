@@ -1,8 +1,8 @@
 """`python -m launcher.agent.linkprobe serve|probe|hold`: one node pair's link, both ways, over one TCP connection,
 bounded in bytes and time; each side prints one JSON line. `launcher doctor --links` runs it in short-lived
-host-network containers of the image on the two nodes (launcher/host/linkcheck.py); the namespace test runs it in
-namespaces. `hold` only listens, accepting and closing connections, for --seconds: doctor's stand-in for Open MPI's
-listener (launcher/host/portcheck.py).
+host-network containers of the image on the two nodes (launcher/host/doctor/link_probes.py); the namespace test runs it
+in namespaces. `hold` only listens, accepting and closing connections, for --seconds: doctor's stand-in for Open MPI's
+listener (launcher/host/doctor/portcheck.py).
 
 On one connection, the probe (client) side:
 1. round trips: PINGS one-byte messages the server echoes; the median is the RTT;

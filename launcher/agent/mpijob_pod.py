@@ -33,8 +33,8 @@ from launcher.agent.hostkeys import keyscan
 from launcher.agent.job import Agent
 from launcher.agent.transport import SshTransport, Transport, stop_on_signals
 from launcher.agent.workers import JobError, Scan
-from launcher.core.job import DoorWords, JobSpec, Worker, new_run_id
 from launcher.core.jobend import JobEnd
+from launcher.core.jobspec import JobSpec, LaunchMethodFixes, Worker, new_run_id
 from launcher.core.nics import IP_ADDRESSES, own_nic, parse_ip_addresses, subnet_of, virtual_subnets
 from launcher.core.options import JobOptions, SettingsError, one_line
 from launcher.core.pod_contract import PodArgs, parse
@@ -49,7 +49,7 @@ from launcher.core.protocol import (
 )
 
 DRIVER = "the MPIJob's launcher pod"
-WORDS = DoorWords(
+WORDS = LaunchMethodFixes(
     command_fix="use an image FROM horovod-stack:latest that has your code (launcher export mpijob --image), or put "
     "the code on the shared claim and run it from /shared",
     workers_fix="`kubectl get pods` and `kubectl describe pod` show why a worker pod is not running (Pending: no "

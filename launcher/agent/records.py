@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from app import autotune, timeline
 from launcher.agent.transport import Transport
-from launcher.core.job import JobSpec
+from launcher.core.jobspec import JobSpec
 from launcher.core.options import names_in
 
 TIMELINE_SUMMARY_BYTES = 256 << 20

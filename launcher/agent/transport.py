@@ -31,7 +31,7 @@ from launcher.core.protocol import (
 
 SILENT_MARK = "not responding"
 """What ssh says (at LogLevel INFO) when it gives up on a server that stopped answering ("Timeout, server X not
-responding."): the ServerAlive* settings of the cluster's ssh config (launcher.core.job.ssh_config)."""
+responding."): the ServerAlive* settings of the cluster's ssh config (launcher.core.jobspec.ssh_config)."""
 JOB_STOP_GRACE_SECONDS = 5
 """How long the job's process has, once asked to end (SIGTERM), before it and its ssh sessions are killed: mpirun
 can wait forever on a node that went silent."""

@@ -11,7 +11,7 @@ import threading
 
 from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, Workers
 from launcher.core import stall
-from launcher.core.job import Worker
+from launcher.core.jobspec import Worker
 from launcher.core.protocol import JOB_STALL
 
 ELASTIC_CLAIM_INTERVAL = 2

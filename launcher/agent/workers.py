@@ -4,7 +4,7 @@ an ssh connection to each (it ends when the job ends, or when the agent dies), w
 how, whether each can start the command, every rank's stack on them, and the last word each is told. Also the agent's
 log line (say) and the one error the agent names a fix in (JobError).
 
-The job agent (launcher/agent/job.py), its restarts (launcher/agent/restarts.py) and the watches beside the running
+The job agent (launcher/agent/job.py), its restarts (launcher/agent/restarter.py) and the watches beside the running
 job (launcher/agent/watches.py) each use one Workers; host discovery and `stacks` (launcher/agent/__main__.py) use one
 without an agent. Its state (connections, lost workers) is its own: others ask and tell through its methods.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from launcher.agent import stacks
 from launcher.agent.transport import Lifeline, Transport
-from launcher.core.job import JobSpec, Worker, command_probe, pin_known_host
+from launcher.core.jobspec import JobSpec, Worker, command_probe, pin_known_host
 from launcher.core.protocol import (
     AGENT,
     AGENT_LINK,

@@ -5,7 +5,7 @@ by its chain ID, the digest of its diff ID and every one beneath it, so a node h
 holds the same layers under it too. A new build of an image usually changes only its top layers (the code, not
 CUDA or the framework), so `--push-image` sends a node only the layers it lacks: `docker save` writes every layer
 as `blobs/sha256/<diff ID>` (the OCI layout, Docker 25 and newer), and `docker load` takes an archive without the
-layers the engine already has (launcher/host/streams.py's `without_files` leaves them out of the stream). An
+layers the engine already has (launcher/host/engines/streams.py's `without_files` leaves them out of the stream). An
 archive in another layout is sent whole.
 """
 

@@ -1,7 +1,7 @@
 """The TCP ports a fixed-size job's Open MPI listens on, on every node: one documented range (OPEN_MPI_PORTS), the
 mpirun arguments that pin its listeners into it (port_selection), the ranks a node can hold with it (ranks_problem)
 and what `launcher doctor` says of a node's range as seen from outside the node's subnet (port_verdict). Pure:
-launcher/host/portcheck.py does the probing.
+launcher/host/doctor/portcheck.py does the probing.
 
 Open MPI 4.1 binds these listeners to every address of the node, IPv4 and IPv6, whatever btl_tcp_if_include and
 oob_tcp_if_include say (they choose what is advertised and used, not what is bound; it has no setting for the bound

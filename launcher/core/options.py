@@ -4,9 +4,10 @@ a job's options is here and nowhere else, and each error names the setting as th
 flag, an .env key, an MPIJob export option) and the fix.
 
 A launch method builds one JobOptions from what its users set (the launcher from .env and flags, compose from its
-environment, the MPIJob launch method from its arguments); the job spec the agent runs carries it (launcher.core.job).
-Adding an option is one field here and its rule in `problems`; its launcher flag is the field's option(flag=, key=,
-help=), from which launcher/host/flags.py makes `launcher start`'s parameter, its --help and where its value goes.
+environment, the MPIJob launch method from its arguments); the job spec the agent runs carries it
+(launcher.core.jobspec). Adding an option is one field here and its rule in `problems`; its launcher flag is the field's
+option(flag=, key=, help=), from which launcher/host/planning/flags.py makes `launcher start`'s parameter, its --help
+and where its value goes.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 from app.entrypoint import TRAINER
 from launcher.core.mounts import Bind, bind_problem, parse_bind
 from launcher.core.nics import NIC_SETTING
+from launcher.core.option_names import OptionNames
 from launcher.core.protocol import ELASTIC_TIMEOUT_SECONDS, READY_TIMEOUT_SECONDS, SSH_PORT, STALL_TIMEOUT_SECONDS
-from launcher.core.spelling import Spelling
 from launcher.core.stall import STALL_ACTIONS
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -58,8 +59,8 @@ def option(
 ) -> Any:
     """A JobOptions field and how each launch method's users set it: the launcher's `flag` and its .env `key`, compose's
     .env key, `launcher export mpijob`'s flag (which the MPIJob's launcher pod reads back). `help` is the launcher
-    flag's --help text (launcher/host/flags.py makes `start`'s parameter and its `(default: ...)` from this row);
-    `shown`: how that help words the default where it is not the default itself (e.g. `0: never`)."""
+    flag's --help text (launcher/host/planning/flags.py makes `start`'s parameter and its `(default: ...)` from this
+    row); `shown`: how that help words the default where it is not the default itself (e.g. `0: never`)."""
     meta = {"flag": flag, "key": key, "compose": compose, "mpijob": mpijob, "help": help, "shown": shown}
     return field(default=default, metadata=meta)
 
@@ -295,7 +296,7 @@ class JobOptions:
         """Every rule about a job's options: one line per problem, naming the setting and the fix."""
         if self.door not in DOORS:
             return [f"JobOptions from an unknown launch method {self.door!r}: one of {', '.join(DOORS)} builds them"]
-        say = self.spelling
+        say = self.option_names
         found: list[str] = []
         if not self.command:
             found.append("no command for the ranks to run: name one after `--`, or leave it out for the trainer")
@@ -339,7 +340,7 @@ class JobOptions:
         return found
 
     def _secret_problems(self) -> list[str]:
-        say = self.spelling
+        say = self.option_names
         found = [
             f"{say.of('secrets', repr(name))} is not a variable name; {say.fix_for('secrets')}"
             for name in self.secrets
@@ -352,7 +353,7 @@ class JobOptions:
         return found
 
     def _elastic_problems(self) -> list[str]:
-        say = self.spelling
+        say = self.option_names
         if not self.elastic:
             return self._restart_problems()
         if self.can_restart:
@@ -386,7 +387,7 @@ class JobOptions:
 
     def _restart_problems(self) -> list[str]:
         """A fixed-size job's: the elastic settings are refused, but for --min-nodes with --max-restarts."""
-        say = self.spelling
+        say = self.option_names
         if self.max_restarts < 0:
             count = say.of("max_restarts", self.max_restarts)
             return [f"{count} is neither 0 (off) nor a positive count; {say.fix_for('max_restarts')}"]
@@ -407,7 +408,7 @@ class JobOptions:
     def workers_problem(self, workers: int) -> str | None:
         """Why the elastic sizes do not fit a job of `workers` workers (the launch method's count: its nodes, compose's
         WORKERS, the MPIJob's worker pods); None if they do."""
-        say = self.spelling
+        say = self.option_names
         if not self.elastic and not (self.can_restart and self.elastic_min_workers is not None):
             return None
         if not self.min_workers <= workers:
@@ -424,9 +425,9 @@ class JobOptions:
         return None
 
     @property
-    def spelling(self) -> Spelling:
-        """How this launch method's users set each option (SPELLINGS)."""
-        return SPELLINGS[self.door]
+    def option_names(self) -> OptionNames:
+        """How this launch method's users set each option (OPTION_NAMES)."""
+        return OPTION_NAMES[self.door]
 
     @property
     def can_restart(self) -> bool:
@@ -440,7 +441,7 @@ class JobOptions:
 
     def fell_below(self, lost: str) -> str:
         """The one sentence for an elastic job that lost more nodes than it may: `lost` names them (and why)."""
-        minimum = self.spelling.of("elastic_min_workers", self.min_workers)
+        minimum = self.option_names.of("elastic_min_workers", self.min_workers)
         return f"the elastic job fell below {minimum} for {self.elastic_timeout} s: lost {lost}"
 
     @property
@@ -489,12 +490,12 @@ def door_names(door: str) -> dict[str, str]:
     return names
 
 
-SPELLINGS = {
-    "launcher": Spelling({**door_names("launcher"), "workers": "node(s) in --nodes"}),
-    "compose": Spelling({**door_names("compose"), "workers": "workers in WORKERS"}),
-    "mpijob": Spelling(
+OPTION_NAMES = {
+    "launcher": OptionNames({**door_names("launcher"), "workers": "node(s) in --nodes"}),
+    "compose": OptionNames({**door_names("compose"), "workers": "workers in WORKERS"}),
+    "mpijob": OptionNames(
         {**door_names("mpijob"), "workers": "worker pods (--workers)"},
         flag_fix="pass {name} to `launcher export mpijob` with one that is",
     ),
 }
-"""Each launch method's spelling, for the errors JobOptions and the job agent word."""
+"""Each launch method's names for the options, for the errors JobOptions and the job agent word."""

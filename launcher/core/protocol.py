@@ -29,7 +29,7 @@ KEEPALIVE_INTERVAL_SECONDS = 5
 KEEPALIVE_COUNT = 3
 SILENCE_SECONDS = KEEPALIVE_INTERVAL_SECONDS * KEEPALIVE_COUNT
 """A peer that answers nothing this long is gone (a pulled cable, a failed switch port, a kernel panic or a power
-loss send no TCP reset): every ssh into the cluster gives up on it then (ServerAlive*, launcher.core.job.ssh_config:
+loss send no TCP reset): every ssh into the cluster gives up on it then (ServerAlive*, launcher.core.jobspec.ssh_config:
 the agent's to its workers, mpirun's and horovodrun's sessions), and so does each worker's sshd (docker/sshd_config's
 ClientAlive*, which must agree)."""
 WORKER_STOP_GRACE_SECONDS = 2
@@ -98,7 +98,7 @@ SSH_CONFIG = f"{SSH_DIR}/config"
 KNOWN_HOSTS = f"{SSH_DIR}/known_hosts"
 HOSTFILE_PATH = f"{HOME}/hostfile"
 JOB_SPEC = f"{HOME}/job.json"
-"""The job the agent runs (launcher.core.job.JobSpec as JSON): written by the multi-host launcher, or by the agent
+"""The job the agent runs (launcher.core.jobspec.JobSpec as JSON): written by the multi-host launcher, or by the agent
 itself from compose's environment; elastic host discovery reads it too."""
 JOB_PRIVATE_FILES = (CLUSTER_KEY, SECRETS_FILE, JOB_SPEC)
 """What rank 0's container holds for the job alone, removed when the job winds down: the cluster's private key,

@@ -88,3 +88,14 @@ def read_placement(text: str) -> dict[str, range] | None:
             return None
         placement[node] = range(int(first), int(last or first) + 1)
     return placement
+
+
+def parse_ranks(text: str, source: str = "--ranks") -> frozenset[int]:
+    """The ranks a comma-separated list names (`0`, `0,3`); one SettingsError naming `source` and the fix for
+    anything else (a word, a negative number, no rank at all)."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    wrong = next((item for item in items if not (item.isascii() and item.isdigit())), None)
+    if wrong is not None or not items:
+        what = f"{wrong!r} is not a rank" if wrong is not None else "it names no rank"
+        raise SettingsError(f"{source} {text!r}: {what}; pass rank numbers from 0, e.g. {source} 0 or {source} 0,3")
+    return frozenset(int(item) for item in items)

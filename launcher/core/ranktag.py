@@ -6,7 +6,7 @@ too, and the space stays with the text (the image's Open MPI 4.1 writes none, an
 a traceback, are its text). A rank's text that reached mpirun in pieces (a long stderr line written in several writes,
 as Horovod's stall warning on a busy node) carries its tag again before each piece, inside the line: those are taken
 off too. Every reader of a job's output goes through here: which rank wrote a line
-(launcher/host/ranklogs.py, the smoke role), and what the rank wrote, for the parsers of the job's progress, its
+(launcher/host/running/ranklogs.py, the smoke role), and what the rank wrote, for the parsers of the job's progress, its
 root cause and Horovod's stall warnings. Pure.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 TAG_OUTPUT = "--tag-output"
-"""mpirun's flag that tags every line a rank writes (the job's mpirun line carries it: launcher/core/job.py)."""
+"""mpirun's flag that tags every line a rank writes (the job's mpirun line carries it: launcher/core/jobspec.py)."""
 _TAG = r"\[(?:[^\[\],<>]+,)?(\d+)\]<(stdout|stderr|stddiag)>:"
 RANK_TAG = re.compile("^" + _TAG)
 """mpirun's --tag-output prefix ([JOBID,RANK]<stream>:) or horovodrun's ([RANK]<stream>:)."""

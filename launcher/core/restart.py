@@ -1,7 +1,7 @@
 """Restarting a fixed-size job that lost a node (--max-restarts, MAX_RESTARTS): which ended runs are started again,
 on which workers, and the one line each restart is said and recorded in. Pure: `decide` takes a run's RunResult
 (launcher/core/runs.py) and returns Restart or NotRestarted, each a record with its reason as a field; the job agent
-(launcher/agent/restarts.py) does what it decides, and records each restart (Restart.record) for `launcher status`.
+(launcher/agent/restarter.py) does what it decides, and records each restart (Restart.record) for `launcher status`.
 
 A run that lost a node is started again from the newest checkpoint in the shared folder: on every worker when the
 lost ones answer again, else on those that remain when the user allowed a smaller world (--min-nodes). A failure of
@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from launcher.core import metrics
+from launcher.core.option_names import OptionNames
 from launcher.core.runs import RunResult, RunState
-from launcher.core.spelling import Spelling
 
 RESTART_WAIT_SECONDS = 30
 """How long the agent waits for a lost node's worker to answer again when the job may not go on without it."""
@@ -85,7 +85,7 @@ class NotRestarted:
 
 
 def refusal(
-    run: RunResult, *, stop_asked: bool, history: Sequence[Restart], max_restarts: int, say: Spelling
+    run: RunResult, *, stop_asked: bool, history: Sequence[Restart], max_restarts: int, say: OptionNames
 ) -> NotRestarted | None:
     """Why the ended `run` is not started again, whatever workers answer; None when it may be (decide then says on
     which workers). `history`: the restarts made so far."""
@@ -125,7 +125,7 @@ def decide(
     back: Sequence[str],
     min_workers: int | None,
     resume: tuple[int | None, str | None],
-    say: Spelling,
+    say: OptionNames,
 ) -> Restart | NotRestarted:
     """Whether the ended `run` on `workers` starts again, and on which: each lost worker replaced by the next spare
     that answers (`spares`), else back when it answers again (`back`), else left out when `min_workers` allows; the
@@ -155,7 +155,7 @@ def must_wait(workers: int, lost: int, min_workers: int | None) -> bool:
 
 
 def world_after(
-    workers: Sequence[str], lost: Sequence[str], back: Sequence[str], min_workers: int | None, say: Spelling
+    workers: Sequence[str], lost: Sequence[str], back: Sequence[str], min_workers: int | None, say: OptionNames
 ) -> list[str] | NotRestarted:
     """The workers a restart runs on (rank 0's first, in the job's order): every one when the lost ones answer
     again (`back`), else those that remain when `min_workers` allows it; or, with no world, why not."""

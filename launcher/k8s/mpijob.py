@@ -37,7 +37,7 @@ from typing import Any
 
 from app.gpu import gpu_rank_env
 from launcher.core.imageref import parse_image
-from launcher.core.job import defaults_unless_set
+from launcher.core.jobspec import defaults_unless_set
 from launcher.core.options import SettingsError, names_in
 from launcher.core.pod_contract import PodArgs, agent_args
 from launcher.core.protocol import MPIJOB_SSH_AUTH_DIR, SHARED_MOUNT, SSH_PORT

@@ -18,11 +18,10 @@ from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from launcher.core.options import SettingsError
 from launcher.core.protocol import agent_message
 from launcher.core.ranks import read_placement
 from launcher.core.ranktag import tagged_rank
-from launcher.host.streams import decoded, write_decoded
+from launcher.host.engines.streams import decoded, write_decoded
 
 TRAINER_RANK = re.compile(r"^(?:\S+ )?\[rank (\d+)\] ")
 """The bundled trainer's log lines: `HH:MM:SS [rank N] ...`."""
@@ -37,17 +36,6 @@ def rank_of(line: str) -> int | None:
         return rank
     found = TRAINER_RANK.match(line)
     return int(found.group(1)) if found else None
-
-
-def parse_ranks(text: str, source: str = "--ranks") -> frozenset[int]:
-    """The ranks a comma-separated list names (`0`, `0,3`); one SettingsError naming `source` and the fix for
-    anything else (a word, a negative number, no rank at all)."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    wrong = next((item for item in items if not (item.isascii() and item.isdigit())), None)
-    if wrong is not None or not items:
-        what = f"{wrong!r} is not a rank" if wrong is not None else "it names no rank"
-        raise SettingsError(f"{source} {text!r}: {what}; pass rank numbers from 0, e.g. {source} 0 or {source} 0,3")
-    return frozenset(int(item) for item in items)
 
 
 def in_view(line: str, ranks: Collection[int] | None) -> bool:

@@ -41,6 +41,8 @@ DEFAULT_CERT_PATH = "~/.docker"
 EXPOSED = "the cluster's private key, the job's settings, registry credentials for pulls and the workdir"
 """What crosses the link to a node's engine during a start."""
 TLS_DOCS = "docs/multi-host.md, Engines over TCP"
+CONNECT_TIMEOUT_S = 10.0
+"""How long a connection to a node may take before the launcher gives up on it (CONNECT_TIMEOUT in .env)."""
 TRUE, FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 

@@ -1,32 +1,23 @@
 """A cluster's job state, from what its containers hold: pure parsing, for `launcher status`.
 
-Inputs are read through each node's engine (launcher/host/engines.py): rank 0's container state, JOB_STATUS and the tail
-of JOB_LOG, each worker's state, and the bundled trainer's metrics file in the cluster's run folder when there is
-one; this module only decides what they mean and words it in one line.
+Inputs are read through each node's engine (launcher/host/engines/node_engine.py): rank 0's container state, JOB_STATUS
+and the tail of JOB_LOG, each worker's state, and the bundled trainer's metrics file in the cluster's run folder when
+there is one; this module only decides what they mean and words it in one line.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from launcher.core import metrics, restart
 from launcher.core.jobend import parse_job_end
 from launcher.core.ranktag import untagged
 from launcher.core.stall import StallRecord
+from launcher.host.engines.node_engine import ContainerState
 
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+): .*val accuracy ([0-9.]+), ([0-9.]+) samples/s")
 ERROR_LINE = re.compile(r"^(?:\S+ )*(?:\w+(?:Error|Exception)|error): .+")
-
-
-@dataclass(frozen=True)
-class ContainerState:
-    node: str
-    running: bool
-    exit_code: int | None = None
-    finished_at: str | None = None
-    """Docker's RFC 3339 time, or None while running."""
 
 
 def _ago(finished_at: str | None, now: datetime) -> str:

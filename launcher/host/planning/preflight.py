@@ -20,8 +20,8 @@ from launcher.core.nics import (
     subnet_problem,
     virtual_subnets,
 )
-from launcher.host.plan import Found, GpuRequest, worker_host_names
-from launcher.host.settings import LaunchSettings
+from launcher.host.planning.plan import Found, GpuRequest, worker_host_names
+from launcher.host.planning.settings import LaunchSettings
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,11 @@ from dotenv import dotenv_values
 from launcher.core.imageref import ImageRef, parse_image
 from launcher.core.options import SWITCH_WORDS, JobOptions, SettingsError, option_kind
 from launcher.core.protocol import DEFAULT_IMAGE, SHARED_VOLUME, SHM_SIZE
-from launcher.core.ranks import LAUNCHER, ranks_per_node
-from launcher.host import access
-from launcher.host.access import EngineTls, engine_override_key
-from launcher.host.flags import FLAGS
-from launcher.host.ranklogs import parse_ranks
-from launcher.host.reach import CONNECT_TIMEOUT_S
-from launcher.host.workdir import IgnoreFileError, payload_bytes
+from launcher.core.ranks import LAUNCHER, parse_ranks, ranks_per_node
+from launcher.host.planning import access
+from launcher.host.planning.access import CONNECT_TIMEOUT_S, EngineTls, engine_override_key
+from launcher.host.planning.flags import FLAGS
+from launcher.host.planning.workdir import IgnoreFileError, payload_bytes
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -117,7 +115,8 @@ class LaunchSettings:
     engines: dict[str, str] = field(default_factory=dict)
     """Per-node engine address overrides (tcp://, unix://, ssh://USER@HOST); default ssh://NODE."""
     engine_tls: dict[str, EngineTls] = field(default_factory=dict)
-    """Per-node TLS of tcp:// engines, the Docker CLI's variables (launcher.host.access); a node without: none set."""
+    """Per-node TLS of tcp:// engines, the Docker CLI's variables (launcher.host.planning.access); a node without: none
+    set."""
     insecure_engines: bool = False
     """Engines others could read (plain tcp:// off this machine) are allowed (--insecure-engine, INSECURE_ENGINES)."""
     devices: tuple[str, ...] = ()
@@ -246,8 +245,8 @@ class LaunchSettings:
             )
 
     def _check_engine(self, node: str) -> None:
-        """The node's engine as the launcher will reach it (launcher.host.access): TLS files there, and an engine others
-        could read only where allowed."""
+        """The node's engine as the launcher will reach it (launcher.host.planning.access): TLS files there, and an
+        engine others could read only where allowed."""
         url, tls = self.engine_url(node), self.engine_tls.get(node)
         problem = access.misplaced(node, url, tls) if tls else None
         if problem:
@@ -329,7 +328,7 @@ def job_options(env: Mapping[str, str], flags: Mapping[str, Any]) -> JobOptions:
 
 
 KEYS = {row.name: row.key for row in FLAGS if row.key}
-"""Each flag's .env key, as `launcher start`'s table of flags (launcher/host/flags.py) declares it."""
+"""Each flag's .env key, as `launcher start`'s table of flags (launcher/host/planning/flags.py) declares it."""
 
 
 def resolve_settings(
@@ -352,8 +351,8 @@ def resolve_settings(
 ) -> LaunchSettings:
     """Flags win over the .env file, which wins over the defaults. `job` holds the job options' flags, by their
     JobOptions names (None: not given). A secret setting's value, and the engines' keys (DOCKER_HOST_<NODE>, the TLS
-    variables, INSECURE_ENGINES: launcher.host.access), come from `environ` (this process's environment by default),
-    else from the .env file."""
+    variables, INSECURE_ENGINES: launcher.host.planning.access), come from `environ` (this process's environment by
+    default), else from the .env file."""
     if hostfile is not None and nodes:
         raise SettingsError("--hostfile and --nodes both list the nodes: pass one of them")
     if hostfile is not None:

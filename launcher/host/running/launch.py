@@ -25,16 +25,16 @@ from typing import IO
 
 from launcher.core import sshtrust
 from launcher.core.protocol import AGENT, JOB_LOG, Signalled
-from launcher.host import preflight
-from launcher.host.docker_driver import NodeDriver
-from launcher.host.engines import Connect, Container, NodeEngine, connecting_line, on_each
-from launcher.host.follow import WorkerWatch, follow_job
-from launcher.host.handover import copy_workdir, hand_over_trust
-from launcher.host.nodechecks import check_nodes
-from launcher.host.plan import ClusterPlan, Node, nodes_of
-from launcher.host.rootcause import LaunchError, root_cause
-from launcher.host.settings import LaunchSettings
-from launcher.host.signals import signals_ignored
+from launcher.host.engines.docker_driver import NodeDriver
+from launcher.host.engines.node_engine import Connect, Container, NodeEngine, connecting_line, on_each
+from launcher.host.planning import preflight
+from launcher.host.planning.plan import ClusterPlan, Node, nodes_of
+from launcher.host.planning.settings import LaunchSettings
+from launcher.host.running.follow import WorkerWatch, follow_job
+from launcher.host.running.handover import copy_workdir, hand_over_trust
+from launcher.host.running.nodechecks import check_nodes
+from launcher.host.running.rootcause import LaunchError, root_cause
+from launcher.host.running.signals import signals_ignored
 
 Say = Callable[[str], None]
 

@@ -1,7 +1,7 @@
 """docker-py as the launcher uses it, whatever the request: two of its faults corrected once, on import (an ssh
 connection's close that fails on a pipe already closed; a TLS engine's CA replaced by REQUESTS_CA_BUNDLE or
 CURL_CA_BUNDLE), and its exceptions (and the HTTP client's under it) turned into one NodeError naming the node
-(translated_errors, over every public method of the driver, launcher/host/docker_driver.py).
+(translated_errors, over every public method of the driver, launcher/host/engines/docker_driver.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from docker.errors import DockerException
 from requests.exceptions import RequestException
 
-from launcher.host.engines import NodeEngine, NodeError
+from launcher.host.engines.node_engine import NodeEngine, NodeError
 
 Driver = TypeVar("Driver", bound=type)
 

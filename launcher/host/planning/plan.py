@@ -2,8 +2,8 @@
 containers to start, the labels that find them again, and the job spec the agent in rank 0's container runs.
 
 Pure: no Docker or network access, so every container and every line mpirun will see is unit-tested. The plan is
-made once the node checks have run (launcher.host.preflight), with what they found (Found); before that, the settings
-alone describe the job.
+made once the node checks have run (launcher.host.planning.preflight), with what they found (Found); before that, the
+settings alone describe the job.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from app import frameworks
 from app.frameworks import Framework
 from app.gpu import FRAMEWORK_LABEL
 from launcher.core import restart
-from launcher.core.job import JobSpec, Worker
+from launcher.core.jobspec import JobSpec, Worker
 from launcher.core.mounts import Bind
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.core.protocol import (
@@ -31,9 +31,8 @@ from launcher.core.protocol import (
     WORKER_ULIMITS,
     WORKER_USER,
 )
-from launcher.host.access import EngineTls
-from launcher.host.reach import CONNECT_TIMEOUT_S
-from launcher.host.settings import LaunchSettings
+from launcher.host.planning.access import CONNECT_TIMEOUT_S, EngineTls
+from launcher.host.planning.settings import LaunchSettings
 
 LABEL_CLUSTER = "horovod-stack.cluster"
 LABEL_NODE = "horovod-stack.node"
@@ -91,7 +90,7 @@ class Node:
     connect_timeout: float = CONNECT_TIMEOUT_S
     """How long reaching its engine may take before the launcher gives up on the node."""
     tls: EngineTls | None = None
-    """The Docker CLI's TLS variables for its engine (launcher.host.access); None: none set."""
+    """The Docker CLI's TLS variables for its engine (launcher.host.planning.access); None: none set."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,7 @@ class WorkerContainer:
 
 @dataclass(frozen=True)
 class Found:
-    """What the node checks found that the job needs (launcher.host.preflight.found)."""
+    """What the node checks found that the job needs (launcher.host.planning.preflight.found)."""
 
     node_nics: tuple[tuple[str, str], ...] = ()
     """(node name, NIC) in the subnet the job's NIC names."""

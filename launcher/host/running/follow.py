@@ -1,7 +1,7 @@
 """An attached job, followed from this machine once its agent has started: the agent's log streamed from rank 0's
 container until the job ends (follow_job: the job's output, or only --ranks', and the agent's own lines apart), and,
 for an elastic job, its other workers watched while it runs (WorkerWatch: one that stops is named; with
---restart-workers its node's engine starts it again, launcher/host/plan.py's WorkerContainer.restarts).
+--restart-workers its node's engine starts it again, launcher/host/planning/plan.py's WorkerContainer.restarts).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import IO
 
 from launcher.core.jobend import JobEnd, parse_job_end
 from launcher.core.protocol import AGENT, AGENT_PREFIX, JOB_STATUS
-from launcher.host import ranklogs
-from launcher.host.docker_driver import NodeDriver
-from launcher.host.engines import Connect, Container, NodeEngine, NodeError
-from launcher.host.plan import ClusterPlan
+from launcher.host.engines.docker_driver import NodeDriver
+from launcher.host.engines.node_engine import Connect, Container, NodeEngine, NodeError
+from launcher.host.planning.plan import ClusterPlan
+from launcher.host.running import ranklogs
 
 FOLLOW_ATTEMPTS = 5
 """How often the launcher re-attaches to a running job whose log stream broke (an engine connection dropped)."""

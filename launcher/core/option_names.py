@@ -1,5 +1,5 @@
 """How one launch method's users write a job's options (a flag, a settings file's key), for the errors that name them:
-launcher/core/options.py's SPELLINGS holds each launch method's. Pure.
+launcher/core/options.py's OPTION_NAMES holds each launch method's. Pure.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Spelling:
+class OptionNames:
     """How one launch method's users write each option, for its errors: a flag (`--ssh-port 70000`, fixed by passing it
     again) or a settings file's key (`SSH_PORT=70000`, fixed in .env)."""
 

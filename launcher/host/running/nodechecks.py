@@ -13,13 +13,14 @@ from dataclasses import replace
 
 from app.gpu import build_of
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
-from launcher.host import images, preflight
-from launcher.host.docker_driver import NodeDriver
-from launcher.host.engines import NodeEngine, NodeError, on_each
-from launcher.host.plan import LABEL_CLUSTER, ClusterPlan, GpuRequest, Node
-from launcher.host.preflight import Finding, NodeFacts, Severity
-from launcher.host.rootcause import LaunchError
-from launcher.host.settings import LaunchSettings
+from launcher.host.engines import images
+from launcher.host.engines.docker_driver import NodeDriver
+from launcher.host.engines.node_engine import NodeEngine, NodeError, on_each
+from launcher.host.planning import preflight
+from launcher.host.planning.plan import LABEL_CLUSTER, ClusterPlan, GpuRequest, Node
+from launcher.host.planning.preflight import Finding, NodeFacts, Severity
+from launcher.host.planning.settings import LaunchSettings
+from launcher.host.running.rootcause import LaunchError
 
 
 def engine_facts(settings: LaunchSettings, engine: NodeEngine) -> NodeFacts:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from launcher.host import streams
-from launcher.host.engines import NodeEngine
+from launcher.host.engines import streams
+from launcher.host.engines.node_engine import NodeEngine
 
 CHECKPOINTS = "checkpoints"
 

@@ -16,9 +16,9 @@ from dataclasses import replace
 from launcher.core.mpiports import OPEN_MPI_PORTS, AddressProbe, PortVerdict, daemon_port, port_verdict
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES, Addresses
 from launcher.core.protocol import LINK_PROBE
-from launcher.host.engines import NodeEngine, NodeError
-from launcher.host.links import last_json
-from launcher.host.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE
+from launcher.host.doctor.link_report import last_json
+from launcher.host.engines.node_engine import NodeEngine, NodeError
+from launcher.host.planning.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE
 
 ADDRESS_IN_USE = "Address already in use"
 """The end of the probe's error where something else holds the port (Python's words for EADDRINUSE)."""

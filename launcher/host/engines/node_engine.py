@@ -1,8 +1,8 @@
 """One node's Docker engine, as the host side sees it: the NodeEngine protocol (what launch, preflight, doctor, status,
 logs, stacks and results ask of a node), the records it answers in (a Container, a worker's Loss) and the one error it
 raises (a NodeError: what happened, as a Failure; the node; one line with the fix). Its Docker SDK implementation is
-NodeDriver (launcher/host/docker_driver.py), the only code that touches a docker-py object; tests use a stand-in of
-NodeEngine (tests/standins.py). The order of a launch lives in launch.py.
+NodeDriver (launcher/host/engines/docker_driver.py), the only code that touches a docker-py object; tests use a stand-in
+of NodeEngine (tests/standins.py). The order of a launch lives in launch.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from typing import Protocol, TypeVar
 from app.gpu import CudaBuild
 from launcher.core.imageref import parse_image
 from launcher.core.mounts import Bind
-from launcher.host.jobstate import ContainerState
-from launcher.host.plan import GpuRequest, Node, WorkerContainer
-from launcher.host.preflight import HostView
+from launcher.host.planning.plan import GpuRequest, Node, WorkerContainer
+from launcher.host.planning.preflight import HostView
 
 Each = TypeVar("Each")
 Result = TypeVar("Result")
@@ -30,6 +29,17 @@ def on_each(nodes: Sequence[Each], work: Callable[[Each], Result]) -> list[Resul
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         futures = [pool.submit(work, node) for node in nodes]
     return [future.result() for future in futures]
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """A worker container's state as its engine reports it: running, or ended with its exit code and time."""
+
+    node: str
+    running: bool
+    exit_code: int | None = None
+    finished_at: str | None = None
+    """Docker's RFC 3339 time, or None while running."""
 
 
 class Failure(Enum):

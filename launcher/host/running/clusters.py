@@ -12,10 +12,11 @@ from pathlib import Path
 from app.frameworks import FRAMEWORKS
 from app.gpu import FRAMEWORK_LABEL
 from launcher.core.protocol import AGENT, DEFAULT_IMAGE, JOB_LOG, JOB_RESTARTS, JOB_STALL, JOB_STATUS, KEPT_JOB_LOG
-from launcher.host import jobstate, results, streams
-from launcher.host.engines import Container, NodeEngine
-from launcher.host.plan import LABEL_CLUSTER, LABEL_IMAGE, LABEL_RANKS, LABEL_ROLE, run_dir
-from launcher.host.settings import LaunchSettings
+from launcher.host.engines import streams
+from launcher.host.engines.node_engine import Container, NodeEngine
+from launcher.host.planning.plan import LABEL_CLUSTER, LABEL_IMAGE, LABEL_RANKS, LABEL_ROLE, run_dir
+from launcher.host.planning.settings import LaunchSettings
+from launcher.host.running import jobstate, results
 
 
 class ClusterError(RuntimeError):

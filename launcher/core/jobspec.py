@@ -299,7 +299,7 @@ class Worker:
 
 
 @dataclass(frozen=True)
-class DoorWords:
+class LaunchMethodFixes:
     """How one launch method words the fixes in the agent's errors (its users set different knobs)."""
 
     command_fix: str = (
@@ -349,7 +349,7 @@ class JobSpec:
     make_key: bool = False
     """The agent makes the cluster's key pair (compose, where nobody outside the cluster hands one over)."""
     results_hint: str | None = None
-    words: DoorWords = field(default_factory=DoorWords)
+    words: LaunchMethodFixes = field(default_factory=LaunchMethodFixes)
     spares: tuple[Worker, ...] = ()
     """Workers kept in reserve (--spares): started and checked with the others, out of the hostfile until a restart
     puts one in a lost worker's place."""
@@ -484,6 +484,6 @@ class JobSpec:
                 "excluded_subnets": tuple(data.get("excluded_subnets", ())),
                 "workers": tuple(Worker(**worker) for worker in data.get("workers", ())),
                 "spares": tuple(Worker(**worker) for worker in data.get("spares", ())),
-                "words": DoorWords(**data.get("words", {})),
+                "words": LaunchMethodFixes(**data.get("words", {})),
             }
         )

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from launcher.core import layers
-from launcher.host import streams
-from launcher.host.engines import NodeEngine, NodeError, on_each
+from launcher.host.engines import streams
+from launcher.host.engines.node_engine import NodeEngine, NodeError, on_each
 
 Say = Callable[[str], None]
 CHUNKS_AHEAD = 4

@@ -1,6 +1,6 @@
-"""NodeDriver: one node's engine (the NodeEngine protocol, launcher/host/engines.py) over the Docker SDK. Nothing
-outside it touches a docker-py object: containers are Container records, found again by ID, and every exception of
-the SDK's becomes a NodeError, the ones a method does not word itself through docker_sdk.translated_errors.
+"""NodeDriver: one node's engine (the NodeEngine protocol, launcher/host/engines/node_engine.py) over the Docker SDK.
+Nothing outside it touches a docker-py object: containers are Container records, found again by ID, and every exception
+of the SDK's becomes a NodeError, the ones a method does not word itself through docker_sdk.translated_errors.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from launcher.core import layers, restart
 from launcher.core.mounts import Bind
 from launcher.core.nics import IP_ADDRESSES
 from launcher.core.protocol import HOME, RUNS_DIR, SHARED_MOUNT
-from launcher.host import access, reach, streams
-from launcher.host.docker_sdk import first_line, translated_errors
-from launcher.host.engines import REMOVED, Container, Failure, Loss, NodeError, pull_failure
-from launcher.host.jobstate import ContainerState
-from launcher.host.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, WorkerContainer
-from launcher.host.preflight import HostView
+from launcher.host.engines import reach, streams
+from launcher.host.engines.docker_sdk import first_line, translated_errors
+from launcher.host.engines.node_engine import REMOVED, Container, ContainerState, Failure, Loss, NodeError, pull_failure
+from launcher.host.planning import access
+from launcher.host.planning.plan import LABEL_CLUSTER, LABEL_NODE, GpuRequest, Node, WorkerContainer
+from launcher.host.planning.preflight import HostView
 
 PUSH_TIMEOUT_S = 3600
 
@@ -83,8 +83,8 @@ class NodeDriver:
 
     @classmethod
     def connect(cls, node: Node, timeout: float = 30) -> NodeDriver:
-        """The node's engine (its address and TLS as launcher.host.access reads them), or one NodeError (unreachable)
-        within about node.connect_timeout seconds."""
+        """The node's engine (its address and TLS as launcher.host.planning.access reads them), or one NodeError
+        (unreachable) within about node.connect_timeout seconds."""
         options = access.client_options(node.engine_url, node.tls)
         folder = node.tls.folder()[0] if node.tls is not None and options.get("tls") else None
         unreachable = reach.probe(node.engine_url, node.connect_timeout, tls=folder is not None)

@@ -21,10 +21,10 @@ from launcher.core.protocol import (
     SECRETS_FILE,
     WORKDIR,
 )
-from launcher.host import workdir
-from launcher.host.engines import Container, NodeEngine, on_each
-from launcher.host.plan import ClusterPlan
-from launcher.host.rootcause import LaunchError
+from launcher.host.engines.node_engine import Container, NodeEngine, on_each
+from launcher.host.planning import workdir
+from launcher.host.planning.plan import ClusterPlan
+from launcher.host.running.rootcause import LaunchError
 
 
 def hand_over_trust(

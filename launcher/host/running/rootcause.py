@@ -7,9 +7,9 @@ cause (root_cause).
 from __future__ import annotations
 
 from launcher.core.jobend import JobEnd
-from launcher.host.engines import Container, NodeEngine, NodeError
-from launcher.host.follow import WorkerWatch
-from launcher.host.plan import ClusterPlan
+from launcher.host.engines.node_engine import Container, NodeEngine, NodeError
+from launcher.host.planning.plan import ClusterPlan
+from launcher.host.running.follow import WorkerWatch
 
 
 class LaunchError(RuntimeError):

@@ -16,10 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from launcher.host.access import CERT_PATH, INSECURE_FLAG, TLS_DOCS, TLS_VERIFY, engine_override_key, node_key
+from launcher.host.planning.access import CERT_PATH, INSECURE_FLAG, TLS_DOCS, TLS_VERIFY, engine_override_key, node_key
 
-CONNECT_TIMEOUT_S = 10.0
-"""How long a connection to a node may take before the launcher gives up on it (CONNECT_TIMEOUT in .env)."""
 ANSWER_GRACE_S = 30.0
 """How long `docker version` may take over a connection that was made (a busy engine), before it counts as hung."""
 TIMEOUT_FIX = "raise CONNECT_TIMEOUT in .env if the link is merely slow"

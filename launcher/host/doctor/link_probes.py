@@ -1,10 +1,10 @@
 """`launcher doctor --links`, its Docker side: for each pair of nodes, one at a time (so no two transfers share a link
 or this machine's CPU), a short-lived host-network container of the image on the later node serves
 launcher/agent/linkprobe.py and one on the earlier node probes it, over the addresses the job would use
-(launcher/host/links.py job_address; with no NIC pinned, the node's name, as the hostfile has it). Every container is
-removed when its pair is done and, whatever stops the run (an error, Ctrl-C, SIGTERM), before this returns; if this
-process dies outright, each still ends by itself (the probe's bounds and timeouts), and carries the stack's cluster
-label, so `launcher stop` removes it.
+(launcher/host/doctor/link_report.py job_address; with no NIC pinned, the node's name, as the hostfile has it). Every
+container is removed when its pair is done and, whatever stops the run (an error, Ctrl-C, SIGTERM), before this returns;
+if this process dies outright, each still ends by itself (the probe's bounds and timeouts), and carries the stack's
+cluster label, so `launcher stop` removes it.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import secrets
 from collections.abc import Callable
 
 from launcher.core.protocol import LINK_PROBE, STEP_TIME_PROBE
-from launcher.host.engines import NodeEngine
-from launcher.host.links import Link, Unreachable, job_address, last_json, pairs, read_probe
-from launcher.host.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE
-from launcher.host.preflight import HostView
-from launcher.host.settings import LaunchSettings
+from launcher.host.doctor.link_report import Link, Unreachable, job_address, last_json, pairs, read_probe
+from launcher.host.engines.node_engine import NodeEngine
+from launcher.host.planning.plan import LABEL_CLUSTER, LABEL_NODE, LABEL_ROLE
+from launcher.host.planning.preflight import HostView
+from launcher.host.planning.settings import LaunchSettings
 
 SERVER_START_S = 60.0
 """How long a server container may take to start listening (an engine over ssh, a loaded node)."""

@@ -11,7 +11,7 @@ import dataclasses
 
 from launcher.agent.workers import DISCOVERY_SSH_TIMEOUT, JobError, Workers
 from launcher.core import restart
-from launcher.core.job import Worker
+from launcher.core.jobspec import Worker
 from launcher.core.protocol import JOB_RESTARTS
 from launcher.core.runs import LostWorker, RunResult
 
@@ -19,7 +19,7 @@ LEFTOVERS = "pkill -TERM -x orted; pkill -TERM -x prted; true"
 """Run on each worker a restart keeps: what is left of the ended run's Open MPI daemons (and their ranks) goes."""
 
 
-class Restarts:
+class Restarter:
     """The restarts of one job on its Workers (the module's docstring): those made so far, and the spares left."""
 
     def __init__(self, workers: Workers) -> None:
@@ -41,7 +41,7 @@ class Restarts:
             stop_asked=workers.transport.stop_asked(),
             history=self._made,
             max_restarts=options.max_restarts,
-            say=options.spelling,
+            say=options.option_names,
         )
         if refused is not None:
             return refused
@@ -65,7 +65,7 @@ class Restarts:
             back=[worker.name for worker in back],
             min_workers=options.elastic_min_workers,
             resume=self.resume_point(),
-            say=options.spelling,
+            say=options.option_names,
         )
 
     def carry_out(self, done: restart.Restart, ready: list[Worker]) -> list[Worker]:

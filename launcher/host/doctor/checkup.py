@@ -1,7 +1,7 @@
-"""`launcher doctor`: the checks a start makes (launcher.host.preflight), on every node, printed in full whatever they
-find, plus the clock skew and whether an address outside a node's subnet reaches Open MPI's ports there
-(launcher.host.portcheck); with --links, every pair of nodes' link measured (launcher.host.linkcheck) and what it means
-for one allreduce (launcher.host.links).
+"""`launcher doctor`: the checks a start makes (launcher.host.planning.preflight), on every node, printed in full
+whatever they find, plus the clock skew and whether an address outside a node's subnet reaches Open MPI's ports there
+(launcher.host.doctor.portcheck); with --links, every pair of nodes' link measured (launcher.host.doctor.link_probes)
+and what it means for one allreduce (launcher.host.doctor.link_report).
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ from dataclasses import replace
 from app.model_size import SIMPLENET_GRADIENT_MB, SIMPLENET_PARAMETERS
 from launcher.core.nics import subnet_of
 from launcher.core.protocol import LINK_SECONDS
-from launcher.host import linkcheck, links, portcheck, preflight
-from launcher.host.docker_driver import NodeDriver
-from launcher.host.engines import Connect, NodeEngine, NodeError, connecting_line
-from launcher.host.nodechecks import engine_facts, host_facts, image_coming, push_from_this_machine
-from launcher.host.plan import ClusterPlan
-from launcher.host.preflight import HostView, NodeFacts
-from launcher.host.rootcause import LaunchError
-from launcher.host.settings import LaunchSettings
-from launcher.host.signals import stop_on_signals
+from launcher.host.doctor import link_probes, link_report, portcheck
+from launcher.host.engines.docker_driver import NodeDriver
+from launcher.host.engines.node_engine import Connect, NodeEngine, NodeError, connecting_line
+from launcher.host.planning import preflight
+from launcher.host.planning.plan import ClusterPlan
+from launcher.host.planning.preflight import HostView, NodeFacts
+from launcher.host.planning.settings import LaunchSettings
+from launcher.host.running.nodechecks import engine_facts, host_facts, image_coming, push_from_this_machine
+from launcher.host.running.rootcause import LaunchError
+from launcher.host.running.signals import stop_on_signals
 
 Echo = Callable[[str], None]
 READY = "all nodes ready"
@@ -152,11 +153,11 @@ def measure_links(
         echo("links: one node, no link to measure")
         return []
     try:
-        measured = linkcheck.measure(settings, engines, views, seconds, say)
+        measured = link_probes.measure(settings, engines, views, seconds, say)
     except NodeError as error:
         return [str(error)]
-    good = [result for result in measured if isinstance(result, links.Link)]
-    failed = [result for result in measured if isinstance(result, links.Unreachable)]
+    good = [result for result in measured if isinstance(result, link_report.Link)]
+    failed = [result for result in measured if isinstance(result, link_report.Unreachable)]
     nic, port = settings.job.network_interface, settings.job.ssh_port
     over = f"over {nic}" if nic else "by node name (no NIC pinned)"
     echo(
@@ -164,16 +165,16 @@ def measure_links(
         "the column's"
     )
     if good:
-        for line in links.format_matrix(names, good):
+        for line in link_report.format_matrix(names, good):
             echo(f"  {line}")
     for failure in failed:
-        echo(f"links: FAIL {links.unreachable_line(failure)}")
+        echo(f"links: FAIL {link_report.unreachable_line(failure)}")
     if failed:
-        return [links.unreachable_line(failure) for failure in failed]
+        return [link_report.unreachable_line(failure) for failure in failed]
     what = "--gradient-mb" if gradient_mb else f"the bundled trainer's SimpleNet, {SIMPLENET_PARAMETERS} floats"
     ranks = ClusterPlan.of(settings, cluster_id="-").total_ranks
-    prediction = links.predict(good, gradient_mb or SIMPLENET_GRADIENT_MB, ranks)
-    for line in links.prediction_lines(prediction, what):
+    prediction = link_report.predict(good, gradient_mb or SIMPLENET_GRADIENT_MB, ranks)
+    for line in link_report.prediction_lines(prediction, what):
         echo(f"links: {line}")
     echo(f"links: advice: {advise(settings, engines, prediction, gradient_mb, compute_ms, say)}")
     return []
@@ -182,25 +183,25 @@ def measure_links(
 def advise(
     settings: LaunchSettings,
     engines: list[NodeEngine],
-    prediction: links.Prediction,
+    prediction: link_report.Prediction,
     gradient_mb: float | None,
     compute_ms: float | None,
     say: Echo,
 ) -> str:
-    """The advice line (links.advice): the compute per step given (--compute-ms) or, for the bundled trainer, measured
-    once on rank 0's node; a gradient of the user's own needs its compute given."""
+    """The advice line (link_report.advice): the compute per step given (--compute-ms) or, for the bundled trainer,
+    measured once on rank 0's node; a gradient of the user's own needs its compute given."""
     if compute_ms is not None:
-        return links.advice(prediction.ring_s, compute_ms / 1e3, "--compute-ms")
+        return link_report.advice(prediction.ring_s, compute_ms / 1e3, "--compute-ms")
     if gradient_mb is not None:
         return "pass --compute-ms (your model's compute per step, e.g. one rank alone) to hold the exchange against it"
     rank0 = next((engine for engine in engines if engine.node.name == settings.nodes[0]), None)
     if rank0 is None:
         return f"the compute per step was not measured ({settings.nodes[0]} not reached); pass --compute-ms"
     say(f"links: the bundled trainer's compute per step, alone, on {rank0.node.name}")
-    measured = linkcheck.measure_compute(settings, rank0)
+    measured = link_probes.measure_compute(settings, rank0)
     if isinstance(measured, str):
         return f"the compute per step was not measured on {rank0.node.name} ({measured}); pass --compute-ms"
-    return links.advice(prediction.ring_s, measured, f"the bundled trainer's, measured on {rank0.node.name}")
+    return link_report.advice(prediction.ring_s, measured, f"the bundled trainer's, measured on {rank0.node.name}")
 
 
 def examine(
