@@ -204,7 +204,7 @@ def test_warm_start_with_no_nic_pinned_trains_over_the_nodes_own_nic(cluster, me
     for line in (
         "node_1: sshd answers on port 12345",
         "node_2: sshd answers on port 12345",
-        "image horovod-stack:latest",
+        f"image {IMAGE}",
         "is the same on all 2 nodes",
         "no NIC pinned: Open MPI and NCCL leave out lo*, docker*, br-*, veth*, virbr* (172.17.0.0/16",
         "--mca btl_tcp_if_exclude 127.0.0.1/8,172.17.0.0/16",
@@ -1001,7 +1001,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(cluster):
     for expected in (
         "plan: 3 ranks on 2 node(s)",
         "node_1 (rank 0, runs the job agent; engine ssh://node_1)",
-        "image horovod-stack:latest (",
+        f"image {IMAGE} (",
         "network host, shared memory 1g",
         "environment SSH_PORT, WORKER_ADDRESS",
         f"hostfile /home/mpiuser/hostfile:\n  {cluster.nodes[0].address} slots=2\n  "
