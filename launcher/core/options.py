@@ -4,10 +4,9 @@ a job's options is here and nowhere else, and each error names the setting as th
 flag, an .env key, an MPIJob export option) and the fix.
 
 A launch method builds one JobOptions from what its users set (the launcher from .env and flags, compose from its
-environment, the MPIJob launch method from its arguments); the job spec the agent runs carries it
-(launcher.core.jobspec). Adding an option is one field here and its rule in `problems`; its launcher flag is the field's
-option(flag=, key=, help=), from which launcher/host/planning/flags.py makes `launcher start`'s parameter, its --help
-and where its value goes.
+environment, the MPIJob launch method from its arguments); the job spec the agent runs carries it (core.jobspec).
+Adding an option is one field here and its rule in `problems`; its launcher flag is the field's option(flag=, key=,
+help=), from which launcher/host/planning/flags.py makes `launcher start`'s parameter, its --help and its home.
 """
 
 from __future__ import annotations
