@@ -377,3 +377,44 @@ def test_the_rendezvous_server_takes_the_jobs_requests_and_refuses_a_strangers(r
     # a pickle that runs code, sent with the job's secret, still builds nothing (the request fails unanswered)
     assert ask(port, "PUT", "/worker_addresses/node_3:0", attack, TOKEN) == "RemoteDisconnected"
     assert not marker.exists() and len(driver.registered) == 1
+
+
+def test_a_connection_whose_thread_could_not_start_gives_its_slot_back(monkeypatch):
+    """guard_server takes a connection's slot before a thread is started for it, and the handler gives it back when
+    the connection ends. When the system has no thread to give (`can't start new thread`), no handler ever runs: the
+    slot must come back all the same, or MAX_CONNECTIONS such failures would close the service to the job itself."""
+    import socketserver
+    import threading
+
+    class Echo(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            self.wfile.write(self.rfile.readline())
+
+    handler = guard.bounded(Echo)
+    server = guard.guard_server(socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler))
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    start = threading.Thread.start
+    failures = guard.MAX_CONNECTIONS  # every slot, were each one kept
+
+    def no_thread_to_give(thread: threading.Thread) -> None:
+        nonlocal failures
+        if thread.name != serving.name and failures:
+            failures -= 1
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    try:
+        monkeypatch.setattr(threading.Thread, "start", no_thread_to_give)
+        for _ in range(guard.MAX_CONNECTIONS):  # each closed unserved, as socketserver does when process_request fails
+            with socket.create_connection(server.server_address) as connection:
+                assert closed_by_the_server(connection, within=5)
+        monkeypatch.setattr(threading.Thread, "start", start)
+        with socket.create_connection(server.server_address) as connection:
+            connection.sendall(b"still served\n")
+            connection.settimeout(5)
+            assert connection.makefile("rb").readline() == b"still served\n"
+        assert failures == 0
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -262,6 +262,16 @@ def guard_server(server):
     slots = getattr(server.RequestHandlerClass, "connection_slots", None)
     if slots is not None:
         server.verify_request = lambda request, client_address: slots.acquire(blocking=False)
+        serve = server.process_request
+
+        def process_request(request, client_address):
+            try:
+                serve(request, client_address)
+            except BaseException:
+                slots.release()  # no thread started (the system had none to give): no handler releases its slot
+                raise
+
+        server.process_request = process_request
     return server
 
 
