@@ -77,6 +77,10 @@ def test_pip_install_of_the_checkout_is_the_launcher_alone(tmp_path):
         [tmp_path / "venv" / "bin" / "launcher", "start", "--help"], capture_output=True, text=True, timeout=60
     )
     assert help_text.returncode == 0 and "--nodes" in help_text.stdout, help_text.stderr
+    as_module = subprocess.run(  # where pip's script folder is not on PATH
+        [python, "-m", "launcher", "start", "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert as_module.returncode == 0 and "--nodes" in as_module.stdout, as_module.stderr
     # What pip checks against the interpreter admits this one and Debian 13's python3 (the test below).
     requires = subprocess.run(
         [python, "-c", "from importlib.metadata import metadata; print(metadata('horovod-stack')['Requires-Python'])"],
