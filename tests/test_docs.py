@@ -56,8 +56,13 @@ def cli_options() -> dict[str, set[str]]:
     commands = {"": {opt for param in group.get_params(group_context) for opt in param.opts}}
     for name, command in group.commands.items():
         context = command.context_class(command, info_name=name, parent=group_context)
+        # A command with commands of its own (`launcher export mpijob`, `launcher export sbatch`): any of theirs.
+        own = [command, *getattr(command, "commands", {}).values()]
         commands[name] = {
-            opt for param in command.get_params(context) for opt in [*param.opts, *getattr(param, "secondary_opts", [])]
+            opt
+            for each in own
+            for param in each.get_params(context)
+            for opt in [*param.opts, *getattr(param, "secondary_opts", [])]
         } | EXPECTED_SOON.get(name, set())
     return commands
 
