@@ -9,6 +9,7 @@ launcher/k8s/mpijob.py's.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from launcher.host.planning.trainer import checked_command
 from launcher.host.running import clusters, launch, ranklogs
 from launcher.host.running.rootcause import LaunchError, unforeseen
 from launcher.host.running.signals import stop_on_signals, stopped
+from launcher.slurm import sbatch_request
 
 app = typer.Typer(
     add_completion=False,
@@ -385,6 +387,41 @@ def export_mpijob(ctx: typer.Context, **given: Any) -> None:
         mpijob.to_yaml(request),
         output,
         f"wrote MPIJob {request.name} to {output}; apply it with `kubectl apply -f {output}`",
+    )
+
+
+SBATCH_REFUSED = tuple(row for row in flags.FLAGS if row.flag in sbatch_request.NOT_ON_SLURM)
+"""`launcher start`'s flags that mean nothing on Slurm: taken by `export sbatch` only to be refused in one line."""
+
+
+@export_app.command("sbatch", context_settings=EXTRA_WORDS)
+@with_flags(*export_flags.SBATCH, hidden=SBATCH_REFUSED)
+def export_sbatch(ctx: typer.Context, **given: Any) -> None:
+    """A Slurm batch script: every rank a Slurm task (srun) in the image's SIF under Apptainer.
+
+    Example: launcher export sbatch --nodes 2 --gpus-per-node 4 --sif /cluster/horovod-stack.sif --shared
+    /cluster/team/shared --partition gpu --time 2:00:00 -o digits.sbatch -- --dataset digits --epochs 5; then sbatch
+    digits.sbatch (docs/slurm.md)
+    """
+    from launcher.slurm import sbatch
+
+    command = command_of(ctx)
+    chosen = export_flags.keywords(export_flags.SBATCH, given, command)
+    refused = tuple(row.flag for row in SBATCH_REFUSED if given[row.name] not in (None, False, []))
+    try:
+        settings = load_env_file(given["env_file"])
+        for row in export_flags.SBATCH_FROM_ENV:
+            chosen[row.name] = chosen[row.name] or settings.get(row.key or "")
+        # Paths on the cluster, as seen from the folder this runs in (the cluster's login node, as a rule).
+        for where, name in ((chosen, "sif"), (chosen, "shared"), (chosen["job"], "workdir")):
+            where[name] = os.path.abspath(where[name]) if where[name] else where[name]
+        request = sbatch_request.request(**chosen, refused=refused)
+    except SettingsError as error:
+        fail(str(error), 2)
+    output, secrets = given["output"], request.job.secrets
+    told = f"; the secrets ({', '.join(secrets)}) come from the environment sbatch runs in" if secrets else ""
+    write_out(
+        sbatch.script(request), output, f"wrote the batch script to {output}; submit it with `sbatch {output}`{told}"
     )
 
 

@@ -9,6 +9,7 @@ Pure: no typer, no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,99 @@ def keywords(rows: tuple[Flag, ...], given: Mapping[str, Any], command: tuple[st
             where[to] = value
     job["env"] = (*job.get("env", ()), *([NCCL_DEBUG] if given.get("debug") else []))
     return {"job": job, **where}
+
+
+SBATCH: tuple[Flag, ...] = (
+    Flag("nodes", str, "Nodes in the job's allocation (#SBATCH --nodes), a count: Slurm picks them.", required=True),
+    Flag(
+        "slots",
+        int,
+        "Ranks per node on CPUs, one Slurm task each (default 1); with --gpus-per-node, one rank per GPU: leave it "
+        "out or give the same count.",
+    ),
+    Flag(
+        "gpus_per_node",
+        int,
+        "GPUs per node (#SBATCH --gpus-per-node), one rank each, reached in the containers through apptainer --nv; "
+        "0: CPU ranks.",
+        spellings=("--gpus-per-node", "--gpus"),
+    ),
+    Flag(
+        "sif",
+        str,
+        "The image as a SIF file at the same path on every node (apptainer build FILE.sif docker-daemon://IMAGE); "
+        "required.",
+        "SIF",
+    ),
+    Flag(
+        "shared",
+        str,
+        "A folder every node mounts at the same path, bound at /shared in every rank's container: the run folders "
+        "(runs/NAME-JOBID: metrics, curves, checkpoints) go there; required.",
+        "SLURM_SHARED_DIR",
+    ),
+    Flag(
+        "name",
+        str,
+        "The job's name (#SBATCH --job-name), and its run folder's, with the job ID.",
+        shown="horovod-stack",
+    ),
+    Flag("partition", str, "The partition to run in, as #SBATCH --partition.", shown="the cluster's default"),
+    Flag("account", str, "The account the job is charged to, as #SBATCH --account.", shown="your default"),
+    Flag(
+        "time",
+        str,
+        "The time limit in Slurm's format, as #SBATCH --time: e.g. 90 (minutes), 2:00:00 or 1-12:00:00.",
+        shown="the partition's",
+    ),
+    Flag(
+        "time_limit",
+        int,
+        "The time limit in seconds, as `launcher start` takes it (written as #SBATCH --time).",
+        to=JOB + "time_limit",
+    ),
+    ROWS["env"],
+    Flag(
+        "secret",
+        tuple,
+        "NAME of a secret setting (an API key, a token) every rank gets, its value taken from the environment sbatch "
+        "runs in: the script holds no value, and stops, naming it, where it is not set (repeatable).",
+        to=JOB + "secrets",
+    ),
+    replace(ROWS["network_interface"], key=None),
+    Flag(
+        "workdir",
+        str,
+        "A folder with your code at the same path on every node, bound at /workdir in every rank's container; the "
+        "command runs there.",
+        to=JOB + "workdir",
+    ),
+    replace(ROWS["mount"], key=None),
+    Flag(
+        "max_restarts",
+        int,
+        "Requeue the job when Slurm loses one of its nodes (#SBATCH --requeue), this many times at most, each run "
+        "resuming from the newest checkpoint in its run folder (the bundled trainer with --resume; a script of yours: "
+        "HOROVOD_STACK_RESTART and HOROVOD_STACK_CHECKPOINT_DIR).",
+        shown="0: never",
+        to=JOB + "max_restarts",
+    ),
+    Flag(
+        "timeline", bool, "Rank 0 writes Horovod's timeline into the run folder (timeline.json).", to=JOB + "timeline"
+    ),
+    Flag(
+        "autotune",
+        bool,
+        "Horovod's autotuning while the job trains; its log and what it chose go into the run folder (autotune.csv, "
+        "autotune.json).",
+        to=JOB + "autotune",
+    ),
+    ROWS["debug"],
+    ENV_FILE,
+    output_row("batch script"),
+)
+"""`launcher export sbatch`'s flags, in --help's order (start's rows it shares read no .env key here). `launcher
+start`'s others mean nothing in a batch script: the command line takes them only to refuse them
+(launcher/slurm/sbatch_request.py NOT_ON_SLURM)."""
+SBATCH_FROM_ENV = tuple(row for row in SBATCH if row.key and not row.to)
+"""export sbatch's rows that fall back on their .env key (SIF, SLURM_SHARED_DIR)."""

@@ -1,0 +1,243 @@
+"""The Slurm batch script: a job as `sbatch` runs it, every rank a Slurm task running the stack's image from a SIF
+under Apptainer.
+
+Pure: from an SbatchRequest (what `launcher export sbatch` was given: the allocation, the SIF, the shared folder, and
+the JobOptions every launch method builds) to the script's text. Nothing here talks to a cluster. What the script
+says, and why:
+- #SBATCH lines for the allocation: the nodes, one task per rank (--ntasks-per-node: the slots, or one per GPU with
+  --gpus-per-node), the partition, the account, the time limit (--time), the output file (NAME-JOBID.out in the
+  folder sbatch ran in) and the submitting environment (--export=ALL: the secrets' values come from it);
+- the ranks: srun starts every rank as a task (rank_start, the one place that says how), each in the SIF with the
+  shared folder at /shared (and the user's --workdir at /workdir, their cwd), Horovod's MPI controller wired up by
+  Slurm's PMIx; a rank that fails ends the job (--kill-on-bad-exit);
+- the environment: `apptainer exec --cleanenv` keeps only APPTAINERENV_ variables (and TERM, proxies), so no variable
+  of the submitting shell (a PYTHONPATH, a module's LD_PRELOAD) reaches a rank, and the image's own values (Docker's
+  ENV, which a host variable of the same name would otherwise replace) hold; every rank gets the user's --env, the
+  stack's Horovod defaults, NIC settings, GPU settings, timeline and autotuning, as the other launch methods give
+  them, as APPTAINERENV_ variables; each task hands Slurm's own variables (its rank, the PMIx server, its GPUs) into
+  its container itself;
+- secrets by name: the script takes each one's value from its environment at run time and stops, naming it, when
+  one is missing; no value is ever in the script;
+- --max-restarts N: the job is requeued when Slurm loses a node (--requeue, the output file appended to) and each
+  run resumes from the newest checkpoint (the bundled trainer's --resume; a script of the user's reads
+  HOROVOD_STACK_RESTART, from SLURM_RESTART_COUNT), N times at most; without it, --no-requeue, so a site that requeues
+  by default does not start the job over from scratch.
+Open MPI's fixed ports (launcher/core/mpiports.py) are left out: they let a Docker host's firewall name the ports of
+the stack's workers, while a Slurm site's nodes run every MPI job on Open MPI's own ports.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from app.gpu import gpu_rank_env
+from launcher.core.jobspec import defaults_unless_set, horovod_outputs, rank_command, run_paths, trainer_with
+from launcher.core.nics import nic_selection
+from launcher.core.options import names_in
+from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, RESTART_VARIABLE, RUNS_DIR, SHARED_MOUNT, WORKDIR
+from launcher.slurm.sbatch_request import SbatchRequest
+
+JOB_ID, RESTART = "\0job\0", "\0restart\0"
+"""Parts of a word known only when the job runs (no argument holds a NUL): written as the shell variables below."""
+AT_RUN_TIME = {JOB_ID: '"${SLURM_JOB_ID}"', RESTART: '"${SLURM_RESTART_COUNT:-0}"'}
+OUTPUT_FILE = "%x-%j.out"
+"""sbatch's pattern for the job's output file: the job's name and ID, in the folder sbatch ran in."""
+TASK_ENV = (
+    'for name in ${!SLURM_@} ${!PMIX_@} CUDA_VISIBLE_DEVICES; do [ -n "${!name+x}" ] && '
+    'export "APPTAINERENV_$name=${!name}"; done; exec "$@"'
+)
+"""What each task runs before Apptainer: Slurm's variables of this task (its rank, the PMIx server's address, the
+GPUs Slurm gave it), which --cleanenv would drop, handed into its container."""
+
+
+def shell_word(word: str) -> str:
+    """`word` as one shell word: quoted, its parts known at run time (JOB_ID, RESTART) as their variables."""
+    for mark, variable in AT_RUN_TIME.items():
+        if mark in word:
+            return variable.join(shell_word(part) if part else "" for part in word.split(mark))
+    return shlex.quote(word)
+
+
+def run_folder(request: SbatchRequest) -> str:
+    """The run's folder in the containers: its own under RUNS_DIR, by the job's name and Slurm's job ID, which a
+    requeued job keeps (so a restart finds its checkpoints)."""
+    return f"{RUNS_DIR}/{request.name}-{JOB_ID}"
+
+
+def env_of_mpirun(argv: list[str]) -> list[str]:
+    """KEY=VALUE pairs of mpirun's `--mca NAME VALUE` (Open MPI reads OMPI_MCA_NAME) and `-x KEY=VALUE` arguments:
+    the same settings for ranks that srun starts."""
+    pairs, words = [], iter(argv)
+    for word in words:
+        if word == "--mca":
+            pairs.append(f"OMPI_MCA_{next(words)}={next(words)}")
+        elif word == "-x":
+            pairs.append(next(words))
+    return pairs
+
+
+def rank_env(request: SbatchRequest) -> list[str]:
+    """KEY=VALUE for every rank: the user's --env, the NIC settings (jobspec's nic_selection, as mpirun would get
+    them), the stack's Horovod defaults they leave unset, the timeline and autotuning, the GPU settings, and with
+    restarts which run this is and where its checkpoints are."""
+    options = request.job
+    env, user_set = options.env, names_in(options.env)
+    paths = run_paths(options.command, run_folder(request), options.can_restart)
+    nic = env_of_mpirun(nic_selection(options.network_interface, (), request.nodes > 1, user_set))
+    restart = {RESTART_VARIABLE: RESTART, CHECKPOINT_DIR_VARIABLE: paths.checkpoint_dir} if options.can_restart else {}
+    return [
+        *env,
+        *(pair for pair in nic if pair.partition("=")[0] not in user_set),
+        *defaults_unless_set(env),
+        *horovod_outputs(options.timeline, options.autotune, output_folder(request), user_set),
+        *(gpu_rank_env(user_set) if request.gpus_per_node else ()),
+        *(f"{name}={value}" for name, value in restart.items() if value and name not in user_set),
+    ]
+
+
+def resumes(request: SbatchRequest) -> bool:
+    """The bundled trainer, with restarts and somewhere to keep checkpoints, is given --resume after a requeue."""
+    options = request.job
+    paths = run_paths(options.command, run_folder(request), options.can_restart)
+    return paths.trainer and bool(paths.checkpoint_dir) and "--resume" not in options.command
+
+
+def rank_words(request: SbatchRequest) -> list[str]:
+    """What every rank runs, as shell words: the command (the bundled trainer in its run folder, --resume after a
+    requeue), behind RANK_NIC where the NIC is a subnet (jobspec's rank_command)."""
+    options = request.job
+    command = trainer_with(options.command, "--run-dir", run_folder(request))
+    wrapped = rank_command(command, options.network_interface, names_in(options.env))
+    words = [shell_word(word) for word in wrapped]
+    # ${resume[@]+...}: an empty array under `set -u` (bash before 4.4 calls it unbound)
+    return [*words, '${resume[@]+"${resume[@]}"}'] if resumes(request) else words
+
+
+def rank_start(request: SbatchRequest, command: list[str]) -> list[str]:
+    """The lines that start every rank, the one place that says how: srun, one task per rank over the allocation
+    (PMIx wires up Horovod's MPI controller; --label puts each line after its task number; no CPU binding, as
+    mpirun's `-bind-to none`), each task handing Slurm's variables into its container (TASK_ENV) and running
+    `command` (shell words) in the SIF."""
+    options = request.job
+    binds = [f"{request.shared}:{SHARED_MOUNT}", *([f"{options.workdir}:{WORKDIR}"] if options.workdir else [])]
+    binds += list(options.mounts)
+    apptainer = ["apptainer", "exec", "--cleanenv", *(["--nv"] if request.gpus_per_node else [])]
+    apptainer += [word for bind in binds for word in ("--bind", shlex.quote(bind))]
+    apptainer += ["--pwd", WORKDIR] if options.workdir else []
+    return [
+        f"task_env={shlex.quote(TASK_ENV)}",
+        "srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none --label \\",
+        '  bash -c "$task_env" task \\',
+        f"  {' '.join(apptainer)} \\",
+        '  "$sif" \\',
+        f"  {' '.join(command)}",
+    ]
+
+
+def slurm_time(seconds: int) -> str:
+    """Seconds as sbatch's --time writes them: DAYS-HOURS:MINUTES:SECONDS."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, rest = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:{rest:02d}"
+
+
+def directives(request: SbatchRequest) -> list[str]:
+    """The #SBATCH lines: the allocation, the output file, the environment, and requeueing."""
+    options = request.job
+    wanted: list[tuple[str, object]] = [
+        ("job-name", request.name),
+        ("nodes", request.nodes),
+        ("ntasks-per-node", request.tasks_per_node),
+        ("gpus-per-node", request.gpus_per_node or None),
+        ("partition", request.partition),
+        ("account", request.account),
+        ("time", slurm_time(options.time_limit) if options.time_limit else None),
+        ("output", OUTPUT_FILE),
+        ("export", "ALL"),
+    ]
+    wanted += [("requeue", ""), ("open-mode", "append")] if options.can_restart else [("no-requeue", "")]
+    return [f"#SBATCH --{name}" + (f"={value}" if value != "" else "") for name, value in wanted if value is not None]
+
+
+def secret_lines(request: SbatchRequest) -> list[str]:
+    """Each secret's value from the script's environment (the one sbatch ran in) into every rank's, by name; the
+    script stops, naming it, where one is missing."""
+    names = request.job.secrets
+    if not names:
+        return []
+    return [
+        "# Secrets: each value comes from the environment sbatch ran in (--export=ALL); none is in this file.",
+        f"for name in {' '.join(names)}; do",
+        '  if [ -z "${!name:-}" ]; then',
+        '    echo "error: secret $name is not set: export $name in the shell that runs sbatch, then submit again" >&2',
+        "    exit 2",
+        "  fi",
+        '  export "APPTAINERENV_$name=${!name}"',
+        "done",
+    ]
+
+
+def restart_lines(request: SbatchRequest) -> list[str]:
+    """With --max-restarts N: stop past N requeues; after one, say so (and give the bundled trainer --resume)."""
+    options = request.job
+    if not options.can_restart:
+        return []
+    count, most = '"${SLURM_RESTART_COUNT:-0}"', options.max_restarts
+    lines = [
+        f"# --max-restarts {most}: Slurm requeues the job when it loses a node; each run resumes from the newest",
+        "# checkpoint in the run folder.",
+        f"if [ {count} -gt {most} ]; then",
+        f'  echo "error: Slurm requeued the job $SLURM_RESTART_COUNT times, past --max-restarts {most}:" \\',
+        '    "not run again" >&2',
+        "  exit 1",
+        "fi",
+    ]
+    after = f'echo "restart $SLURM_RESTART_COUNT/{most}: resuming from the newest checkpoint"'
+    if resumes(request):
+        return [*lines, "resume=()", f"if [ {count} -gt 0 ]; then", "  resume=(--resume)", f"  {after}", "fi"]
+    return [*lines, f"if [ {count} -gt 0 ]; then", f"  {after}", "fi"]
+
+
+def output_folder(request: SbatchRequest) -> str | None:
+    """The run folder in the containers: the bundled trainer's (its --run-dir, else the job's own), or for a command
+    of the user's with a timeline, autotuning or restarts, the job's own for those; None: the command decides."""
+    options = request.job
+    paths = run_paths(options.command, run_folder(request), options.can_restart)
+    wanted = options.timeline or options.autotune or options.can_restart
+    return paths.run_dir or (run_folder(request) if wanted else None)
+
+
+def folder_lines(request: SbatchRequest) -> list[str]:
+    """The run folder made in the shared folder (as the job agent makes it elsewhere), and named in the output."""
+    folder = output_folder(request)
+    if folder is None:
+        return []
+    if not folder.startswith(SHARED_MOUNT + "/"):
+        return [f"echo {shell_word('run folder (in the containers): ' + folder)}"]
+    host = request.shared + folder[len(SHARED_MOUNT) :]
+    return [f"run_folder={shell_word(host)}", 'mkdir -p "$run_folder"', 'echo "run folder: $run_folder"']
+
+
+def script(request: SbatchRequest) -> str:
+    """The batch script, for `sbatch FILE`."""
+    env = [
+        f"export APPTAINERENV_{name}={shell_word(value)}"
+        for name, _, value in (pair.partition("=") for pair in rank_env(request))
+    ]
+    lines = [
+        "#!/bin/bash",
+        f"# Job {request.name}, written by `launcher export sbatch`; submit it with `sbatch FILE`.",
+        "# Every node needs: Apptainer, srun with PMIx (`srun --mpi=list` lists pmix), the SIF and the shared folder"
+        " at these paths.",
+        *directives(request),
+        "set -euo pipefail",
+        f"sif={shlex.quote(request.sif)}",
+        *secret_lines(request),
+        *restart_lines(request),
+        *folder_lines(request),
+        "# Every rank's environment: Apptainer gives a rank APPTAINERENV_NAME as NAME, past --cleanenv.",
+        *env,
+        *rank_start(request, rank_words(request)),
+    ]
+    return "\n".join(lines) + "\n"
