@@ -372,7 +372,10 @@ def help_texts() -> dict[str, str]:
     assert isinstance(group, typer.core.TyperGroup)
     group_context = group.context_class(group, info_name="launcher")
     texts = {"launcher": group.help or ""}
-    for name, command in group.commands.items():
+    commands = dict(group.commands)
+    for name, command in group.commands.items():  # `launcher export mpijob`, `launcher export sbatch`
+        commands |= {f"{name} {sub}": each for sub, each in getattr(command, "commands", {}).items()}
+    for name, command in commands.items():
         context = command.context_class(command, info_name=name, parent=group_context)
         texts[f"launcher {name}"] = command.help or ""
         for param in command.get_params(context):
