@@ -67,7 +67,7 @@ CASES = {
     ),
     "3 slots, one node": (
         {"slots": 3, "nodes": "1"},
-        ["#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=3"],
+        ["#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=3", "APPTAINERENV_RENDEZVOUS_RANKS=3 \\"],
         ["NCCL_SOCKET_IFNAME"],  # one node: no NIC between nodes to choose
     ),
     "gpus": (
@@ -114,19 +114,20 @@ CASES = {
     "a NIC by name": (
         {"network_interface": "ib0"},
         [
-            "export APPTAINERENV_OMPI_MCA_btl_tcp_if_include=ib0",
             "export APPTAINERENV_NCCL_SOCKET_IFNAME==ib0",
             "export APPTAINERENV_GLOO_SOCKET_IFNAME=ib0",
+            "export APPTAINERENV_HOROVOD_GLOO_IFACE=ib0",
+            "address=$(ip -4 -o addr show dev ib0 | awk '{split($4, a, \"/\"); print a[1]; exit}')",
         ],
-        ["launcher.agent.rank_nic"],
+        ["launcher.agent.rank_nic", "OMPI_MCA_btl", "getent"],
     ),
     "a NIC by subnet": (
         {"network_interface": "10.1.0.7/16"},
         [
-            "export APPTAINERENV_OMPI_MCA_btl_tcp_if_include=10.1.0.0/16",
             "python -m launcher.agent.rank_nic 10.1.0.0/16 --",
+            """address=$(getent hosts "$(hostname)" | awk '{print $1; exit}')""",
         ],
-        ["NCCL_SOCKET_IFNAME"],
+        ["NCCL_SOCKET_IFNAME", "OMPI_MCA_btl"],
     ),
     "restarts": (
         {"max_restarts": 3},
@@ -170,33 +171,36 @@ def test_the_script_says_what_each_option_asks_for_and_bash_reads_it(fields, pre
         assert line in text.splitlines() or line in srun_line(text), line
     for word in absent:
         assert word not in text, word
-    assert srun_line(text).startswith("--mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none --label bash -c")
+    assert srun_line(text).startswith("--mpi=none --kill-on-bad-exit=1 --cpu-bind=none --label bash -c")
 
 
 def stand_ins(folder: Path) -> Path:
-    """srun (runs its command once, as task 0 of a job with PMIx variables) and apptainer (writes what it was given
-    into $RAN as JSON), first on PATH."""
+    """First on PATH: srun (runs its command once, as task 0 of 2 on node1), scontrol (the allocation's nodes), and
+    apptainer, which writes what it was given into $RAN as JSON, or, asked to run the rendezvous server, into
+    $RAN.server and prints the server's port (unless $NO_SERVER: it ends at once)."""
     folder.mkdir()
-    srun = folder / "srun"
-    srun.write_text(
-        "#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n"
-        'SLURM_PROCID=0 PMIX_RANK=0 PMIX_NAMESPACE=slurm.pmix.42.0 exec "$@"\n'
-    )
-    apptainer = folder / "apptainer"
-    apptainer.write_text(
-        f"#!{sys.executable}\nimport json, os, sys\n"
+    tools = {
+        "srun": "#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n"
+        "export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 SLURM_NTASKS=2 SLURM_NNODES=2 SLURM_NTASKS_PER_NODE=1\n"
+        'SLURMD_NODENAME=node1 CUDA_VISIBLE_DEVICES=0 exec "$@"\n',
+        "scontrol": "#!/bin/bash\necho node1; echo node2\n",
+        "apptainer": f"#!{sys.executable}\nimport json, os, sys, time\n"
         "env = {k[len('APPTAINERENV_'):]: v for k, v in os.environ.items() if k.startswith('APPTAINERENV_')}\n"
-        "json.dump({'argv': sys.argv[1:], 'env': env}, open(os.environ['RAN'], 'w'))\n"
-    )
-    for tool in (srun, apptainer):
-        tool.chmod(0o755)
+        "server = any('RendezvousServer' in word for word in sys.argv)\n"
+        "json.dump({'argv': sys.argv[1:], 'env': env}, open(os.environ['RAN'] + ('.server' if server else ''), 'w'))\n"
+        "if server and not os.environ.get('NO_SERVER'):\n    print(4242, flush=True); time.sleep(30)\n",
+    }
+    for name, text in tools.items():
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
     return folder
 
 
 def run_script(
     tmp_path: Path, extra_env: dict[str, str] | None = None, **fields
-) -> tuple[subprocess.CompletedProcess, dict]:
-    """The exported script run by bash as Slurm would start it (job 42), with the stand-ins; what apptainer got."""
+) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    """The exported script run by bash as Slurm would start it (job 42 on node1 and node2), with the stand-ins; what
+    the rank's apptainer got, and what the rendezvous server's got."""
     shared = tmp_path / "shared"
     shared.mkdir(exist_ok=True)
     text = sbatch.script(request(shared=str(shared), **fields))
@@ -204,14 +208,23 @@ def run_script(
     script.write_text(text)
     tools = tmp_path / "bin" if (tmp_path / "bin").exists() else stand_ins(tmp_path / "bin")
     ran = tmp_path / "ran.json"
-    ran.unlink(missing_ok=True)
-    env = {"PATH": f"{tools}:{os.environ['PATH']}", "SLURM_JOB_ID": "42", "RAN": str(ran), **(extra_env or {})}
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
-    return done, (json.loads(ran.read_text()) if ran.exists() else {})
+    server = Path(f"{ran}.server")
+    for old in (ran, server):
+        old.unlink(missing_ok=True)
+    env = {
+        "PATH": f"{tools}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "RAN": str(ran),
+        **(extra_env or {}),
+    }
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    read = [json.loads(path.read_text()) if path.exists() else {} for path in (ran, server)]
+    return done, read[0], read[1]
 
 
-def test_every_rank_runs_the_trainer_in_the_sif_with_the_shared_folder_and_slurms_variables(tmp_path):
-    done, given = run_script(tmp_path)
+def test_every_rank_runs_the_trainer_in_the_sif_with_its_rank_and_the_rendezvous_server(tmp_path):
+    done, given, server = run_script(tmp_path)
     assert done.returncode == 0, done.stderr
     shared = tmp_path / "shared"
     assert given["argv"] == [
@@ -226,18 +239,45 @@ def test_every_rank_runs_the_trainer_in_the_sif_with_the_shared_folder_and_slurm
     ]
     env = given["env"]
     assert env["OMPI_MCA_mpi_yield_when_idle"] == "1" and env["NCCL_DEBUG"] == "WARN"
-    assert (env["SLURM_PROCID"], env["PMIX_RANK"], env["SLURM_JOB_ID"]) == ("0", "0", "42")  # past --cleanenv
+    ranks = {key: env[key] for key in env if key.startswith("HOROVOD_") and key.endswith(("RANK", "SIZE", "NAME"))}
+    assert ranks == {
+        "HOROVOD_RANK": "0",
+        "HOROVOD_SIZE": "2",
+        "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_CROSS_RANK": "0",
+        "HOROVOD_CROSS_SIZE": "2",
+        "HOROVOD_HOSTNAME": "node1",
+    }
+    assert (env["HOROVOD_CONTROLLER"], env["HOROVOD_CPU_OPERATIONS"]) == ("gloo", "gloo")
+    assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4242"
+    assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == server["env"]["RENDEZVOUS_ADDRESS"] != ""
+    assert (env["SLURM_PROCID"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "0")  # past --cleanenv
+    assert server["argv"][:3] == ["exec", "--cleanenv", SIF]
+    assert (server["env"]["RENDEZVOUS_HOSTS"], server["env"]["RENDEZVOUS_RANKS"]) == ("node1:1,node2:1", "2")
+    token = env["HOROVOD_STACK_RENDEZVOUS_TOKEN"]
+    assert len(token) >= 32 and server["env"]["HOROVOD_STACK_RENDEZVOUS_TOKEN"] == token
+    assert token not in " ".join([*given["argv"], *server["argv"]])
     assert (shared / "runs" / "horovod-stack-42").is_dir()
     assert f"run folder: {shared}/runs/horovod-stack-42" in done.stdout
 
 
+def test_a_rendezvous_server_that_does_not_start_ends_the_job_at_once_in_one_line(tmp_path):
+    done, given, _ = run_script(tmp_path, {"NO_SERVER": "1"})
+    assert done.returncode == 1 and given == {}
+    assert done.stderr.splitlines() == [
+        f"error: Horovod's rendezvous server did not start on {os.uname().nodename} (waited up to 60 s): run "
+        f"apptainer exec {SIF} python -c 'import horovod' there to see why"
+    ]
+
+
 def test_a_secret_reaches_the_ranks_from_the_submitting_environment_and_is_never_in_the_script(tmp_path):
-    done, given = run_script(tmp_path, {"WANDB_API_KEY": SECRET_VALUE}, secrets=("WANDB_API_KEY",))
+    done, given, _ = run_script(tmp_path, {"WANDB_API_KEY": SECRET_VALUE}, secrets=("WANDB_API_KEY",))
     assert done.returncode == 0, done.stderr
     assert given["env"]["WANDB_API_KEY"] == SECRET_VALUE
     assert SECRET_VALUE not in (tmp_path / "job.sbatch").read_text()
     assert SECRET_VALUE not in " ".join(given["argv"])
-    done, given = run_script(tmp_path, secrets=("WANDB_API_KEY",))
+    done, given, _ = run_script(tmp_path, secrets=("WANDB_API_KEY",))
     assert done.returncode == 2 and given == {}
     assert done.stderr.splitlines() == [
         "error: secret WANDB_API_KEY is not set: export WANDB_API_KEY in the shell that runs sbatch, then submit again"
@@ -245,16 +285,16 @@ def test_a_secret_reaches_the_ranks_from_the_submitting_environment_and_is_never
 
 
 def test_a_requeued_job_resumes_from_its_checkpoint_and_stops_past_max_restarts(tmp_path):
-    done, given = run_script(tmp_path, max_restarts=2)
+    done, given, _ = run_script(tmp_path, max_restarts=2)
     assert done.returncode == 0, done.stderr
     assert "--resume" not in given["argv"] and given["env"]["HOROVOD_STACK_RESTART"] == "0"
     assert given["env"]["HOROVOD_STACK_CHECKPOINT_DIR"] == "/shared/runs/horovod-stack-42/checkpoints"
-    done, given = run_script(tmp_path, {"SLURM_RESTART_COUNT": "2"}, max_restarts=2)
+    done, given, _ = run_script(tmp_path, {"SLURM_RESTART_COUNT": "2"}, max_restarts=2)
     assert done.returncode == 0, done.stderr
     assert given["argv"][-3:] == ["--run-dir", "/shared/runs/horovod-stack-42", "--resume"]
     assert given["env"]["HOROVOD_STACK_RESTART"] == "2"
     assert "restart 2/2: resuming from the newest checkpoint" in done.stdout
-    done, given = run_script(tmp_path, {"SLURM_RESTART_COUNT": "3"}, max_restarts=2)
+    done, given, _ = run_script(tmp_path, {"SLURM_RESTART_COUNT": "3"}, max_restarts=2)
     assert done.returncode == 1 and given == {}
     assert done.stderr.splitlines() == ["error: Slurm requeued the job 3 times, past --max-restarts 2: not run again"]
 
@@ -262,7 +302,9 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_stops_past_max_restarts(
 def test_a_users_script_runs_in_its_workdir_with_its_own_env(tmp_path):
     code = tmp_path / "code"
     code.mkdir()
-    done, given = run_script(tmp_path, command=("python", "train.py"), workdir=str(code), env=("A=1",), gpus_per_node=2)
+    done, given, _ = run_script(
+        tmp_path, command=("python", "train.py"), workdir=str(code), env=("A=1",), gpus_per_node=2
+    )
     assert done.returncode == 0, done.stderr
     assert given["argv"][:2] == ["exec", "--cleanenv"] and "--nv" in given["argv"]
     assert given["argv"][-5:] == ["--pwd", "/workdir", SIF, "python", "train.py"]

@@ -8,22 +8,23 @@ says, and why:
   --gpus-per-node), the partition, the account, the time limit (--time), the output file (NAME-JOBID.out in the
   folder sbatch ran in) and the submitting environment (--export=ALL: the secrets' values come from it);
 - the ranks: srun starts every rank as a task (rank_start, the one place that says how), each in the SIF with the
-  shared folder at /shared (and the user's --workdir at /workdir, their cwd), Horovod's MPI controller wired up by
-  Slurm's PMIx; a rank that fails ends the job (--kill-on-bad-exit);
+  shared folder at /shared (and the user's --workdir at /workdir, their cwd); Horovod's Gloo controller finds the
+  ranks through Horovod's rendezvous server, which the script starts on the allocation's first node with a secret of
+  the run; a rank that fails ends the job (--kill-on-bad-exit);
 - the environment: `apptainer exec --cleanenv` keeps only APPTAINERENV_ variables (and TERM, proxies), so no variable
   of the submitting shell (a PYTHONPATH, a module's LD_PRELOAD) reaches a rank, and the image's own values (Docker's
   ENV, which a host variable of the same name would otherwise replace) hold; every rank gets the user's --env, the
   stack's Horovod defaults, NIC settings, GPU settings, timeline and autotuning, as the other launch methods give
-  them, as APPTAINERENV_ variables; each task hands Slurm's own variables (its rank, the PMIx server, its GPUs) into
-  its container itself;
+  them, as APPTAINERENV_ variables; each task hands its rank and Slurm's own variables (its GPUs among them) into its
+  container itself;
 - secrets by name: the script takes each one's value from its environment at run time and stops, naming it, when
   one is missing; no value is ever in the script;
 - --max-restarts N: the job is requeued when Slurm loses a node (--requeue, the output file appended to) and each
   run resumes from the newest checkpoint (the bundled trainer's --resume; a script of the user's reads
   HOROVOD_STACK_RESTART, from SLURM_RESTART_COUNT), N times at most; without it, --no-requeue, so a site that requeues
   by default does not start the job over from scratch.
-Open MPI's fixed ports (launcher/core/mpiports.py) are left out: they let a Docker host's firewall name the ports of
-the stack's workers, while a Slurm site's nodes run every MPI job on Open MPI's own ports.
+Open MPI is not started (the ranks' controller is Gloo), so neither its NIC settings nor its fixed ports
+(launcher/core/mpiports.py, which let a Docker host's firewall name the ports of the stack's workers) apply.
 """
 
 from __future__ import annotations
@@ -43,11 +44,33 @@ AT_RUN_TIME = {JOB_ID: '"${SLURM_JOB_ID}"', RESTART: '"${SLURM_RESTART_COUNT:-0}
 OUTPUT_FILE = "%x-%j.out"
 """sbatch's pattern for the job's output file: the job's name and ID, in the folder sbatch ran in."""
 TASK_ENV = (
-    'for name in ${!SLURM_@} ${!PMIX_@} CUDA_VISIBLE_DEVICES; do [ -n "${!name+x}" ] && '
-    'export "APPTAINERENV_$name=${!name}"; done; exec "$@"'
+    "export APPTAINERENV_HOROVOD_RANK=$SLURM_PROCID APPTAINERENV_HOROVOD_SIZE=$SLURM_NTASKS "
+    "APPTAINERENV_HOROVOD_LOCAL_RANK=$SLURM_LOCALID APPTAINERENV_HOROVOD_LOCAL_SIZE=$SLURM_NTASKS_PER_NODE "
+    "APPTAINERENV_HOROVOD_CROSS_RANK=$SLURM_NODEID APPTAINERENV_HOROVOD_CROSS_SIZE=$SLURM_NNODES "
+    "APPTAINERENV_HOROVOD_HOSTNAME=$SLURMD_NODENAME; "
+    'for name in ${!SLURM_@} CUDA_VISIBLE_DEVICES; do [ -n "${!name+x}" ] && export "APPTAINERENV_$name=${!name}"; '
+    'done; exec "$@"'
 )
-"""What each task runs before Apptainer: Slurm's variables of this task (its rank, the PMIx server's address, the
-GPUs Slurm gave it), which --cleanenv would drop, handed into its container."""
+"""What each task runs before Apptainer: its rank, as Horovod's Gloo controller reads it, from Slurm's numbering of
+the task (srun's block distribution puts a node's ranks side by side, as the rendezvous server assigns them), and
+Slurm's variables of this task (the GPUs Slurm gave it among them), which --cleanenv would drop, handed into its
+container."""
+RENDEZVOUS_SERVER = """import os, time
+from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+from horovod.runner.http.http_server import RendezvousServer
+server = RendezvousServer()
+port = server.start(address=os.environ["RENDEZVOUS_ADDRESS"])
+hosts = parse_hosts(os.environ["RENDEZVOUS_HOSTS"])
+server.init(get_host_assignments(hosts, int(os.environ["RENDEZVOUS_RANKS"])))
+print(port, flush=True)
+while True:
+    time.sleep(3600)
+"""
+"""Horovod's rendezvous server, as horovodrun starts it for Gloo: it hands each rank its peers; it prints its port.
+It listens on one address and, in the stack's image, answers only requests with the run's secret
+(HOROVOD_STACK_RENDEZVOUS_TOKEN: docker/horovod-runner/stack_guard.py)."""
+RENDEZVOUS_WAIT_SECONDS = 60
+"""How long the script waits for the server to start (Apptainer mounting the SIF, Python importing Horovod)."""
 
 
 def shell_word(word: str) -> str:
@@ -87,7 +110,8 @@ def rank_env(request: SbatchRequest) -> list[str]:
     restart = {RESTART_VARIABLE: RESTART, CHECKPOINT_DIR_VARIABLE: paths.checkpoint_dir} if options.can_restart else {}
     return [
         *env,
-        *(pair for pair in nic if pair.partition("=")[0] not in user_set),
+        # Open MPI's settings left out: the ranks' Gloo controller never starts it.
+        *(pair for pair in nic if not pair.startswith("OMPI_MCA_") and pair.partition("=")[0] not in user_set),
         *defaults_unless_set(env),
         *horovod_outputs(options.timeline, options.autotune, output_folder(request), user_set),
         *(gpu_rank_env(user_set) if request.gpus_per_node else ()),
@@ -113,20 +137,58 @@ def rank_words(request: SbatchRequest) -> list[str]:
     return [*words, '${resume[@]+"${resume[@]}"}'] if resumes(request) else words
 
 
+def rendezvous_address(request: SbatchRequest) -> str:
+    """The shell that finds the address the rendezvous server listens on: the pinned NIC's on this node, else the
+    address this node's name resolves to (a subnet for a NIC: that one too)."""
+    nic = request.job.network_interface
+    if nic and "/" not in nic:
+        return f"$(ip -4 -o addr show dev {shlex.quote(nic)} | awk '{{split($4, a, \"/\"); print a[1]; exit}}')"
+    return "$(getent hosts \"$(hostname)\" | awk '{print $1; exit}')"
+
+
 def rank_start(request: SbatchRequest, command: list[str]) -> list[str]:
-    """The lines that start every rank, the one place that says how: srun, one task per rank over the allocation
-    (PMIx wires up Horovod's MPI controller; --label puts each line after its task number; no CPU binding, as
-    mpirun's `-bind-to none`), each task handing Slurm's variables into its container (TASK_ENV) and running
-    `command` (shell words) in the SIF."""
+    """The lines that start every rank, the one place that says how. Horovod's rendezvous server starts on this node
+    (the allocation's first) with a secret of this run; then srun starts one task per rank over the allocation (no
+    CPU binding, as mpirun's `-bind-to none`; --label puts each line after its task number, which is its rank), each
+    task setting its rank for Horovod's Gloo controller (TASK_ENV) and running `command` (shell words) in the SIF.
+    Neither PMIx nor ssh: Debian's Slurm has no PMIx plugin and the image's Open MPI no PMI-2 client (tried on the
+    test suite's Slurm cluster), and Gloo needs only TCP between the nodes."""
     options = request.job
     binds = [f"{request.shared}:{SHARED_MOUNT}", *([f"{options.workdir}:{WORKDIR}"] if options.workdir else [])]
     binds += list(options.mounts)
     apptainer = ["apptainer", "exec", "--cleanenv", *(["--nv"] if request.gpus_per_node else [])]
     apptainer += [word for bind in binds for word in ("--bind", shlex.quote(bind))]
     apptainer += ["--pwd", WORKDIR] if options.workdir else []
+    ranks, wait = request.nodes * request.tasks_per_node, RENDEZVOUS_WAIT_SECONDS
+    late = (
+        f"error: Horovod's rendezvous server did not start on $(hostname) (waited up to {wait} s): run apptainer "
+        "exec $sif python -c 'import horovod' there to see why"
+    )
     return [
+        "# The ranks meet at Horovod's rendezvous server on this node, the allocation's first, with a secret of this",
+        "# run: in the environment alone, never on a command line.",
+        "HOROVOD_STACK_RENDEZVOUS_TOKEN=$(head -c 32 /dev/urandom | base64 | tr -d '/+=\\n')",
+        "export APPTAINERENV_HOROVOD_STACK_RENDEZVOUS_TOKEN=$HOROVOD_STACK_RENDEZVOUS_TOKEN",
+        f"address={rendezvous_address(request)}",
+        '[ -n "$address" ] || { echo "error: no address for the rendezvous server on $(hostname)" >&2; exit 1; }',
+        f"rendezvous_server={shlex.quote(RENDEZVOUS_SERVER)}",
+        "port_file=$(mktemp)",
+        f"hosts=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | sed 's/$/:{request.tasks_per_node}/' | paste -sd,)",
+        "APPTAINERENV_RENDEZVOUS_ADDRESS=$address APPTAINERENV_RENDEZVOUS_HOSTS=$hosts \\",
+        f"APPTAINERENV_RENDEZVOUS_RANKS={ranks} \\",
+        '  apptainer exec --cleanenv "$sif" python -u -c "$rendezvous_server" >"$port_file" &',
+        "rendezvous=$!",
+        """trap 'kill "$rendezvous" 2>/dev/null || true; rm -f "$port_file"' EXIT""",
+        f"for _ in $(seq {wait * 2}); do  # until it tells its port, or ends without",
+        '  if [ -s "$port_file" ] || ! kill -0 "$rendezvous" 2>/dev/null; then break; fi',
+        "  sleep 0.5",
+        "done",
+        f'[ -s "$port_file" ] || {{ echo "{late}" >&2; exit 1; }}',
+        "export APPTAINERENV_HOROVOD_GLOO_RENDEZVOUS_ADDR=$address",
+        'export APPTAINERENV_HOROVOD_GLOO_RENDEZVOUS_PORT=$(cat "$port_file")',
+        "export APPTAINERENV_HOROVOD_CONTROLLER=gloo APPTAINERENV_HOROVOD_CPU_OPERATIONS=gloo",
         f"task_env={shlex.quote(TASK_ENV)}",
-        "srun --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none --label \\",
+        "srun --mpi=none --kill-on-bad-exit=1 --cpu-bind=none --label \\",
         '  bash -c "$task_env" task \\',
         f"  {' '.join(apptainer)} \\",
         '  "$sif" \\',

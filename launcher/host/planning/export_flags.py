@@ -163,7 +163,14 @@ SBATCH: tuple[Flag, ...] = (
         "runs in: the script holds no value, and stops, naming it, where it is not set (repeatable).",
         to=JOB + "secrets",
     ),
-    replace(ROWS["network_interface"], key=None),
+    Flag(
+        "network_interface",
+        str,
+        "The nodes' NIC for NCCL and Gloo, where the rendezvous server listens too: a name every node has (eth0), or "
+        "a subnet (10.0.0.0/24) where the names differ: each node uses its NIC in it.",
+        shown="none: virtual NICs left out",
+        to=JOB + "network_interface",
+    ),
     Flag(
         "workdir",
         str,
