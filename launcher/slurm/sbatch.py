@@ -87,31 +87,24 @@ def run_folder(request: SbatchRequest) -> str:
     return f"{RUNS_DIR}/{request.name}-{JOB_ID}"
 
 
-def env_of_mpirun(argv: list[str]) -> list[str]:
-    """KEY=VALUE pairs of mpirun's `--mca NAME VALUE` (Open MPI reads OMPI_MCA_NAME) and `-x KEY=VALUE` arguments:
-    the same settings for ranks that srun starts."""
-    pairs, words = [], iter(argv)
-    for word in words:
-        if word == "--mca":
-            pairs.append(f"OMPI_MCA_{next(words)}={next(words)}")
-        elif word == "-x":
-            pairs.append(next(words))
-    return pairs
+def passed_on(argv: list[str]) -> list[str]:
+    """The KEY=VALUE pairs of mpirun's `-x KEY=VALUE` arguments: what mpirun would hand every rank (Open MPI's own
+    `--mca` settings are left out: the ranks' Gloo controller never starts it)."""
+    return [argv[index + 1] for index, word in enumerate(argv[:-1]) if word == "-x"]
 
 
 def rank_env(request: SbatchRequest) -> list[str]:
-    """KEY=VALUE for every rank: the user's --env, the NIC settings (jobspec's nic_selection, as mpirun would get
-    them), the stack's Horovod defaults they leave unset, the timeline and autotuning, the GPU settings, and with
-    restarts which run this is and where its checkpoints are."""
+    """KEY=VALUE for every rank: the user's --env, NCCL's and Gloo's NIC (jobspec's nic_selection, as mpirun would
+    pass them on), the stack's Horovod defaults they leave unset, the timeline and autotuning, the GPU settings, and
+    with restarts which run this is and where its checkpoints are."""
     options = request.job
     env, user_set = options.env, names_in(options.env)
     paths = run_paths(options.command, run_folder(request), options.can_restart)
-    nic = env_of_mpirun(nic_selection(options.network_interface, (), request.nodes > 1, user_set))
+    nic = passed_on(nic_selection(options.network_interface, (), request.nodes > 1, user_set))
     restart = {RESTART_VARIABLE: RESTART, CHECKPOINT_DIR_VARIABLE: paths.checkpoint_dir} if options.can_restart else {}
     return [
         *env,
-        # Open MPI's settings left out: the ranks' Gloo controller never starts it.
-        *(pair for pair in nic if not pair.startswith("OMPI_MCA_") and pair.partition("=")[0] not in user_set),
+        *(pair for pair in nic if pair.partition("=")[0] not in user_set),
         *defaults_unless_set(env),
         *horovod_outputs(options.timeline, options.autotune, output_folder(request), user_set),
         *(gpu_rank_env(user_set) if request.gpus_per_node else ()),
