@@ -9,10 +9,10 @@ launcher/k8s/mpijob.py's.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import time
 from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -23,12 +23,13 @@ from launcher.core.protocol import Signalled
 from launcher.host.doctor import checkup
 from launcher.host.engines import streams
 from launcher.host.engines.node_engine import NodeEngine, NodeError
-from launcher.host.planning import flags
+from launcher.host.planning import export_flags, flags
 from launcher.host.planning.settings import LaunchSettings, load_env_file, read_settings
 from launcher.host.planning.trainer import checked_command
 from launcher.host.running import clusters, launch, ranklogs
 from launcher.host.running.rootcause import LaunchError, unforeseen
 from launcher.host.running.signals import stop_on_signals, stopped
+from launcher.slurm import sbatch_request
 
 app = typer.Typer(
     add_completion=False,
@@ -39,24 +40,28 @@ EXTRA_WORDS = {"allow_extra_args": True, "ignore_unknown_options": True}
 """start and export pass the words they do not take on to the job, as its command."""
 
 
-def typer_parameter(row: flags.Flag) -> inspect.Parameter:
-    """The typer parameter of one row of flags.FLAGS: its type, spellings and --help (the row's text, default
-    included), not given by default (.env or the default decides)."""
-    kind = {tuple: list[str], bool: bool}.get(row.kind, row.kind | None)
-    option = typer.Option(*row.spellings, help=row.text, show_default=False)
-    default = False if row.kind is bool else None
+def typer_parameter(row: flags.Flag, hidden: bool = False) -> inspect.Parameter:
+    """The typer parameter of one row of flags.FLAGS (or of an export kind's): its type, spellings and --help (the
+    row's text, default included), not given by default (.env or the default decides) unless the row is required;
+    `hidden`: parsed, to be refused in one line, but left out of --help."""
+    kind = {tuple: list[str], bool: bool}.get(row.kind, row.kind if row.required else row.kind | None)
+    option = typer.Option(*row.spellings, help=row.text, show_default=False, hidden=hidden)
+    default = inspect.Parameter.empty if row.required else False if row.kind is bool else None
     return inspect.Parameter(
         row.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option]
     )
 
 
-def with_flags(*rows: flags.Flag) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """A command whose parameters (after its typer.Context) are made from rows of flags.FLAGS; it takes them as
-    keyword arguments, by row name."""
+def with_flags(
+    *rows: flags.Flag, hidden: tuple[flags.Flag, ...] = ()
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A command whose parameters (after its typer.Context) are made from rows of flags.FLAGS (or an export kind's),
+    then the `hidden` rows (parsed, left out of --help); it takes them as keyword arguments, by row name."""
 
     def made(command: Callable[..., None]) -> Callable[..., None]:
         context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
-        command.__signature__ = inspect.Signature([context, *map(typer_parameter, rows)])  # type: ignore[attr-defined]
+        parameters = [*map(typer_parameter, rows), *(typer_parameter(row, hidden=True) for row in hidden)]
+        command.__signature__ = inspect.Signature([context, *parameters])  # type: ignore[attr-defined]
         command.__annotations__ = {}
         return command
 
@@ -344,87 +349,80 @@ def doctor_command(
     typer.echo(line)
 
 
-class ExportKind(StrEnum):
-    mpijob = "mpijob"
+export_app = typer.Typer(
+    no_args_is_help=True,
+    help="Write the job as a document another scheduler runs: the same image, command and Horovod defaults.",
+)
+app.add_typer(export_app, name="export")
 
 
-@app.command(context_settings=EXTRA_WORDS)
-def export(
-    ctx: typer.Context,
-    kind: ExportKind = typer.Argument(..., help=flags.EXPORT["kind"]),
-    name: str = typer.Option(..., help=flags.EXPORT["name"]),
-    workers: int = typer.Option(..., help=flags.EXPORT["workers"]),
-    slots: int | None = typer.Option(None, help=flags.EXPORT["slots"]),
-    gpus_per_node: int = typer.Option(0, help=flags.EXPORT["gpus_per_node"]),
-    image: str | None = typer.Option(None, help=flags.EXPORT["image"]),
-    namespace: str | None = typer.Option(None, help=flags.EXPORT["namespace"]),
-    shared_claim: str | None = typer.Option(None, help=flags.EXPORT["shared_claim"]),
-    env: list[str] | None = typer.Option(None, "--env", help=flags.EXPORT["env"]),
-    secret: list[str] | None = typer.Option(None, "--secret", help=flags.EXPORT["secret"]),
-    cpu: str | None = typer.Option(None, help=flags.EXPORT["cpu"]),
-    memory: str | None = typer.Option(None, help=flags.EXPORT["memory"]),
-    pod_security: str | None = typer.Option(None, help=flags.EXPORT["pod_security"]),
-    ptrace: bool = typer.Option(False, help=flags.EXPORT["ptrace"]),
-    rdma: bool = typer.Option(False, help=flags.EXPORT["rdma"]),
-    run_as_user: str | None = typer.Option(None, help=flags.EXPORT["run_as_user"]),
-    schedule_timeout: int | None = typer.Option(None, help=flags.EXPORT["schedule_timeout"]),
-    deadline: int | None = typer.Option(None, help=flags.EXPORT["deadline"]),
-    scheduler: str | None = typer.Option(None, help=flags.EXPORT["scheduler"]),
-    queue: str | None = typer.Option(None, help=flags.EXPORT["queue"]),
-    priority_class: str | None = typer.Option(None, help=flags.EXPORT["priority_class"]),
-    suspend: bool = typer.Option(False, help=flags.EXPORT["suspend"]),
-    elastic: bool = typer.Option(False, help=flags.EXPORT["elastic"]),
-    min_workers: int | None = typer.Option(None, help=flags.EXPORT["min_workers"]),
-    network_interface: str | None = typer.Option(None, help=flags.EXPORT["network_interface"]),
-    env_file: EnvFile = None,
-    output: Path | None = typer.Option(None, "--output", "-o", help=flags.EXPORT["output"]),
-) -> None:
-    """Write the job as a document another scheduler runs: the same image, command and Horovod defaults.
-
-    Example: launcher export mpijob --name digits --workers 2 --gpus-per-node 2 --image registry.example.com/
-    horovod-stack:1 -o digits.yaml -- --dataset digits --epochs 5; then kubectl apply -f digits.yaml
-    """
-    given = flags.ExportFlags(
-        name=name,
-        workers=workers,
-        slots=slots,
-        gpus_per_node=gpus_per_node,
-        image=image,
-        namespace=namespace,
-        shared_claim=shared_claim,
-        env=tuple(env or ()),
-        secret=tuple(secret or ()),
-        cpu=cpu,
-        memory=memory,
-        pod_security=pod_security,
-        ptrace=ptrace,
-        rdma=rdma,
-        run_as_user=run_as_user,
-        schedule_timeout=schedule_timeout,
-        deadline=deadline,
-        scheduler=scheduler,
-        queue=queue,
-        priority_class=priority_class,
-        suspend=suspend,
-        elastic=elastic,
-        min_workers=min_workers,
-        network_interface=network_interface,
-    )
-    from launcher.k8s import mpijob, mpijob_request  # PyYAML, only here
-
-    command = command_of(ctx)
-    try:
-        request = mpijob_request.request(
-            **flags.export_request(given, command, lambda: load_env_file(env_file).get(flags.ROWS["image"].key or ""))
-        )
-    except SettingsError as error:
-        fail(str(error), 2)
-    text = mpijob.to_yaml(request)
+def write_out(text: str, output: Path | None, wrote: str) -> None:
+    """The kind's text to stdout, or into `output` with one line saying what was written and what to run next."""
     if output is None:
         sys.stdout.write(text)
     else:
         output.write_text(text)
-        say(f"wrote MPIJob {name} to {output}; apply it with `kubectl apply -f {output}`")
+        say(wrote)
+
+
+@export_app.command("mpijob", context_settings=EXTRA_WORDS)
+@with_flags(*export_flags.MPIJOB)
+def export_mpijob(ctx: typer.Context, **given: Any) -> None:
+    """A Kubeflow MPIJob (kubeflow.org/v2beta1).
+
+    Example: launcher export mpijob --name digits --workers 2 --gpus-per-node 2 --image registry.example.com/
+    horovod-stack:1 -o digits.yaml -- --dataset digits --epochs 5; then kubectl apply -f digits.yaml
+    """
+    from launcher.k8s import mpijob, mpijob_request  # PyYAML, only here
+
+    command = command_of(ctx)
+    chosen = export_flags.keywords(export_flags.MPIJOB, given, command)
+    chosen["image"] = chosen["image"] or load_env_file(given["env_file"]).get(flags.ROWS["image"].key or "")
+    try:
+        request = mpijob_request.request(**chosen)
+    except SettingsError as error:
+        fail(str(error), 2)
+    output = given["output"]
+    write_out(
+        mpijob.to_yaml(request),
+        output,
+        f"wrote MPIJob {request.name} to {output}; apply it with `kubectl apply -f {output}`",
+    )
+
+
+SBATCH_REFUSED = tuple(row for row in flags.FLAGS if row.flag in sbatch_request.NOT_ON_SLURM)
+"""`launcher start`'s flags that mean nothing on Slurm: taken by `export sbatch` only to be refused in one line."""
+
+
+@export_app.command("sbatch", context_settings=EXTRA_WORDS)
+@with_flags(*export_flags.SBATCH, hidden=SBATCH_REFUSED)
+def export_sbatch(ctx: typer.Context, **given: Any) -> None:
+    """A Slurm batch script: every rank a Slurm task (srun) in the image's SIF under Apptainer.
+
+    Example: launcher export sbatch --nodes 2 --gpus-per-node 4 --sif /cluster/horovod-stack.sif --shared
+    /cluster/team/shared --partition gpu --time 2:00:00 -o digits.sbatch -- --dataset digits --epochs 5; then sbatch
+    digits.sbatch (docs/slurm.md)
+    """
+    from launcher.slurm import sbatch
+
+    command = command_of(ctx)
+    chosen = export_flags.keywords(export_flags.SBATCH, given, command)
+    refused = tuple(row.flag for row in SBATCH_REFUSED if given[row.name] not in (None, False, []))
+    try:
+        settings = load_env_file(given["env_file"])
+        for row in export_flags.SBATCH_FROM_ENV:
+            chosen[row.name] = chosen[row.name] or settings.get(row.key or "")
+        # Paths on the cluster, as seen from the folder this runs in (the cluster's login node, as a rule).
+        for where, name in ((chosen, "sif"), (chosen, "shared"), (chosen["job"], "workdir")):
+            where[name] = os.path.abspath(where[name]) if where[name] else where[name]
+        request = sbatch_request.request(**chosen, refused=refused)
+    except SettingsError as error:
+        fail(str(error), 2)
+    output, secrets = given["output"], request.job.secrets
+    told = f"; the secrets ({', '.join(secrets)}) come from the environment sbatch runs in" if secrets else ""
+    write_out(
+        sbatch.script(request), output, f"wrote the batch script to {output}; submit it with `sbatch {output}`{told}"
+    )
 
 
 def main() -> None:

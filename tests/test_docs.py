@@ -56,8 +56,13 @@ def cli_options() -> dict[str, set[str]]:
     commands = {"": {opt for param in group.get_params(group_context) for opt in param.opts}}
     for name, command in group.commands.items():
         context = command.context_class(command, info_name=name, parent=group_context)
+        # A command with commands of its own (`launcher export mpijob`, `launcher export sbatch`): any of theirs.
+        own = [command, *getattr(command, "commands", {}).values()]
         commands[name] = {
-            opt for param in command.get_params(context) for opt in [*param.opts, *getattr(param, "secondary_opts", [])]
+            opt
+            for each in own
+            for param in each.get_params(context)
+            for opt in [*param.opts, *getattr(param, "secondary_opts", [])]
         } | EXPECTED_SOON.get(name, set())
     return commands
 
@@ -367,7 +372,10 @@ def help_texts() -> dict[str, str]:
     assert isinstance(group, typer.core.TyperGroup)
     group_context = group.context_class(group, info_name="launcher")
     texts = {"launcher": group.help or ""}
-    for name, command in group.commands.items():
+    commands = dict(group.commands)
+    for name, command in group.commands.items():  # `launcher export mpijob`, `launcher export sbatch`
+        commands |= {f"{name} {sub}": each for sub, each in getattr(command, "commands", {}).items()}
+    for name, command in commands.items():
         context = command.context_class(command, info_name=name, parent=group_context)
         texts[f"launcher {name}"] = command.help or ""
         for param in command.get_params(context):

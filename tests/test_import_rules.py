@@ -1,8 +1,9 @@
 """The packages' import rules, read from the source (ast), so an import that breaks one fails here and not in review:
 launcher/core/ imports no side; the agent (and the smoke role, which runs beside it in the containers) never
-imports the host side; the Kubernetes export reads only core; inside the host side, planning <- engines <- running <-
-doctor (each package reads only those before it); nothing imports the command line (launcher/cli.py, the face on top);
-app/ (the trainer, in every rank) never imports launcher; and no two modules import each other, even by way of others.
+imports the host side; the Kubernetes and Slurm exports read only core; inside the host side, planning <- engines <-
+running <- doctor (each package reads only those before it); nothing imports the command line (launcher/cli.py, the
+face on top); app/ (the trainer, in every rank) never imports launcher; and no two modules import each other, even by
+way of others.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SIDES = ("launcher.host", "launcher.agent", "launcher.k8s", "launcher.smoke", "launcher.cli")
+SIDES = ("launcher.host", "launcher.agent", "launcher.k8s", "launcher.slurm", "launcher.smoke", "launcher.cli")
 
 RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("launcher.core", SIDES, "core is what every side reads: it imports none of them"),
@@ -21,12 +22,17 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("launcher.smoke", ("launcher.host", "launcher.cli"), "the smoke role runs in the containers: no host side there"),
     (
         "launcher.k8s",
-        ("launcher.agent", "launcher.host", "launcher.smoke", "launcher.cli"),
+        ("launcher.agent", "launcher.host", "launcher.slurm", "launcher.smoke", "launcher.cli"),
         "the MPIJob document reads only core (the launcher pod's arguments: core/pod_contract.py)",
     ),
     (
+        "launcher.slurm",
+        ("launcher.agent", "launcher.host", "launcher.k8s", "launcher.smoke", "launcher.cli"),
+        "the batch script reads only core",
+    ),
+    (
         "launcher.host",
-        ("launcher.agent", "launcher.k8s", "launcher.smoke", "launcher.cli"),
+        ("launcher.agent", "launcher.k8s", "launcher.slurm", "launcher.smoke", "launcher.cli"),
         "the host side reads core; the command line alone calls the other launch methods",
     ),
     (

@@ -1,14 +1,14 @@
 """What the launcher's flags mean: `launcher start`'s table of flags (FLAGS: each one's type, help, .env key and
 default as --help words them, and where its value goes), from which the command line (launcher/cli.py) makes start's
-parameters and this module the keyword arguments of settings.resolve_settings; the help of the other commands' flags;
-and what `export mpijob`'s flags turn into (mpijob_request.request's keywords). The job's own flags are rows made from
+parameters and this module the keyword arguments of settings.resolve_settings; and the help of the other commands'
+flags (`launcher export`'s rows are launcher/host/planning/export_flags.py's). The job's own flags are rows made from
 JobOptions' `option(flag=, key=, help=)` metadata (launcher/core/options.py): a new one is one edit there.
 Pure: no typer, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,8 @@ class Flag:
     (--dry-run, --env-file, --debug)."""
     spellings: tuple[str, ...] = ()
     """The flag's own spellings where not only --NAME (--gpus, --gpus-per-node; a switch without --no-NAME)."""
+    required: bool = False
+    """The command refuses to run without it (typer says so: `Missing option`)."""
 
     @property
     def text(self) -> str:
@@ -227,90 +229,3 @@ DOCTOR = {
     "trainer's, measured once on rank 0's node; needed with --gradient-mb).",
     "push_image": PUSH_IMAGE + " Then every check runs on every node, --links too; a start needs no copy.",
 }
-
-EXPORT = {
-    "kind": "What to write: mpijob (a Kubeflow MPIJob, kubeflow.org/v2beta1).",
-    "name": "The MPIJob's name (a DNS-1035 label); pods are NAME-launcher, NAME-worker-I.",
-    "workers": "Worker pods, one rank per slot each.",
-    "slots": "Ranks per worker on CPUs (default 1); with GPUs, one rank per GPU: leave it out or give the same count.",
-    "gpus_per_node": "GPUs per worker (nvidia.com/gpu), one rank each; 0: CPU ranks.",
-    "image": "The image as the nodes pull it, REGISTRY/NAME:TAG or @DIGEST (default: IMAGE in .env); required.",
-    "namespace": "The namespace (default: default).",
-    "shared_claim": "PersistentVolumeClaim mounted at /shared in every pod (default horovod-stack-shared).",
-    "env": "KEY=VALUE for every rank (repeatable).",
-    "secret": "NAME=SECRET/KEY: every rank gets NAME from key KEY of the Kubernetes Secret SECRET (valueFrom."
-    "secretKeyRef; the document holds no value; repeatable).",
-    "cpu": "Each worker's CPU, REQUEST[:LIMIT] (default: 1 per rank, no limit).",
-    "memory": "Each worker's memory, REQUEST[:LIMIT] (default: 2Gi per rank, no limit); /dev/shm counts in it.",
-    "pod_security": "The Pod Security profile the pods pass: baseline (default), restricted or privileged.",
-    "ptrace": "Workers get SYS_PTRACE for `launcher stacks` (needs privileged).",
-    "rdma": "Workers get IPC_LOCK for RDMA's locked memory (needs privileged).",
-    "run_as_user": "The pods' user id (default 1000, the image's user), or `platform` to leave it to the platform.",
-    "schedule_timeout": "Seconds the job waits for all its workers to start before it fails (default: no limit).",
-    "deadline": "Seconds the whole job may take, the wait included (runPolicy.activeDeadlineSeconds).",
-    "scheduler": "volcano or scheduler-plugins (gang scheduling: runPolicy.schedulingPolicy), or kueue.",
-    "queue": "The Volcano Queue or Kueue LocalQueue (with --scheduler).",
-    "priority_class": "The pods' PriorityClass (and the PodGroup's).",
-    "suspend": "Create the MPIJob suspended (runPolicy.suspend), to resume later.",
-    "elastic": "Refused: elastic MPIJobs are not supported (docs/kubernetes.md).",
-    "min_workers": "Refused, with --elastic.",
-    "network_interface": "The pods' NIC for Open MPI, NCCL and Gloo (default: none; virtual NICs left out).",
-    "output": "Write the document here (default: stdout).",
-}
-
-EXPORT_JOB = {
-    "env": "env",
-    "elastic": "elastic",
-    "min_workers": "elastic_min_workers",
-    "network_interface": "network_interface",
-    "schedule_timeout": "ready_timeout",
-    "ptrace": "ptrace",
-}
-"""export mpijob's flags that set a job option, and the JobOptions field each sets."""
-EXPORT_NOT_WHERE = ("image", "secret", *EXPORT_JOB)
-"""export mpijob's flags that are not an MpiJobRequest field of their own name: the job's, and those export_request
-words itself. Every other flag sets the field of its name, as given."""
-
-
-@dataclass(frozen=True)
-class ExportFlags:
-    """`launcher export mpijob`'s flags that make the document, as given, typed from the command line to the
-    request (mpijob_request.request's keywords)."""
-
-    name: str
-    workers: int
-    slots: int | None = None
-    gpus_per_node: int = 0
-    image: str | None = None
-    namespace: str | None = None
-    shared_claim: str | None = None
-    env: tuple[str, ...] = ()
-    secret: tuple[str, ...] = ()
-    cpu: str | None = None
-    memory: str | None = None
-    pod_security: str | None = None
-    ptrace: bool = False
-    rdma: bool = False
-    run_as_user: str | None = None
-    schedule_timeout: int | None = None
-    deadline: int | None = None
-    scheduler: str | None = None
-    queue: str | None = None
-    priority_class: str | None = None
-    suspend: bool = False
-    elastic: bool = False
-    min_workers: int | None = None
-    network_interface: str | None = None
-
-
-def export_request(given: ExportFlags, command: tuple[str, ...], env_image: Callable[[], str | None]) -> dict[str, Any]:
-    """mpijob_request.request's keyword arguments from `launcher export mpijob`'s flags; `env_image` reads IMAGE in
-    .env, for want of --image (the .env file is read only then)."""
-    flags = {field.name: getattr(given, field.name) for field in fields(given)}
-    job = {option: flags[flag] for flag, option in EXPORT_JOB.items()}
-    return {
-        **{name: value for name, value in flags.items() if name not in EXPORT_NOT_WHERE},
-        "job": {**job, "command": command, "env": given.env},
-        "image": given.image or env_image(),
-        "secret_refs": given.secret,
-    }
