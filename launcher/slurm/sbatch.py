@@ -283,8 +283,8 @@ def script(request: SbatchRequest) -> str:
     lines = [
         "#!/bin/bash",
         f"# Job {request.name}, written by `launcher export sbatch`; submit it with `sbatch FILE`.",
-        "# Every node needs: Apptainer, srun with PMIx (`srun --mpi=list` lists pmix), the SIF and the shared folder"
-        " at these paths.",
+        "# Every node needs: Apptainer, the SIF and the shared folder at these paths, and its host name resolving to"
+        " its address.",
         *directives(request),
         "set -euo pipefail",
         f"sif={shlex.quote(request.sif)}",
