@@ -48,7 +48,7 @@ export APPTAINERENV_RENDEZVOUS_ADDRESS=$address
 export APPTAINERENV_RENDEZVOUS_HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" |
   sed "s/$/:$SLURM_NTASKS_PER_NODE/" | paste -sd,)
 export APPTAINERENV_RENDEZVOUS_RANKS=$SLURM_NTASKS
-apptainer exec --cleanenv "$sif" python -u -c '
+apptainer -q exec --cleanenv "$sif" python -u -c '
 import os, time
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.http.http_server import RendezvousServer
@@ -74,7 +74,7 @@ export APPTAINERENV_HOROVOD_RANK=$SLURM_PROCID APPTAINERENV_HOROVOD_SIZE=$SLURM_
 export APPTAINERENV_HOROVOD_LOCAL_RANK=$SLURM_LOCALID APPTAINERENV_HOROVOD_LOCAL_SIZE=$SLURM_NTASKS_PER_NODE
 export APPTAINERENV_HOROVOD_CROSS_RANK=$SLURM_NODEID APPTAINERENV_HOROVOD_CROSS_SIZE=$SLURM_NNODES
 export APPTAINERENV_HOROVOD_HOSTNAME=$SLURMD_NODENAME
-exec apptainer exec --cleanenv --bind {shared} "$0" "$@"' "$sif" {command}
+exec apptainer -q exec --cleanenv --bind {shared} "$0" "$@"' "$sif" {command}
 """
 """A job of the bundled trainer's ranks over Gloo: {name}, {nodes}, {tasks_per_node}, {sif} and {run} (paths on
 the nodes), {iface} (the nodes' NIC the ranks talk over) and {command} (the rank's command, in the SIF)."""
@@ -111,6 +111,7 @@ def trained(cluster: SlurmCluster, name: str, tasks_per_node: int, measured) -> 
     job = cluster.submit(gloo_job(name, len(NODES), tasks_per_node, command), name)
     result = cluster.wait(job, JOB_TIMEOUT)
     measured(f"slurm job {name}: {result.state} {result.exit_code} in {result.seconds:.0f} s on {result.nodes}")
+    print(result.output[-2500:])
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), f"{result}\n{cluster.logs()}"
     ranks = len(NODES) * tasks_per_node
     assert f"parameters identical on all {ranks} ranks" in result.output, result.output[-3000:]
