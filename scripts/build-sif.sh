@@ -101,7 +101,10 @@ docker export "$exported" | docker run -i --rm --privileged --name "$container" 
       apptainer sif add --datatype 4 --parttype 2 --partfs 1 --partarch 2 --groupid 1 image.sif rootfs.squashfs
       rm rootfs.squashfs
 BUILD
-    )"' >&2
+    )"' >&2 &
+# In the background and waited for, so that an interrupt reaches the traps at once (bash runs a trap only once the
+# foreground command has ended): cleanup removes the builder, and the export ends with its pipe.
+wait $!
 mv "$folder/$work/image.sif" "$sif"
 chown 0:0 "$sif"
 chmod 0644 "$sif"

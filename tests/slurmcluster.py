@@ -110,7 +110,7 @@ def node_image() -> str:
 
 @dataclass
 class JobResult:
-    """What Slurm's accounting says of one finished job."""
+    """What Slurm tells of one ended job (`scontrol show job`), and its output."""
 
     job_id: str
     state: str
@@ -124,10 +124,11 @@ class JobResult:
 class SlurmCluster:
     """A controller and NODES, started by `with SlurmCluster(...) as cluster:` and removed on the way out.
 
-    sifs maps a file name under SHARED/images to a SIF on this machine, bind-mounted read-only there."""
+    images: a folder of SIFs on this machine (scripts/build-sif.sh's cache), bind-mounted read-only at
+    SHARED/images on every node; a SIF made there later shows there too."""
 
     image: str
-    sifs: dict[str, Path] = field(default_factory=dict)
+    images: Path | None = None
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     folder: Path = Path()
     containers: list[str] = field(default_factory=list)
@@ -176,8 +177,8 @@ class SlurmCluster:
         self.network = f"horovod-stack-slurm-{self.suffix}"
         sh("docker", "network", "create", "--label", LABEL, self.network)
         mounts = ["-v", f"{self.shared}:{SHARED}", "-v", f"{config}:{CONFIG}:ro"]
-        for name, sif in self.sifs.items():
-            mounts += ["-v", f"{sif}:{SHARED}/images/{name}:ro"]
+        if self.images is not None:
+            mounts += ["-v", f"{self.images}:{SHARED}/images:ro"]
         for host in (CONTROLLER, *NODES):
             self.containers.append(self.container(host))
             sh(
@@ -212,7 +213,7 @@ class SlurmCluster:
             parts.append(f"--- {host}\n{tail.stdout}{tail.stderr}")
         return "\n".join(parts)
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *_: object) -> None:
         for name in self.containers:
             sh("docker", "rm", "-f", "-v", name, check=False)
         self.containers.clear()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,6 @@ from tests.slurmcluster import NODES, REPO, SHARED, SlurmCluster, node_image
 
 pytestmark = pytest.mark.integration
 
-SIF_NAME = "horovod-stack.sif"
 EPOCHS = 5
 """The fewest epochs of `--dataset digits` that reach val accuracy 0.95 on 2 and on 4 ranks with the defaults."""
 JOB_TIMEOUT = 900.0
@@ -80,12 +80,12 @@ exec apptainer -q exec --cleanenv --bind {shared} "$0" "$@"' "$sif" {command}
 the nodes), {iface} (the nodes' NIC the ranks talk over) and {command} (the rank's command, in the SIF)."""
 
 
-def gloo_job(name: str, nodes: int, tasks_per_node: int, command: str) -> str:
+def gloo_job(name: str, sif: str, nodes: int, tasks_per_node: int, command: str) -> str:
     return GLOO_JOB.format(
         name=name,
         nodes=nodes,
         tasks_per_node=tasks_per_node,
-        sif=f"{SHARED}/images/{SIF_NAME}",
+        sif=sif,
         run=f"{SHARED}/runs/{name}",
         iface="eth0",
         shared=SHARED,
@@ -93,22 +93,36 @@ def gloo_job(name: str, nodes: int, tasks_per_node: int, command: str) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[SlurmCluster]:
+def built_sif(*which: str) -> Path:
+    """scripts/build-sif.sh's SIF of the PyTorch image, or of TensorFlow's (`tensorflow`): made once per image."""
     made = subprocess.run(
-        [REPO / "scripts" / "build-sif.sh"], capture_output=True, text=True, timeout=1800, env=os.environ
+        [REPO / "scripts" / "build-sif.sh", *which], capture_output=True, text=True, timeout=1800, env=os.environ
     )
     assert made.returncode == 0, f"building the SIF failed:\n{made.stderr[-3000:]}"
-    sif = Path(made.stdout.strip().splitlines()[-1])
-    with SlurmCluster(node_image(), sifs={SIF_NAME: sif}) as started:
+    return Path(made.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def pytorch_sif() -> Path:
+    return built_sif()
+
+
+@pytest.fixture(scope="module")
+def cluster(pytorch_sif: Path) -> Iterator[SlurmCluster]:
+    with SlurmCluster(node_image(), images=pytorch_sif.parent.parent) as started:
         yield started
 
 
-def trained(cluster: SlurmCluster, name: str, tasks_per_node: int, measured) -> dict:
+def on_nodes(sif: Path) -> str:
+    """A SIF's path on the nodes: the cache's folder is SHARED/images there."""
+    return f"{SHARED}/images/{sif.parent.name}/{sif.name}"
+
+
+def trained(cluster: SlurmCluster, sif: Path, name: str, tasks_per_node: int, measured) -> dict:
     """Submits the trainer on every node with tasks_per_node ranks each; returns its summary once it finished."""
     run = f"{SHARED}/runs/{name}"
     command = f"python -m app.train --dataset digits --epochs {EPOCHS} --run-dir {run} --progress lines"
-    job = cluster.submit(gloo_job(name, len(NODES), tasks_per_node, command), name)
+    job = cluster.submit(gloo_job(name, on_nodes(sif), len(NODES), tasks_per_node, command), name)
     result = cluster.wait(job, JOB_TIMEOUT)
     measured(f"slurm job {name}: {result.state} {result.exit_code} in {result.seconds:.0f} s on {result.nodes}")
     print(result.output[-2500:])
@@ -124,10 +138,19 @@ def trained(cluster: SlurmCluster, name: str, tasks_per_node: int, measured) -> 
     return {entry["rank"]: entry["host"] for entry in summary["ranks"]}
 
 
-def test_two_nodes_one_rank_each(cluster, measured):
+def test_two_nodes_one_rank_each(cluster, pytorch_sif, measured):
     measured(f"slurm cluster: up in {cluster.start_seconds:.1f} s")
-    assert trained(cluster, "pytorch-2x1", 1, measured) == {0: "node1", 1: "node2"}
+    assert trained(cluster, pytorch_sif, "pytorch-2x1", 1, measured) == {0: "node1", 1: "node2"}
 
 
-def test_two_nodes_two_ranks_each(cluster, measured):
-    assert trained(cluster, "pytorch-2x2", 2, measured) == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+def test_two_nodes_two_ranks_each(cluster, pytorch_sif, measured):
+    ranks = trained(cluster, pytorch_sif, "pytorch-2x2", 2, measured)
+    assert ranks == {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+
+
+def test_tensorflow_on_two_nodes_one_rank_each(cluster, measured):
+    """TensorFlow's image: the same job script, its SIF, its trainer (`python -m app.train` runs Keras there)."""
+    started = time.monotonic()
+    sif = built_sif("tensorflow")
+    measured(f"tensorflow SIF: ready in {time.monotonic() - started:.0f} s, {sif.stat().st_size / 1e9:.2f} GB")
+    assert trained(cluster, sif, "tensorflow-2x1", 1, measured) == {0: "node1", 1: "node2"}
