@@ -2,7 +2,8 @@
 
 One controller (slurmctld, also the login node users submit from) and two compute nodes (slurmd), each a privileged
 container of the node image (a Debian sid root with Slurm, munge and Apptainer: `scripts/build-sif.sh node-image`)
-on a Docker bridge network of the cluster's own, so each has its own network namespace, address and host name.
+on a Docker bridge network of the cluster's own, so each has its own network namespace, address and host name, and
+an init that reaps the processes a job leaves to it, as a host's does (`sleep` would keep them as zombies).
 Privileged, because slurmd starts jobs as their user and Apptainer, run by that unprivileged user, makes user
 namespaces and mounts the SIF with FUSE. One munge key (made here, readable by root alone), one slurm.conf, one
 user with the same uid everywhere, and one shared folder bind-mounted at SHARED on every node: the cluster's shared
@@ -182,7 +183,7 @@ class SlurmCluster:
         for host in (CONTROLLER, *NODES):
             self.containers.append(self.container(host))
             sh(
-                "docker", "run", "-d", "--privileged", "--label", LABEL, "--name", self.container(host),
+                "docker", "run", "-d", "--init", "--privileged", "--label", LABEL, "--name", self.container(host),
                 "--hostname", host, "--network", self.network, "--network-alias", host, *mounts,
                 self.image, "sleep", "infinity",
             )  # fmt: skip

@@ -1,5 +1,7 @@
 """Horovod jobs on a real Slurm cluster of this machine (tests/slurmcluster.py), in the stack's image as a SIF run by
-Apptainer, submitted with `sbatch` by an unprivileged user: the bundled trainer on 2 nodes x 1 and 2 nodes x 2 ranks.
+Apptainer, submitted with `sbatch` by an unprivileged user: the bundled trainer on 2 nodes x 1 and 2 nodes x 2
+ranks, and TensorFlow's on 2 x 1; a failing rank fails the job naming its node and task; `scancel` leaves no
+process behind.
 
 How the ranks start (each tried here, in this order): Debian's Slurm has no PMIx plugin (`srun --mpi=list`: none,
 cray_shasta, pmi2), so `srun --mpi=pmix` is refused; the image's Open MPI (Debian 12's 4.1.4, external PMIx) has
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurmcluster import NODES, REPO, SHARED, SlurmCluster, node_image
+from tests.slurmcluster import CONTROLLER, NODES, REPO, SHARED, UID, SlurmCluster, node_image
 
 pytestmark = pytest.mark.integration
 
@@ -154,3 +156,34 @@ def test_tensorflow_on_two_nodes_one_rank_each(cluster, measured):
     sif = built_sif("tensorflow")
     measured(f"tensorflow SIF: ready in {time.monotonic() - started:.0f} s, {sif.stat().st_size / 1e9:.2f} GB")
     assert trained(cluster, sif, "tensorflow-2x1", 1, measured) == {0: "node1", 1: "node2"}
+
+
+def test_a_failing_rank_fails_the_job_naming_its_node_and_task(cluster, pytorch_sif):
+    rank_1_fails = 'python -c \'import os, sys; sys.exit(3 if os.environ["HOROVOD_RANK"] == "1" else 0)\''
+    job = cluster.submit(gloo_job("fails", on_nodes(pytorch_sif), len(NODES), 1, rank_1_fails), "fails")
+    result = cluster.wait(job, 120)
+    # srun's status is the failed rank's, or 143 where it had to end rank 0 (still starting) with SIGTERM first.
+    assert result.state == "FAILED" and result.exit_code in ("3:0", "143:0"), result
+    assert "node2: task 1: Exited with exit code 3" in result.output, result.output
+
+
+def processes(cluster: SlurmCluster, host: str) -> list[str]:
+    """The names of the processes of the submitting user on one node (the node image has no ps)."""
+    listed = cluster.exec(host, f"grep -l '^Uid:.*\\b{UID}\\b' /proc/[0-9]*/status | xargs -r cat 2>/dev/null "
+                          "| sed -n 's/^Name:\\t//p'", user="root", check=False)  # fmt: skip
+    return [name for name in listed.stdout.split() if name not in ("grep", "xargs", "cat", "sed")]
+
+
+def test_scancel_ends_every_rank_and_leaves_no_process_on_any_node(cluster, pytorch_sif):
+    command = f"python -m app.train --dataset synthetic --epochs 500 --run-dir {SHARED}/runs/cancelled"
+    job = cluster.submit(gloo_job("cancelled", on_nodes(pytorch_sif), len(NODES), 1, command), "cancelled")
+    deadline = time.monotonic() + 120
+    while not all("python" in processes(cluster, host) for host in NODES) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert all("python" in processes(cluster, host) for host in NODES), "the ranks never started"
+    cluster.exec(CONTROLLER, f"scancel {job}")
+    assert cluster.wait(job, 60).state == "CANCELLED"
+    deadline = time.monotonic() + 30
+    while any(processes(cluster, host) for host in NODES) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert {host: processes(cluster, host) for host in NODES} == {host: [] for host in NODES}
