@@ -21,6 +21,9 @@ command -v debootstrap >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noni
 mirror=$("$(cd "$(dirname "$0")" && pwd)/host-setup.sh" mirror)
 rootfs=$(mktemp -d)
 trap 'rm -rf "$rootfs"' EXIT
+# mktemp's folder is root's alone (0700), and becomes the root file system's /: a package whose set-up runs as a
+# user of its own (munge's, through su) could not reach /bin/sh.
+chmod 0755 "$rootfs"
 include=()
 if [ "${#packages[@]}" -gt 0 ]; then
   include=("--include=$(IFS=,; echo "${packages[*]}")")

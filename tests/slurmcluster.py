@@ -1,0 +1,274 @@
+"""A real Slurm cluster on this one machine, for the tests of the Slurm + Apptainer entry point.
+
+One controller (slurmctld, also the login node users submit from) and two compute nodes (slurmd), each a privileged
+container of the node image (a Debian sid root with Slurm, munge and Apptainer: `scripts/build-sif.sh node-image`)
+on a Docker bridge network of the cluster's own, so each has its own network namespace, address and host name, and
+an init that reaps the processes a job leaves to it, as a host's does (`sleep` would keep them as zombies).
+Privileged, because slurmd starts jobs as their user and Apptainer, run by that unprivileged user, makes user
+namespaces and mounts the SIF with FUSE. One munge key (made here, readable by root alone), one slurm.conf, one
+user with the same uid everywhere, and one shared folder bind-mounted at SHARED on every node: the cluster's shared
+file system (SIFs, job scripts, runs, checkpoints). Everything is created by `SlurmCluster.__enter__` and removed by
+`__exit__` on every way out, a start that fails half-way included; a start fails in one message naming what did
+not come up, with the daemons' logs.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_ROOT = Path("/var/lib/horovod-stack-test")
+SHARED = "/shared"
+"""The shared folder's path on every node."""
+CONFIG = "/run/horovod-stack-slurm"
+"""Where each node sees the cluster's configuration folder (slurm.conf, the munge key), read-only."""
+USER = "researcher"
+UID = 1000
+"""The unprivileged user who submits jobs, the same on every node."""
+CONTROLLER = "slurmctl"
+NODES = ("node1", "node2")
+CPUS_PER_NODE = 2
+"""Each node offers 2 CPUs (this machine has 2 in all: the nodes' CPUs are oversubscribed)."""
+LABEL = "horovod-stack.test=slurm"
+START_TIMEOUT = 90.0
+UNFINISHED = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING", "CONFIGURING"}
+"""Slurm's states of a job that has not ended yet."""
+
+
+def slurm_conf(cluster: str) -> str:
+    """The cluster's slurm.conf: no cgroups (a container's cgroup is not Slurm's to manage), processes tracked by
+    their parent ids, no task binding. No slurmdbd, so no `sacct` (sid's slurmdbd 26.05 stops at its first query
+    to sid's MariaDB 11.8: "_check_mysql_concat_is_sane: null result"): a job's end is read from `scontrol show
+    job`, which keeps ended jobs MinJobAge seconds (an hour), and each ended job is a line of jobcomp.log."""
+    nodes = ",".join(NODES)
+    return f"""ClusterName={cluster}
+SlurmctldHost={CONTROLLER}
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+ReturnToService=2
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmdSpoolDir=/var/spool/slurmd
+StateSaveLocation=/var/spool/slurmctld
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=/var/log/slurm/jobcomp.log
+MinJobAge=3600
+KillWait=10
+InactiveLimit=0
+NodeName={nodes} CPUs={CPUS_PER_NODE} State=UNKNOWN
+PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+
+CGROUP_CONF = "CgroupPlugin=disabled\n"
+NODE_SETUP = f"""set -eu
+# Apptainer, run by the user, mounts the SIF with squashfuse: the container's own /dev/fuse (a copy of the host's
+# root-only node) is opened to all, as on a host with FUSE.
+chmod 666 /dev/fuse
+useradd -m -u {UID} -s /bin/bash {USER}
+mkdir -p /etc/slurm /var/spool/slurmd /var/spool/slurmctld /var/log/slurm /run/munge
+cp {CONFIG}/slurm.conf {CONFIG}/cgroup.conf /etc/slurm/
+install -o munge -g munge -m 0400 {CONFIG}/munge.key /etc/munge/munge.key
+chown munge:munge /run/munge
+runuser -u munge -- munged
+"""
+
+
+def sh(*argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(argv[:3])} ... failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def node_image() -> str:
+    """The node image's tag, made first if it is not here (debootstrap, about a minute)."""
+    made = sh(str(REPO / "scripts" / "build-sif.sh"), "node-image", check=False, timeout=900)
+    if made.returncode != 0:
+        raise RuntimeError(f"making the Slurm node image failed:\n{made.stderr[-3000:]}")
+    return made.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class JobResult:
+    """What Slurm tells of one ended job (`scontrol show job`), and its output."""
+
+    job_id: str
+    state: str
+    exit_code: str
+    nodes: str
+    seconds: float
+    output: str
+
+
+@dataclass
+class SlurmCluster:
+    """A controller and NODES, started by `with SlurmCluster(...) as cluster:` and removed on the way out.
+
+    images: a folder of SIFs on this machine (scripts/build-sif.sh's cache), bind-mounted read-only at
+    SHARED/images on every node; a SIF made there later shows there too."""
+
+    image: str
+    images: Path | None = None
+    suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    folder: Path = Path()
+    containers: list[str] = field(default_factory=list)
+    network: str = ""
+    start_seconds: float = 0.0
+
+    @property
+    def shared(self) -> Path:
+        """The shared folder on this machine (SHARED on the nodes)."""
+        return self.folder / "shared"
+
+    @property
+    def name(self) -> str:
+        """Slurm's name for the cluster (ClusterName)."""
+        return f"hs{self.suffix}"
+
+    def container(self, host: str) -> str:
+        return f"horovod-stack-slurm-{self.suffix}-{host}"
+
+    def __enter__(self) -> SlurmCluster:
+        started = time.monotonic()
+        try:
+            try:
+                self._start()
+            except (AssertionError, subprocess.SubprocessError) as error:
+                raise RuntimeError(f"the Slurm cluster did not start: {error}\n{self.logs()}") from None
+            self._wait_until_idle()
+        except BaseException:
+            self.__exit__()
+            raise
+        self.start_seconds = time.monotonic() - started
+        return self
+
+    def _start(self) -> None:
+        TEST_ROOT.mkdir(parents=True, exist_ok=True)
+        self.folder = Path(tempfile.mkdtemp(prefix="slurm-", dir=TEST_ROOT))
+        config = self.folder / "config"
+        config.mkdir(mode=0o700)
+        (config / "slurm.conf").write_text(slurm_conf(self.name))
+        (config / "cgroup.conf").write_text(CGROUP_CONF)
+        key = config / "munge.key"
+        key.touch(mode=0o400)
+        key.write_bytes(secrets.token_bytes(128))
+        self.shared.mkdir()
+        os.chown(self.shared, UID, UID)
+        self.network = f"horovod-stack-slurm-{self.suffix}"
+        sh("docker", "network", "create", "--label", LABEL, self.network)
+        mounts = ["-v", f"{self.shared}:{SHARED}", "-v", f"{config}:{CONFIG}:ro"]
+        if self.images is not None:
+            mounts += ["-v", f"{self.images}:{SHARED}/images:ro"]
+        for host in (CONTROLLER, *NODES):
+            self.containers.append(self.container(host))
+            sh(
+                "docker", "run", "-d", "--init", "--privileged", "--label", LABEL, "--name", self.container(host),
+                "--hostname", host, "--network", self.network, "--network-alias", host, *mounts,
+                self.image, "sleep", "infinity",
+            )  # fmt: skip
+        for host in (CONTROLLER, *NODES):
+            self.run_root(host, NODE_SETUP)
+        self.run_root(CONTROLLER, "slurmctld")
+        for host in NODES:
+            self.run_root(host, "slurmd")
+
+    def _wait_until_idle(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        states = ""
+        while time.monotonic() < deadline:
+            shown = self.exec(CONTROLLER, "sinfo -h -N -o '%N %t'", check=False)
+            states = shown.stdout.strip()
+            if shown.returncode == 0 and sorted(states.splitlines()) == [f"{host} idle" for host in NODES]:
+                return
+            time.sleep(1)
+        raise RuntimeError(
+            f"the Slurm cluster did not come up in {START_TIMEOUT:.0f} s: sinfo shows {states or 'nothing'!r}, "
+            f"not {', '.join(NODES)} idle\n{self.logs()}"
+        )
+
+    def logs(self) -> str:
+        parts = []
+        for host in (CONTROLLER, *NODES)[: len(self.containers)]:
+            tail = self.exec(host, "tail -n 30 /var/log/slurm/*.log 2>&1", user="root", check=False)
+            parts.append(f"--- {host}\n{tail.stdout}{tail.stderr}")
+        return "\n".join(parts)
+
+    def __exit__(self, *_: object) -> None:
+        for name in self.containers:
+            sh("docker", "rm", "-f", "-v", name, check=False)
+        self.containers.clear()
+        if self.network:
+            sh("docker", "network", "rm", self.network, check=False)
+            self.network = ""
+        if self.folder != Path() and self.folder.exists():
+            shutil.rmtree(self.folder)
+
+    # --- running things on the nodes
+    def exec(
+        self, host: str, command: str, user: str = USER, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        """`bash -lc command` on one host, as `user` (the submitting user unless told), in SHARED."""
+        done = sh(
+            "docker", "exec", "-u", user, "-w", SHARED, self.container(host), "bash", "-c", command,
+            check=False, timeout=timeout,
+        )  # fmt: skip
+        if check and done.returncode != 0:
+            raise AssertionError(f"{command!r} on {host} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+        return done
+
+    def run_root(self, host: str, command: str) -> None:
+        self.exec(host, command, user="root")
+
+    def submit(self, script: str, name: str) -> str:
+        """Writes the batch script to SHARED/jobs/NAME.sbatch and sbatch's it as USER; returns the job id."""
+        jobs = self.shared / "jobs"
+        jobs.mkdir(exist_ok=True)
+        os.chown(jobs, UID, UID)
+        path = jobs / f"{name}.sbatch"
+        path.write_text(script)
+        os.chown(path, UID, UID)
+        submitted = self.exec(CONTROLLER, f"sbatch --parsable -J {name} -o jobs/{name}.out jobs/{name}.sbatch")
+        return submitted.stdout.strip().split(";")[0]
+
+    def wait(self, job_id: str, timeout: float) -> JobResult:
+        """Waits until the job has ended; its state, exit code and nodes as `scontrol show job` tells them, and its
+        output (jobs/NAME.out, as `submit` asks)."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            fields = self.job(job_id)
+            if fields.get("JobState", "PENDING") not in UNFINISHED:
+                break
+            time.sleep(2)
+        else:
+            self.exec(CONTROLLER, f"scancel {job_id}", check=False)
+            raise AssertionError(f"job {job_id} not ended after {timeout:.0f} s\n{self.logs()}")
+        output = self.shared / "jobs" / f"{fields['JobName']}.out"
+        text = output.read_text(errors="replace") if output.exists() else ""
+        seconds = time.monotonic() - started
+        return JobResult(job_id, fields["JobState"], fields["ExitCode"], fields["NodeList"], seconds, text)
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job`'s fields of one job (none while the controller does not know it)."""
+        shown = self.exec(CONTROLLER, f"scontrol -o show job {job_id}", check=False).stdout
+        return dict(word.split("=", 1) for word in shown.split() if "=" in word)
