@@ -5,7 +5,7 @@
 #   scripts/build-sif.sh node-image   -> only makes NODE_IMAGE (below) if it is not here, and prints its tag
 # The last line printed is the SIF's path: SIF_CACHE/NAME/IMAGE_ID.rRECIPE.sif (NAME: horovod-stack,
 # horovod-stack-tensorflow, or the tag's name), made only when the image (or RECIPE) changed since the last one; the
-# SIF of an older image of the same name is removed once the new one is in place (one SIF per image: each is several
+# SIF of an older image of the same name is removed before the new one is built (one SIF per image: each is several
 # GB), and an interrupted build leaves nothing behind (it builds in a hidden folder beside it, removed on every way
 # out, and renames the SIF).
 # Apptainer and mksquashfs run in a container of NODE_IMAGE (a Debian sid root: Apptainer needs glibc 2.38 or newer,
@@ -57,6 +57,13 @@ if [ -s "$sif" ]; then
 fi
 ensure_node_image
 mkdir -p "$folder"
+# A SIF of an older image of this name is of no more use, and the build needs the room: the image's files unpacked
+# and their squashed copy at once, up to about 1.6 times the image's size.
+find "$folder" -maxdepth 1 -name '*.sif' -delete
+needed=$(( $(docker image inspect -f '{{.Size}}' "$IMAGE") * 16 / 10 >> 20 ))
+free=$(df -Pm "$folder" | awk 'NR == 2 {print $4}')
+[ "$free" -ge "$needed" ] || fail "building the SIF of $IMAGE needs about $needed MiB free in $folder, which has \
+$free MiB: make room (docker image prune, docker builder prune) or set SIF_CACHE to a folder on a larger disk"
 container="horovod-stack-sif-$$"
 work=".build.$$"
 exported=""
@@ -119,6 +126,5 @@ wait $!
 mv "$folder/$work/image.sif" "$sif"
 chown 0:0 "$sif"
 chmod 0644 "$sif"
-find "$folder" -maxdepth 1 -name '*.sif' ! -name "${sif##*/}" -delete
 log "$sif built in $((SECONDS - started)) s, $(du -h "$sif" | cut -f1)"
 echo "$sif"

@@ -121,3 +121,25 @@ def test_an_interrupted_build_leaves_nothing_behind(tmp_path, small_image):
     for which in (f"name=horovod-stack-sif-{build.pid}", f"ancestor={tag}"):  # the builder, the export's container
         listed = subprocess.run(["docker", "ps", "-aq", "--filter", which], capture_output=True, text=True, check=True)
         assert listed.stdout.strip() == "", which
+
+
+@pytest.mark.integration
+def test_a_cache_without_room_for_the_build_is_refused_in_one_line_and_keeps_nothing(tmp_path, small_image):
+    """The build unpacks the image and squashes it at once: where the cache's disk lacks the room, it says how much
+    it needs and where to make it, before it starts, and the stale SIF it removed first was of no more use."""
+    tag, _ = small_image
+    cache = tmp_path / "small-disk"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(cache)], check=True)
+    try:
+        stale = cache / tag.replace(":", "-") / "0123abcd.r1.sif"
+        stale.parent.mkdir()
+        stale.write_bytes(b"\0" * (1 << 20))
+        refused = build_sif(cache, tag)
+        assert refused.returncode == 1, refused.stderr
+        said = refused.stderr.strip().splitlines()[-1]
+        assert said.startswith(f"build-sif: building the SIF of {tag} needs about "), said
+        assert "MiB free in" in said and "set SIF_CACHE" in said, said
+        assert not stale.exists() and list(stale.parent.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)
