@@ -3,6 +3,8 @@
 #   scripts/build-sif.sh              -> the SIF of horovod-stack:latest, PyTorch (IMAGE overrides the tag)
 #   scripts/build-sif.sh tensorflow   -> the SIF of horovod-stack:tensorflow (TENSORFLOW_IMAGE overrides the tag)
 #   scripts/build-sif.sh node-image   -> only makes NODE_IMAGE (below) if it is not here, and prints its tag
+#   scripts/build-sif.sh prune        -> removes the SIFs of images no tag here names any more (scripts/test.sh, after
+#                                        the images are built: a SIF is several GB, and a stale one is of no use)
 # The last line printed is the SIF's path: SIF_CACHE/NAME/IMAGE_ID.rRECIPE.sif (NAME: horovod-stack,
 # horovod-stack-tensorflow, or the tag's name), made only when the image (or RECIPE) changed since the last one; the
 # SIF of an older image of the same name is removed before the new one is built (one SIF per image: each is several
@@ -36,7 +38,17 @@ case "${1:-}" in
   "") IMAGE="${IMAGE:-horovod-stack:latest}" ;;
   tensorflow) IMAGE="${TENSORFLOW_IMAGE:-horovod-stack:tensorflow}" ;;
   node-image) ensure_node_image; echo "$NODE_IMAGE"; exit 0 ;;
-  *) echo "usage: $0 [tensorflow | node-image]" >&2; exit 2 ;;
+  prune)
+    current=$(docker images --no-trunc --filter dangling=false --format '{{.ID}}' | sed 's/^sha256://')
+    find "$SIF_CACHE" -mindepth 2 -maxdepth 2 -name '*.sif' 2>/dev/null | while IFS= read -r stale; do
+      id=${stale##*/}
+      if ! grep -qx "${id%%.*}" <<<"$current"; then
+        log "removing $stale (its image is gone: $(du -h "$stale" | cut -f1) freed)"
+        rm -f "$stale"
+      fi
+    done
+    exit 0 ;;
+  *) echo "usage: $0 [tensorflow | node-image | prune]" >&2; exit 2 ;;
 esac
 case "$SIF_COMPRESSION" in
   gzip|lz4|zstd|xz|lzo) ;;

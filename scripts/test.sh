@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build-images.sh
 scripts/build-images.sh tensorflow
+scripts/build-sif.sh prune  # the Slurm tests' SIFs of images rebuilt just now: made again when those tests run
 echo "[test] ruff, mypy and vulture over app/, launcher/, tests/ and examples/"
 .venv/bin/ruff check app launcher tests examples
 .venv/bin/ruff format --check app launcher tests examples

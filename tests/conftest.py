@@ -61,10 +61,11 @@ everything else. The test hosts' tests mostly wait on containers, timeouts and t
 well on two cores."""
 
 
-RUN_LAST = frozenset({"test_image_delivery.py"})
-"""Modules run after the rest of their group: a 6.7 GB push to a registry, a pull onto a test host of the module's own
-and a push to its spare are heavy on the disk, so they come late, while the test hosts' group mostly waits on jobs,
-and not at the start, while it copies the image to its own nodes."""
+RUN_LAST = ("test_image_delivery.py", "test_slurm_cluster.py")
+"""Modules run after the rest of their group, in this order: a 6.7 GB push to a registry, a pull onto a test host of
+the module's own and a push to its spare are heavy on the disk, so they come late, while the test hosts' group mostly
+waits on jobs, and not at the start, while it copies the image to its own nodes; the Slurm cluster's SIF builds
+(about 9 GB at their peak, 8 GB kept) come after those, not beside them."""
 
 
 def module_of(nodeid: str) -> str:
@@ -78,7 +79,8 @@ def room_of(nodeid: str) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """RUN_LAST's modules go last. A test that uses the test hosts outside TEST_HOST_MODULES would share them with
     another worker: refused."""
-    items.sort(key=lambda item: module_of(item.nodeid) in RUN_LAST)
+    last = {module: place for place, module in enumerate(RUN_LAST, start=1)}
+    items.sort(key=lambda item: last.get(module_of(item.nodeid), 0))
     for item in items:
         if "test_hosts" in getattr(item, "fixturenames", ()) and room_of(item.nodeid) != "test-hosts":
             raise pytest.UsageError(

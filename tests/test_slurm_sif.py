@@ -143,3 +143,22 @@ def test_a_cache_without_room_for_the_build_is_refused_in_one_line_and_keeps_not
         assert not stale.exists() and list(stale.parent.iterdir()) == []
     finally:
         subprocess.run(["umount", str(cache)], check=True)
+
+
+@pytest.mark.integration
+def test_prune_removes_the_sifs_of_images_no_tag_names_and_keeps_the_current_ones(tmp_path, small_image):
+    """scripts/test.sh prunes after it builds the images: a SIF is several GB, and one of an image rebuilt since is of
+    no use to anyone."""
+    tag, _ = small_image
+    built = build_sif(tmp_path, tag)
+    assert built.returncode == 0, built.stderr
+    sif = Path(built.stdout.strip().splitlines()[-1])
+    prune = [str(BUILD_SIF), "prune"]
+    subprocess.run(prune, check=True, timeout=60, env={**os.environ, "SIF_CACHE": str(tmp_path)})
+    assert sif.exists(), "the SIF of a tagged image was pruned"
+    subprocess.run(["docker", "rmi", "-f", tag], check=True, capture_output=True)
+    pruned = subprocess.run(
+        prune, capture_output=True, text=True, timeout=60, env={**os.environ, "SIF_CACHE": str(tmp_path)}
+    )
+    assert pruned.returncode == 0 and not sif.exists(), pruned.stderr
+    assert f"removing {sif} (its image is gone" in pruned.stderr
