@@ -69,8 +69,8 @@ if [ -s "$sif" ]; then
 fi
 ensure_node_image
 mkdir -p "$folder"
-# A SIF of an older image of this name is of no more use, and the build needs the disk space: the image's files unpacked
-# and their squashed copy at once, up to about 1.6 times the image's size.
+# A SIF of an older image of this name is of no more use, and the build needs the disk space: the image's files
+# unpacked and their squashed copy at once, up to about 1.6 times the image's size.
 find "$folder" -maxdepth 1 -name '*.sif' -delete
 needed=$(( $(docker image inspect -f '{{.Size}}' "$IMAGE") * 16 / 10 >> 20 ))
 free=$(df -Pm "$folder" | awk 'NR == 2 {print $4}')
