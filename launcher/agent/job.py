@@ -233,7 +233,7 @@ class Agent:
         node = rank_errors.node_of(record.node if record else "", rank, ready, slots)
         if keras2 is not None:
             options = spec.options
-            error = legacy_keras.explained(legacy_keras.ERROR, options.door, options.command)
+            error = legacy_keras.explained(legacy_keras.ERROR, options.launch_method, options.command)
         else:
             assert record is not None
             error = record.error()
