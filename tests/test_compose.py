@@ -322,7 +322,9 @@ def test_users_script_failing_on_rank_1_fails_the_job_with_its_traceback(engine,
     assert "Traceback (most recent call last)" in output, output[-5000:]
     assert "RuntimeError: user script failed on purpose on rank 1" in output
     # the agent's cause, from rank 1's record (app/rank_error.py), which the job's output no longer shows
-    assert re.search(r"error: rank 1 on \S+: RuntimeError: user script failed on purpose on rank 1", output), output
+    cause = re.search(r"error: rank 1 on \S+: RuntimeError: user script failed on purpose on rank 1", output)
+    assert cause, output[-5000:]
+    print(f"\nthe agent's cause: {cause[0]}")
     assert rank_error.MARKER not in output
     assert "job FAILED (exit status" in output
     assert project_containers(engine, run.project, status="running") == []

@@ -16,8 +16,9 @@ The agent is a loop that passes values (the shape of torchrun's elastic agent): 
 Restart or a NotRestarted (launcher/core/restart.py), and the job's end is a JobEnd carrying those records
 (launcher/core/jobend.py), which the host renders. Its parts, each in its own module: the Workers service (finding and
 trusting them, their connections, the lost ones, their stacks, the last word: launcher/agent/workers.py), the
-restarts (launcher/agent/restarter.py), the watches beside the running job (launcher/agent/watches.py) and Horovod's
-records summarised at the end (launcher/agent/records.py). Side effects go through a Transport
+restarts (launcher/agent/restarter.py), the watches beside the running job (launcher/agent/watches.py), the failed
+rank's error record (launcher/agent/rank_errors.py) and Horovod's records summarised at the end
+(launcher/agent/records.py). Side effects go through a Transport
 (launcher/agent/transport.py), so every decision here is tested without containers.
 """
 
