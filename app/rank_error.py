@@ -35,6 +35,10 @@ MESSAGE_LIMIT = 400
 """A record's message: the exception's first line, cut to this many characters."""
 LINE_LIMIT = 1200
 """The longest line read as a record (its JSON escapes included); anything longer is not one."""
+ONE_LINE = "horovod_stack_one_line"
+"""The attribute in which an exception carries the one line the images' own hook ended it with instead of a
+traceback (app/frameworks.py's wrong-image line, which sets it; neither module can import the other, each being copied
+into site-packages under its own name): the record's message then, as more telling than Python's."""
 SECONDARY = "has been shut down"
 """In a rank's error when Horovod shut down because another rank failed first (`Horovod has been shut down. This was
 caused by an exception on one of the ranks...`): a consequence, never the cause while another record is there."""
@@ -94,7 +98,8 @@ def of_exception(error: BaseException, environ: Mapping[str, str], host: Callabl
     rank = next((int(value) for name in RANK_VARIABLES if (value := environ.get(name, "")).isdigit()), None)
     if rank is None:
         return None
-    lines = str(error).strip().splitlines()
+    said = getattr(error, ONE_LINE, None)
+    lines = (said.removeprefix("error: ") if isinstance(said, str) else str(error)).strip().splitlines()
     message = lines[0].strip()[:MESSAGE_LIMIT] if lines else ""
     return RankError(rank, environ.get(NODE_VARIABLE) or host(), type(error).__name__, message)
 

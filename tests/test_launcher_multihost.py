@@ -265,9 +265,10 @@ def test_users_script_failing_on_rank_1_shows_its_traceback(cluster):
     assert "Traceback (most recent call last)" in output
     assert "RuntimeError: user script failed on purpose on rank 1" in output
     # the agent's cause, from rank 1's record (app/rank_error.py), which the job's output no longer shows
-    assert "error: rank 1 on node_2: RuntimeError: user script failed on purpose on rank 1" in output, output[-3000:]
+    cause = "rank 1 on node_2: RuntimeError: user script failed on purpose on rank 1"
+    assert f"] error: {cause}" in result.stderr, result.stderr[-3000:]  # the agent's line
     assert rank_error.MARKER not in output
-    assert "job finished with exit status 1" in result.stderr, result.stderr[-2000:]
+    assert result.stderr.splitlines()[-1] == f"error: {cause}", result.stderr[-2000:]  # the launch's last line
     assert_nothing_left(cluster)
 
 
@@ -458,7 +459,10 @@ def test_detached_job_whose_rank_raises_ends_as_failed_then_stop_removes_both(cl
         for node in ("node_1", "node_2")
     }  # rank 0 ran on node_1, rank 1 on node_2
     assert "[1,1]<stderr>:RuntimeError: user script failed on purpose on rank 1" in by_node["node_2"], by_node
-    assert "failed on purpose" not in by_node["node_1"] and "[1,0]<" not in by_node["node_2"], by_node
+    assert "[1,1]<" not in by_node["node_1"] and "[1,0]<" not in by_node["node_2"], by_node
+    # each worker's own last word: how the job ended, its cause included
+    said = "the job ended (exit status 1: rank 1 on node_2: RuntimeError: user script failed on purpose on rank 1)"
+    assert all(said in log for log in by_node.values()), by_node
     stop = launcher(cluster, "stop", "--env-file", str(cluster.env_file()))
     assert stop.returncode == 0 and "node_1: removed 2 container(s)" in stop.stdout
     assert_nothing_left(cluster)

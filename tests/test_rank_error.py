@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from app import rank_error
+from app import frameworks, rank_error
 from app.rank_error import MARKER, RankError, first_cause, of_exception
 from launcher.agent.job import Agent
 from launcher.agent.rank_errors import RankErrors, node_of
@@ -176,3 +176,22 @@ def test_a_failed_run_without_a_record_has_no_rank_cause():
     job = job_spec(job_id="j1", command=("python", "t.py"), expected_workers=2, workers=(W1, W2), ready_timeout=5)
     end = Agent(job, transport, say=lambda _: None, clock=clock, sleep=clock.sleep).run()
     assert end == JobEnd(1, state=RunState.FAILED)
+
+
+def test_the_wrong_images_one_line_is_the_records_message(monkeypatch):
+    """A script that imports the other image's framework ends in the hint's one line (app/frameworks.py), not a
+    traceback: its record says that line, which names the fix."""
+    said = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", said)
+    monkeypatch.setattr(sys, "excepthook", frameworks.excepthook)
+    monkeypatch.setattr(frameworks, "installed", lambda: frameworks.PYTORCH)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.setenv(rank_error.VARIABLE, "1")
+    rank_error.install()
+    error = ModuleNotFoundError("No module named 'tensorflow'", name="tensorflow")
+    sys.excepthook(ModuleNotFoundError, error, None)
+    hint, record = said.getvalue().splitlines()
+    assert hint.startswith("error: this script imports tensorflow (TensorFlow), which horovod-stack:latest")
+    made = RankError.from_line(record)
+    assert made is not None and made.kind == "ModuleNotFoundError"
+    assert made.message == hint.removeprefix("error: ")
