@@ -90,6 +90,8 @@ COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
 # A script of the other framework's ends in one line naming its image (app/frameworks.py, run at every start).
 COPY app/frameworks.py /opt/venv/lib/python3.11/site-packages/horovod_stack_hint.py
+# A rank that dies of an uncaught exception writes its record (app/rank_error.py), read by the job agent.
+COPY app/rank_error.py /opt/venv/lib/python3.11/site-packages/horovod_stack_rank_error.py
 COPY docker/horovod_stack_hint.pth /opt/venv/lib/python3.11/site-packages/
 # TensorFlow 2.21's wheel is a CUDA 12.5.1 build (tensorflow[and-cuda]), which TensorFlow supports on drivers from
 # 525.60.13 on (CUDA 12's minor-version compatibility): the toolkit is asked for CUDA 12.0, not 12.5 (a driver of 555
@@ -137,6 +139,8 @@ COPY launcher /opt/horovod-stack/launcher
 COPY docker/entrypoint.sh docker/discover-hosts.sh docker/sshd_config /opt/horovod-stack/docker/
 # A script of the other framework's ends in one line naming its image (app/frameworks.py, run at every start).
 COPY app/frameworks.py /opt/venv/lib/python3.11/site-packages/horovod_stack_hint.py
+# A rank that dies of an uncaught exception writes its record (app/rank_error.py), read by the job agent.
+COPY app/rank_error.py /opt/venv/lib/python3.11/site-packages/horovod_stack_rank_error.py
 COPY docker/horovod_stack_hint.pth /opt/venv/lib/python3.11/site-packages/
 # GPUs only when a container asks for them: Docker's device request (--gpus, compose's devices:, the launcher's
 # GPU workers) sets NVIDIA_VISIBLE_DEVICES to the GPUs asked for, over this `void`, so a CPU worker on a host whose

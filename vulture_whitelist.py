@@ -7,7 +7,8 @@ who uses it. A name listed here counts as used everywhere, so keep each entry to
 # mypy: ignore-errors
 
 _.print_help  # app/config.py: argparse calls it for --help (the checking parser prints nothing)
-_.install  # app/frameworks.py: the images' horovod_stack_hint.pth runs it at start-up
+_.install  # app/frameworks.py, app/rank_error.py: the images' horovod_stack_hint.pth runs them at start-up
+_.horovod_stack_one_line  # app/frameworks.py sets it on an exception; app/rank_error.py reads it by name (ONE_LINE)
 _.__signature__  # launcher/cli.py with_flags: typer reads the command's parameters from it
 _.__annotations__  # launcher/cli.py with_flags: inspect reads it next to __signature__
 _.readable  # launcher/host/engines/streams.py ChunkReader: io.BufferedReader asks it (io.RawIOBase's protocol)

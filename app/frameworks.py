@@ -73,6 +73,8 @@ def excepthook(kind: type[BaseException], error: BaseException, trace: Traceback
         sys.__excepthook__(kind, error, trace)
     else:
         print(message, file=sys.stderr)
+        # What the rank's error record says, where the job asks for one (app/rank_error.py ONE_LINE).
+        error.horovod_stack_one_line = message  # type: ignore[attr-defined]
 
 
 def install() -> None:

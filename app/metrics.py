@@ -2,7 +2,8 @@
 
 A resumed run first drops the records of epochs after its checkpoint (a run killed after logging an epoch but
 before checkpointing it would otherwise list that epoch twice); a fresh run starts the file empty.
-`lr` is the learning rate at the epoch's end (files written before it was recorded lack it).
+`lr` is the learning rate at the epoch's end, `epochs` the run's planned epochs (files written before they were
+recorded lack them).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-FIELDS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_sec", "world_size", "seconds", "lr")
+FIELDS = ("epoch", "epochs", "train_loss", "val_loss", "val_accuracy", "samples_per_sec", "world_size", "seconds", "lr")
 
 
 def keep_epochs_up_to(path: Path, last_epoch: int) -> None:

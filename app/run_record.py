@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from app import consistency, datasets, metrics, observe
+from app import consistency, datasets, metrics, observe, rank_error
 from app.config import ConfigError, TrainConfig
 from app.schedule import scaled_lr
 
@@ -145,7 +145,7 @@ def record_epoch(config: TrainConfig, result: EpochResult, size: int, lr: float,
         result.seconds,
         size,
     )
-    record = {**result.__dict__, "world_size": size, "lr": lr}
+    record = {**result.__dict__, "world_size": size, "lr": lr, "epochs": config.epochs}
     if config.metrics_file is not None:
         metrics.append_record(config.metrics_file, record)
     observer.epoch(record)
@@ -235,16 +235,20 @@ def finish(
 def main(
     parse: Callable[[list[str] | None], TrainConfig], run: Callable[[TrainConfig], object], argv: list[str] | None
 ) -> int:
-    """A trainer's entry: 2 for a setting refused before Horovod starts (one rank says it), 1 for a TrainingError."""
+    """A trainer's entry: 2 for a setting refused before Horovod starts (one rank says it), 1 for a TrainingError.
+    Either is said in one line, not a traceback, and its record written as an uncaught exception's would be
+    (app/rank_error.py), for the job agent."""
     try:
         config = parse(argv)
     except ConfigError as error:
         if launcher_rank() == 0:  # every rank validates; one says so
             print(f"error: {error}", file=sys.stderr)
+            rank_error.report(error)
         return 2
     try:
         run(config)
     except TrainingError as error:
         print(f"error: {error}", file=sys.stderr)
+        rank_error.report(error)
         return 1
     return 0

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from app import gpu
+from app.rank_error import RankError
 from launcher.agent import stacks
+from launcher.agent.rank_errors import RankErrors
 from launcher.core import legacy_keras
 from launcher.core.protocol import AGENT_LINK, HOSTKEYS_DIR, JOB_LOST, KNOWN_HOSTS
 from launcher.host.engines.node_engine import (
@@ -263,6 +265,7 @@ class StandInTransport:
         self.output = output
         """The lines the job's first run prints (tagged with their ranks, as mpirun writes them)."""
         self.keras = legacy_keras.Watch()
+        self.errors = RankErrors()
         self.removed: list[str] = []
         self.ran_with: dict[str, str] = {}
         """The environment the job's process got besides the agent's own."""
@@ -331,10 +334,12 @@ class StandInTransport:
         self.ran.append(argv)
         self.ran_with = dict(env or {})
         self.keras = legacy_keras.Watch(argv)
+        self.errors = RankErrors()
         if len(self.ran) > 1:  # a restart
             return self.restarts.pop(0) if self.restarts else 0
         for line in self.output:
-            self.keras.feed(line)
+            if not self.errors.feed(line):
+                self.keras.feed(line)
         if self.silent_in_job:
             return self.run_until_silence_is_handled()
         if self.until_stopped:
@@ -376,6 +381,9 @@ class StandInTransport:
 
     def keras2_rank(self) -> int | None:
         return self.keras.rank
+
+    def rank_error(self) -> RankError | None:
+        return self.errors.cause()
 
     def stop_job(self) -> bool:
         self.ended.set()

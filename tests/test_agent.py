@@ -116,15 +116,15 @@ whole traceback)."""
 
 
 @pytest.mark.parametrize(
-    "job, env, fix",
+    "job, env, fix, node",
     [
-        (spec(), (), "launcher start --env TF_USE_LEGACY_KERAS=1 ..."),
+        (spec(), (), "launcher start --env TF_USE_LEGACY_KERAS=1 ...", "node_2"),
         (compose.job_spec({"WORKERS": "2", "TRAIN_COMMAND": "python tensorflow2_mnist.py"}, []), (),
-         'TRAIN_COMMAND="env TF_USE_LEGACY_KERAS=1 python tensorflow2_mnist.py" in .env'),
-        (spec(env=("TF_USE_LEGACY_KERAS=1",)), ("TF_USE_LEGACY_KERAS=1",), None),  # Keras 2 it was: no such cause
+         'TRAIN_COMMAND="env TF_USE_LEGACY_KERAS=1 python tensorflow2_mnist.py" in .env', "172.18.0.3"),
+        (spec(env=("TF_USE_LEGACY_KERAS=1",)), ("TF_USE_LEGACY_KERAS=1",), None, None),  # Keras 2: no such cause
     ],
 )  # fmt: skip
-def test_a_rank_that_dies_of_keras2_code_on_keras3_is_the_jobs_cause_with_the_doors_fix(job, env, fix):
+def test_a_rank_that_dies_of_keras2_code_on_keras3_is_the_jobs_cause_with_the_launch_methods_fix(job, env, fix, node):
     clock = Clock()
     up: dict[str, float] = {address: 0 for address in (W1.address, W2.address, "172.18.0.2", "172.18.0.3")}
     transport = Transport(clock, up_from=up, resolves=["172.18.0.2", "172.18.0.3"], status=1, output=KERAS3_TRACEBACK)
@@ -134,8 +134,8 @@ def test_a_rank_that_dies_of_keras2_code_on_keras3_is_the_jobs_cause_with_the_do
         assert end == JobEnd(1, state=RunState.FAILED)
         return
     cause = (
-        "rank 1: Keras 2 code on Keras 3, horovod-stack:tensorflow's default (a Keras 3 optimizer's `variables` is a "
-        f"list, not a method): run it with TF_USE_LEGACY_KERAS=1 for Keras 2, {fix} "
+        f"rank 1 on {node}: Keras 2 code on Keras 3, horovod-stack:tensorflow's default (a Keras 3 optimizer's "
+        f"`variables` is a list, not a method): run it with TF_USE_LEGACY_KERAS=1 for Keras 2, {fix} "
         "(TypeError: 'list' object is not callable)"
     )
     assert end == JobEnd(1, cause, state=RunState.FAILED, failed_rank=1) == parse_job_end(transport.files[JOB_STATUS])

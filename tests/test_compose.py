@@ -21,6 +21,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from app import rank_error
 from launcher.core import stall
 from launcher.core.protocol import LOST_PREFIX, lost_driver_message
 from tests.logwait import wait_for_line
@@ -320,6 +321,11 @@ def test_users_script_failing_on_rank_1_fails_the_job_with_its_traceback(engine,
     output = result.stdout + result.stderr
     assert "Traceback (most recent call last)" in output, output[-5000:]
     assert "RuntimeError: user script failed on purpose on rank 1" in output
+    # the agent's cause, from rank 1's record (app/rank_error.py), which the job's output no longer shows
+    cause = re.search(r"error: rank 1 on \S+: RuntimeError: user script failed on purpose on rank 1", output)
+    assert cause, output[-5000:]
+    print(f"\nthe agent's cause: {cause[0]}")
+    assert rank_error.MARKER not in output
     assert "job FAILED (exit status" in output
     assert project_containers(engine, run.project, status="running") == []
     run.down()

@@ -77,10 +77,9 @@ class HoldingNode(EndedNode):
         return super().run_archive(image, shared_dir, name)
 
     def read_file(self, container_id, path):
+        if path.endswith("/metrics.jsonl"):
+            return '{"epoch": 1, "epochs": 1, "val_accuracy": 0.95, "samples_per_sec": 10.0}\n'
         return JobEnd(0).to_json() if path == JOB_STATUS else None
-
-    def stream_file(self, container_id, path):
-        return iter([b"epoch 1/1: train loss 0.1, val loss 0.2, val accuracy 0.9500, 10 samples/s, 1.0 s, 1 ranks\n"])
 
 
 def recorded(image: str):

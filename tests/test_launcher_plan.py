@@ -1095,10 +1095,10 @@ def test_a_flag_wins_over_its_env_key_without_reading_it():
         resolve_settings({"NODES": "a", "READY_TIMEOUT": "soon"})  # no flag sets it: nothing else to pass
 
 
-def test_each_doors_words_survive_the_job_specs_json():
+def test_each_launch_methods_words_survive_the_job_specs_json():
     spec = compose_spec(WORKERS="3", ELASTIC_MIN_WORKERS="2")
     again = JobSpec.from_json(spec.to_json())
-    assert again == spec and again.options.door == "compose"
+    assert again == spec and again.options.launch_method == "compose"
     assert again.options.option_names.of("elastic_min_workers", 2) == "ELASTIC_MIN_WORKERS=2"
     assert make_plan().job_spec().options.option_names.of("elastic_min_workers", 2) == "--min-nodes 2"
 

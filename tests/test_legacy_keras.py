@@ -115,7 +115,7 @@ def test_keras2_is_asked_for_by_the_values_tensorflow_takes(words, asked):
 
 
 @pytest.mark.parametrize(
-    "door, command, told",
+    "launch_method, command, told",
     [
         ("launcher", (), "launcher start --env TF_USE_LEGACY_KERAS=1 ..."),
         ("mpijob", (), "launcher export mpijob --env TF_USE_LEGACY_KERAS=1 ..."),
@@ -125,8 +125,8 @@ def test_keras2_is_asked_for_by_the_values_tensorflow_takes(words, asked):
         ("compose", (), 'TRAIN_COMMAND="env TF_USE_LEGACY_KERAS=1 python ..." in .env'),
     ],
 )  # fmt: skip
-def test_each_door_names_its_way_to_give_every_rank_the_setting(door, command, told):
-    assert fix(door, command) == told
+def test_each_launch_method_names_its_way_to_give_every_rank_the_setting(launch_method, command, told):
+    assert fix(launch_method, command) == told
 
 
 def test_the_line_names_the_problem_and_the_fix_first_and_pythons_error_after():

@@ -1,5 +1,5 @@
-"""`launcher status` reads only the end of a job's log, `launcher logs --tail N` its last lines, and a log is streamed
-block by block, never whole in memory."""
+"""`launcher status` reads the job's records, never its log; `launcher logs --tail N` reads its last lines, and a log
+is streamed block by block, never whole in memory."""
 
 from __future__ import annotations
 
@@ -13,27 +13,12 @@ from launcher.core.jobend import JobEnd
 from launcher.core.protocol import JOB_LOG, JOB_STATUS
 from launcher.host.engines import streams
 from launcher.host.planning.plan import Node
-from launcher.host.running import clusters
+from launcher.host.running import clusters, jobstate
 from tests.standins import PartialEngine, container
 
 
 def chunked(data: bytes, size: int = 7) -> list[bytes]:
     return [data[start : start + size] for start in range(0, len(data), size)]
-
-
-@pytest.mark.parametrize(
-    "data, limit, expected",
-    [
-        (b"", 10, (b"", False)),
-        (b"a\nb\n", 10, (b"a\nb\n", False)),
-        (b"first line\nsecond\nthird\n", 12, (b"third\n", True)),  # from the first whole line in the tail
-        (b"first line\nsecond\nthird\n", 13, (b"second\nthird\n", True)),  # a tail that starts a line is whole
-        (b"first line\nsecond\nthird\n", 15, (b"second\nthird\n", True)),
-        (b"one very long line without an end", 5, (b"", True)),
-    ],
-)
-def test_the_tail_of_a_stream_in_bytes(data, limit, expected):
-    assert streams.tail_bytes(chunked(data), limit) == expected
 
 
 @pytest.mark.parametrize(
@@ -100,15 +85,14 @@ class Rank0Node(PartialEngine):
 NOISE = b"".join(b"step %d loss 0.1\n" % step for step in range(100_000))  # about 2 MB of output
 
 
-def test_status_reads_the_end_of_a_long_log_for_the_last_epoch_and_the_error():
+def test_status_reads_the_jobs_records_never_its_log():
     log = NOISE + b"epoch 5/5: train loss 0.1, val loss 0.2, val accuracy 0.9500, 1234 samples/s, 1.0 s, 2 ranks\n"
-    node = Rank0Node(log + b"ValueError: bad batch\n", JobEnd(1).to_json())
+    node = Rank0Node(log + b"ValueError: bad batch\n", JobEnd(1, "rank 1 on node_2: ValueError: bad batch").to_json())
     lines = list(clusters.status([node]))
-    assert lines[0] == "cluster c1: failed (exit status 1): ValueError: bad batch"
+    assert lines[0] == "cluster c1: failed (exit status 1): rank 1 on node_2: ValueError: bad batch"
     running = Rank0Node(log, None, running=True)
-    assert list(clusters.status([running]))[0] == (
-        "cluster c1: running: epoch 5 of 5, val accuracy 0.9500, 1234 samples/s"
-    )
+    assert list(clusters.status([running]))[0] == f"cluster c1: running: {jobstate.NO_METRICS}"  # no metrics file
+    assert node.chunks_read == running.chunks_read == 0
 
 
 def shown_logs(engines, follow: bool = False, tail: int | None = None) -> bytes:

@@ -25,6 +25,7 @@ class Terminal(io.StringIO):
 def record(epoch: int) -> dict:
     return {
         "epoch": epoch,
+        "epochs": 3,
         "train_loss": 1.0 / epoch,
         "val_loss": 1.1 / epoch,
         "val_accuracy": 0.8,

@@ -56,7 +56,7 @@ def test_the_rule(slots, gpus, ranks):
         (MPIJOB, "--slots 2 with --gpus-per-node 4: a GPU worker runs one rank per GPU; drop --slots"),
     ],
 )
-def test_each_door_words_the_refusal_in_one_line_naming_the_fix(names, expected):
+def test_each_launch_method_words_the_refusal_in_one_line_naming_the_fix(names, expected):
     assert ranks_problem(2, 4, names) == expected
 
 
@@ -82,11 +82,11 @@ def export_ranks(slots, gpus):
     return mpijob.document(request)["spec"]["slotsPerWorker"]
 
 
-@pytest.mark.parametrize("door", [launcher_ranks, compose_ranks, export_ranks])
+@pytest.mark.parametrize("launch_method", [launcher_ranks, compose_ranks, export_ranks])
 @pytest.mark.parametrize("slots, gpus, ranks", [row for row in RULE if row[0] != 0 and row[1] >= 0])
-def test_every_door_follows_the_rule(door, slots, gpus, ranks):
+def test_every_launch_method_follows_the_rule(launch_method, slots, gpus, ranks):
     if isinstance(ranks, int):
-        assert door(slots, gpus) == ranks
+        assert launch_method(slots, gpus) == ranks
     else:
         with pytest.raises(SettingsError, match=re.escape(ranks)):
-            door(slots, gpus)
+            launch_method(slots, gpus)

@@ -21,6 +21,7 @@ def write_run(run_dir: Path, epochs: int, finished: bool) -> None:
             run_dir / "metrics.jsonl",
             {
                 "epoch": epoch,
+                "epochs": epochs,
                 "train_loss": 1.0 / epoch,
                 "val_loss": 1.2 / epoch,
                 "val_accuracy": 0.5 + 0.1 * epoch,

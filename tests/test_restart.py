@@ -237,10 +237,10 @@ def test_status_shows_the_last_restart_from_the_agents_records_not_from_its_word
 
 
 def test_status_of_a_running_job_names_its_last_restart():
-    log = "[1,0]<stdout>:restart 9/9: the user's own words\n"  # a rank's words are not the agent's records
-    state = jobstate.describe(ContainerState("rank0", True), None, log, [], restarts_made=FIRST.record())
+    log = "restart 9/9: the user's own words\n"  # a rank's words are not the agent's records
+    state = jobstate.describe(ContainerState("rank0", True), None, [], metrics=log, restarts_made=FIRST.record())
     assert state.endswith("; restart 1/2: node_2 went silent; starting over on node_1")
-    assert jobstate.describe(ContainerState("rank0", True), None, log, []) == "running: no epoch finished yet"
+    assert jobstate.describe(ContainerState("rank0", True), None, [], metrics=log) == "running: no epoch finished yet"
 
 
 def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end_record():
@@ -251,7 +251,7 @@ def test_status_of_an_ended_job_reads_its_restarts_and_why_not_more_from_the_end
         restarts=(FIRST,),
         not_restarted=NotRestarted(Why.USED_UP, "not restarted: all 1 restart(s) (--max-restarts 1) are used up"),
     )
-    state = jobstate.describe(ContainerState("rank0", False, 137), end.to_json(), "", [])
+    state = jobstate.describe(ContainerState("rank0", False, 137), end.to_json(), [])
     assert state == (
         "failed (exit status 137): node_2: worker lost during the run; not restarted: all 1 restart(s) "
         "(--max-restarts 1) are used up; restart 1/2: node_2 went silent; starting over on node_1"

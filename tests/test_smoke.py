@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from app import rank_error
 from app.frameworks import TENSORFLOW
 
 pytestmark = pytest.mark.integration
@@ -148,6 +149,7 @@ def test_a_failing_rank_and_a_hang(tmp_path):
         assert (f"[rank {rank}] probe rank {rank} of 2: gloo_enabled=True mpi_enabled=False cuda_available=False "
                 f"uid={ANOTHER}") in output  # fmt: skip
     assert "[rank 1] Traceback (most recent call last):" in output
+    assert rank_error.MARKER not in output  # rank 1's record is read, not shown
     cases = junit(failing / "smoke.xml")
     assert list(cases) == ["rank 0", "rank 1", "job: 2 ranks over Gloo"]
     assert (cases["rank 1"] or "").endswith("RuntimeError: probe failed on purpose on rank 1"), cases

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.rank_error import RankError
 from launcher.smoke import access, hang, report, run, shm, trainer
 from launcher.smoke.__main__ import parse_options
 from launcher.smoke.output import JobLog, Line, last_error_line, parse, rank_exit, shown_driver_traceback
@@ -84,6 +85,14 @@ def test_horovodruns_traceback_is_left_out_only_when_it_repeats_a_rank_failure()
                                            "[horovodrun] ValueError: Invalid host input"]  # fmt: skip
 
 
+def test_a_ranks_record_is_taken_in_and_not_shown_as_output():
+    log = JobLog(2)
+    assert log.add(parse(f"[1]<stderr>:{SHUT_DOWN.to_line()}"))
+    assert not log.add(parse(f"{SHUT_DOWN.to_line()}"))  # horovodrun's own line: not a rank's record
+    assert not log.add(parse("[1]<stderr>:RuntimeError: boom"))
+    assert log.ranks[1].record == SHUT_DOWN and [line.text for line in log.ranks[1].tail] == ["RuntimeError: boom"]
+
+
 def job_log(size: int, *raw: str) -> JobLog:
     log = JobLog(size)
     for line in raw:
@@ -108,6 +117,14 @@ RACE = (
 """Rank 1 raised; Horovod's shutdown made rank 0 fail and exit before rank 1 did, and horovodrun ended rank 1."""
 RACE_UNTOLD = RACE[:-1]
 """The same, where horovodrun ended rank 1 without a line saying how it exited (seen in a full run)."""
+SHUT_DOWN = RankError(0, "h", "HorovodInternalError", "ops.cc: Horovod has been shut down. This was caused by ...")
+RECORDED = (
+    "[0]<stderr>:Traceback (most recent call last):", f"[0]<stderr>:{SHUT_DOWN.to_line()}",
+    "[1]<stderr>:Traceback (most recent call last):", "[1]<stderr>:RuntimeError: boom",
+    f"[1]<stderr>:{RankError(1, 'h', 'RuntimeError', 'boom, in the record').to_line()}",
+    "Process 0 exit with status code 1.", "[1]<stderr>:Terminated", "Process 1 exit with status code 143.",
+)  # fmt: skip
+"""Rank 0's Horovod shut down and said so first; rank 1's own error is the cause, in its record's words."""
 
 
 @pytest.mark.parametrize(
@@ -118,6 +135,9 @@ RACE_UNTOLD = RACE[:-1]
         (job_log(2, *RAISED), 1, {}, "smoke: failed: rank 1 exited with status 1: RuntimeError: boom", 1),
         (job_log(2, *RACE), 1, {}, "smoke: failed: rank 1 failed first: RuntimeError: boom", 1),
         (job_log(2, *RACE_UNTOLD), 1, {}, "smoke: failed: rank 1 failed first: RuntimeError: boom", 1),
+        (job_log(2, *RECORDED), 1, {}, "smoke: failed: rank 1 failed first: RuntimeError: boom, in the record", 1),
+        (job_log(2, f"[0]<stderr>:{SHUT_DOWN.to_line()}", "Process 0 exit with status code 1."), 1, {},
+         f"smoke: failed: rank 0 exited with status 1: HorovodInternalError: {SHUT_DOWN.message}", 1),
         (job_log(2, "[1]<stderr>:Killed", "Process 1 exit with status code 137."), 1, {},
          "smoke: failed: rank 1 exited with status 137: Killed", 137),
         (job_log(2, "Process 0 exit with status code -9."), 1, {},

@@ -175,14 +175,14 @@ def test_status_says_stalled_with_the_odd_ranks_out():
     record = stall.StallRecord(
         40, "rank 1 (node_2 pid 88) in wait_for_data at stall.py:14", "Horovod: rank 1 missing from allreduce.x"
     )
-    line = jobstate.describe(ContainerState("node_1", True), None, "", [], stall=record.to_json())
+    line = jobstate.describe(ContainerState("node_1", True), None, [], metrics="", stall=record.to_json())
     assert line == (
         "running: no epoch finished yet; stalled for 40 s: rank 1 (node_2 pid 88) in wait_for_data at "
         "stall.py:14; Horovod: rank 1 missing from allreduce.x"
     )
-    assert jobstate.describe(ContainerState("node_1", True), None, "", [], stall=stall.StallRecord().to_json()) == (
-        "running: no epoch finished yet"
-    )
+    assert jobstate.describe(
+        ContainerState("node_1", True), None, [], metrics="", stall=stall.StallRecord().to_json()
+    ) == ("running: no epoch finished yet")
 
 
 WORKERS = [Worker("node_1", "10.0.0.1"), Worker("node_2", "10.0.0.2")]

@@ -14,7 +14,15 @@ from typing import Any
 
 from app.gpu import gpu_rank_env, gpus_asked
 from launcher.core.jobspec import JobSpec, LaunchMethodFixes, new_run_id
-from launcher.core.options import ENV_NAME, JobOptions, SettingsError, door_names, job_command, option_kind, switch
+from launcher.core.options import (
+    ENV_NAME,
+    JobOptions,
+    SettingsError,
+    job_command,
+    launch_method_names,
+    option_kind,
+    switch,
+)
 from launcher.core.protocol import RUNS_DIR, SSH_PORT, WORKDIR
 from launcher.core.ranks import COMPOSE, ranks_per_node
 
@@ -24,7 +32,7 @@ WORDS = LaunchMethodFixes(
     workers_fix="check that the workers run (docker compose ps) and that WORKERS matches them",
     lost_hint="`docker compose ps -a` shows how they ended",
 )
-KEYS = door_names("compose")
+KEYS = launch_method_names("compose")
 """Compose's .env key for each job option it sets (core/options.py option)."""
 SPECIAL = ("command", "env", "elastic", "workdir")
 """Options compose makes of other settings (TRAIN_COMMAND and TRAIN_ARGS, GPUs given and NCCL's verbosity: rank_env,
@@ -78,7 +86,7 @@ def job_options(environ: Mapping[str, str], args: list[str], secrets: tuple[str,
         elastic="elastic_min_workers" in chosen,
         workdir=WORKDIR if environ.get("WORKDIR", "").strip() else None,
         secrets=secrets,
-        door="compose",
+        launch_method="compose",
         **chosen,
     )
 
@@ -121,9 +129,9 @@ def fallback_spec(environ: Mapping[str, str]) -> JobSpec:
     """What the agent needs to tell compose's workers that a refused job has ended: where they are."""
     port = environ.get("SSH_PORT", "").strip()
     try:  # the port rule is JobOptions'; a bad one was the refusal, so the workers are on the default
-        options = JobOptions(ssh_port=int(port) if port.isdigit() else SSH_PORT, door="compose")
+        options = JobOptions(ssh_port=int(port) if port.isdigit() else SSH_PORT, launch_method="compose")
     except SettingsError:
-        options = JobOptions(door="compose")
+        options = JobOptions(launch_method="compose")
     return JobSpec(
         job_id="refused",
         options=options,

@@ -16,8 +16,9 @@ The agent is a loop that passes values (the shape of torchrun's elastic agent): 
 Restart or a NotRestarted (launcher/core/restart.py), and the job's end is a JobEnd carrying those records
 (launcher/core/jobend.py), which the host renders. Its parts, each in its own module: the Workers service (finding and
 trusting them, their connections, the lost ones, their stacks, the last word: launcher/agent/workers.py), the
-restarts (launcher/agent/restarter.py), the watches beside the running job (launcher/agent/watches.py) and Horovod's
-records summarised at the end (launcher/agent/records.py). Side effects go through a Transport
+restarts (launcher/agent/restarter.py), the watches beside the running job (launcher/agent/watches.py), the failed
+rank's error record (launcher/agent/rank_errors.py) and Horovod's records summarised at the end
+(launcher/agent/records.py). Side effects go through a Transport
 (launcher/agent/transport.py), so every decision here is tested without containers.
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from launcher.agent import records, watches
+from launcher.agent import rank_errors, records, watches
 from launcher.agent.restarter import Restarter
 from launcher.agent.transport import Transport
 from launcher.agent.workers import JobError, LostWorker, Say, Scan, Workers, say
@@ -204,7 +205,7 @@ class Agent:
         losses = workers.losses(ready)
         if losses:
             return RunResult(RunState.WORKERS_LOST, status, self.cause_of(losses), tuple(losses))
-        rank, cause = self.rank_cause()
+        rank, cause = self.rank_cause(ready)
         return RunResult(RunState.FAILED, status, cause, failed_rank=rank)
 
     def cause_of(self, losses: list[LostWorker]) -> str | None:
@@ -219,14 +220,25 @@ class Agent:
         closed = [loss.name for loss in losses if not loss.silent]
         return "; ".join([*silent, *([f"{', '.join(closed)}: worker lost during the run; {hint}"] if closed else [])])
 
-    def rank_cause(self) -> tuple[int | None, str | None]:
-        """The failed rank and the job's cause, said, when a rank's output shows one the stack words with its fix:
-        Keras 2 code on Keras 3 (launcher/core/legacy_keras.py)."""
-        rank = self.transport.keras2_rank()
+    def rank_cause(self, ready: list[Worker]) -> tuple[int | None, str | None]:
+        """The failed rank and the job's cause, said: `rank 1 on node_2: RuntimeError: ...` from the record of the
+        rank whose error ended the run (launcher/agent/rank_errors.py), or, where its output shows an error the stack
+        words with its fix, that: Keras 2 code on Keras 3 (launcher/core/legacy_keras.py). None, None: no rank
+        said why (one killed by a signal, a program that writes no record)."""
+        spec, record = self.spec, self.transport.rank_error()
+        keras2 = self.transport.keras2_rank()
+        rank = keras2 if keras2 is not None else record.rank if record else None
         if rank is None:
             return None, None
-        options = self.spec.options
-        cause = f"rank {rank}: {legacy_keras.explained(legacy_keras.ERROR, options.door, options.command)}"
+        slots = None if spec.elastic else [spec.slots_of(worker) for worker in ready]
+        node = rank_errors.node_of(record.node if record else "", rank, ready, slots)
+        if keras2 is not None:
+            options = spec.options
+            error = legacy_keras.explained(legacy_keras.ERROR, options.launch_method, options.command)
+        else:
+            assert record is not None
+            error = record.error()
+        cause = f"rank {rank}{f' on {node}' if node else ''}: {error}"
         self.say(f"error: {cause}")
         return rank, cause
 

@@ -150,7 +150,7 @@ def fallback_spec(hostfile_text: str | None) -> JobSpec:
         workers = ()
     return JobSpec(
         job_id="refused",
-        options=JobOptions(door="mpijob"),
+        options=JobOptions(launch_method="mpijob"),
         expected_workers=0,
         workers=workers,
         driver=DRIVER,

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import IO, Protocol
 
+from app.rank_error import RankError
+from launcher.agent.rank_errors import RankErrors
 from launcher.core import legacy_keras, stall
 from launcher.core.protocol import (
     CLUSTER_KEY,
@@ -92,6 +94,10 @@ class Transport(Protocol):
     def keras2_rank(self) -> int | None:
         """The first rank of the last run whose output shows it died of Keras 2 code on Keras 3
         (launcher/core/legacy_keras.py); None: none did."""
+
+    def rank_error(self) -> RankError | None:
+        """The record of the rank whose error ended the last run (launcher/agent/rank_errors.py); None: no rank wrote
+        one."""
 
     def stop_job(self) -> bool:
         """Asks the running job to end (SIGTERM: mpirun and horovodrun pass it to every rank); False if it had
@@ -169,6 +175,7 @@ class SshTransport:
         self.last_output = time.monotonic()
         self.warnings = stall.HorovodWarnings()
         self.keras = legacy_keras.Watch()
+        self.errors = RankErrors()
         self.stop_signal: int | None = None
         """The stop signal the agent was sent, if any (stop_on_signals)."""
 
@@ -235,6 +242,7 @@ class SshTransport:
             return 128 + self.stop_signal
         self.last_output = time.monotonic()
         self.keras = legacy_keras.Watch(argv)  # each run's own output; its -x pairs say whether Keras 2 was asked for
+        self.errors = RankErrors()
         # A process group of its own, so that stop_job can kill it with its ssh sessions; signals to the agent reach
         # it through stop_on_signals.
         self.child = subprocess.Popen(
@@ -255,11 +263,14 @@ class SshTransport:
         return 128 - code if code < 0 else code
 
     def relay(self, output: IO[bytes]) -> None:
-        """The job's output through to the agent's, noting when it last printed (for the stall watch)."""
+        """The job's output through to the agent's (the ranks' error records taken out), noting when it last printed
+        (for the stall watch)."""
         for line in output:
+            text = line.decode(errors="replace")
+            if self.errors.feed(text):
+                continue
             sys.stdout.buffer.write(line)
             sys.stdout.buffer.flush()
-            text = line.decode(errors="replace")
             self.keras.feed(text)
             if not self.warnings.feed(text) and stall.is_progress(text):  # a stall warning is no progress
                 self.last_output = time.monotonic()
@@ -278,6 +289,9 @@ class SshTransport:
 
     def keras2_rank(self) -> int | None:
         return self.keras.rank
+
+    def rank_error(self) -> RankError | None:
+        return self.errors.cause()
 
     def stop_job(self) -> bool:
         child = self.child

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath as Path
 
+from app import rank_error
 from app.autotune import LOG as AUTOTUNE_LOG
 from app.config import laid_out_paths
 from app.entrypoint import TRAINER
@@ -412,12 +413,14 @@ class JobSpec:
     @property
     def rank_env(self) -> tuple[str, ...]:
         """KEY=VALUE pairs every rank gets: the user's, Horovod's timeline and autotuning where asked for
-        (horovod_outputs), and where the workers were given GPUs, GPUS_ASKED and the frameworks' GPU settings the
-        user's leave unset (app/gpu.py gpu_rank_env)."""
+        (horovod_outputs), where the workers were given GPUs, GPUS_ASKED and the frameworks' GPU settings the
+        user's leave unset (app/gpu.py gpu_rank_env), and the switch that has a rank write its error's record when it
+        dies of one (app/rank_error.py, read by the agent)."""
         options = self.options
         user_set = names_in(options.env)
         outputs = horovod_outputs(options.timeline, options.autotune, self.output_dir, user_set)
-        return (*options.env, *outputs, *(gpu_rank_env(user_set) if self.gpus else ()), *self.restart_env)
+        gpus = gpu_rank_env(user_set) if self.gpus else ()
+        return (*options.env, *outputs, *gpus, *self.restart_env, f"{rank_error.VARIABLE}=1")
 
     @property
     def restart_env(self) -> tuple[str, ...]:

@@ -48,19 +48,19 @@ FIXES = {
 """How each launch method gives every rank the setting (compose's: fix)."""
 
 
-def fix(door: str, command: Sequence[str] = ()) -> str:
-    """How `door`'s users give every rank SETTING; compose's, which hands its ranks no variable of the user's, puts it
-    in front of the job's command (TRAIN_COMMAND)."""
-    if door == "compose":
+def fix(launch_method: str, command: Sequence[str] = ()) -> str:
+    """How `launch_method`'s users give every rank SETTING; compose's, which hands its ranks no variable of the
+    user's, puts it in front of the job's command (TRAIN_COMMAND)."""
+    if launch_method == "compose":
         return f'TRAIN_COMMAND="env {SETTING} {shlex.join(command) if command else "python ..."}" in .env'
-    return FIXES[door]
+    return FIXES[launch_method]
 
 
-def explained(error: str | None, door: str, command: Sequence[str] = ()) -> str:
+def explained(error: str | None, launch_method: str, command: Sequence[str] = ()) -> str:
     """A rank's error, when it is Keras 2 code on Keras 3: the problem and the fix first, Python's line after."""
     told = (
         f"Keras 2 code on Keras 3, {TENSORFLOW.image}'s default (a Keras 3 optimizer's `variables` is a list, not a "
-        f"method): run it with {SETTING} for Keras 2, {fix(door, command)}"
+        f"method): run it with {SETTING} for Keras 2, {fix(launch_method, command)}"
     )
     return f"{told} ({error})" if error else told
 

@@ -41,7 +41,7 @@ def one_line(error: Exception) -> str:
     return "; ".join(error.problems) if isinstance(error, SettingsError) else " ".join(str(error).split())
 
 
-DOORS = ("launcher", "compose", "mpijob")
+LAUNCH_METHODS = ("launcher", "compose", "mpijob")
 """The launch methods that build JobOptions: the multi-host launcher, compose's launcher service, the MPIJob export and
 its launcher pod. Each names the options its own way (`option`)."""
 
@@ -277,8 +277,8 @@ class JobOptions:
         "path on every node: /data/mnist:/data:ro.",
     )
     """Host folders every worker gets, HOST_PATH:CONTAINER_PATH[:ro] each."""
-    door: str = field(default=DOORS[0], compare=False)
-    """The launch method that made these options (`DOORS`): how its errors name them, here and in the job agent."""
+    launch_method: str = field(default=LAUNCH_METHODS[0], compare=False)
+    """The launch method that made these options (`LAUNCH_METHODS`): how its errors name them, here and in the agent."""
 
     def __post_init__(self) -> None:
         try:
@@ -293,8 +293,8 @@ class JobOptions:
 
     def problems(self) -> list[str]:
         """Every rule about a job's options: one line per problem, naming the setting and the fix."""
-        if self.door not in DOORS:
-            return [f"JobOptions from an unknown launch method {self.door!r}: one of {', '.join(DOORS)} builds them"]
+        if self.launch_method not in LAUNCH_METHODS:
+            return [f"JobOptions of an unknown launch method {self.launch_method!r} (not one of {LAUNCH_METHODS})"]
         say = self.option_names
         found: list[str] = []
         if not self.command:
@@ -426,7 +426,7 @@ class JobOptions:
     @property
     def option_names(self) -> OptionNames:
         """How this launch method's users set each option (OPTION_NAMES)."""
-        return OPTION_NAMES[self.door]
+        return OPTION_NAMES[self.launch_method]
 
     @property
     def can_restart(self) -> bool:
@@ -478,22 +478,22 @@ def option_kind(name: str) -> type:
     )
 
 
-def door_names(door: str) -> dict[str, str]:
-    """How `door`'s users set each option (option's metadata); the launcher's flags, else its .env keys."""
+def launch_method_names(launch_method: str) -> dict[str, str]:
+    """How `launch_method`'s users set each option (option's metadata); the launcher's flags, else its .env keys."""
     names = {}
     for item in fields(JobOptions):
         meta = item.metadata
-        name = (meta.get("flag") or meta.get("key")) if door == "launcher" else meta.get(door)
+        name = (meta.get("flag") or meta.get("key")) if launch_method == "launcher" else meta.get(launch_method)
         if name:
             names[item.name] = name
     return names
 
 
 OPTION_NAMES = {
-    "launcher": OptionNames({**door_names("launcher"), "workers": "node(s) in --nodes"}),
-    "compose": OptionNames({**door_names("compose"), "workers": "workers in WORKERS"}),
+    "launcher": OptionNames({**launch_method_names("launcher"), "workers": "node(s) in --nodes"}),
+    "compose": OptionNames({**launch_method_names("compose"), "workers": "workers in WORKERS"}),
     "mpijob": OptionNames(
-        {**door_names("mpijob"), "workers": "worker pods (--workers)"},
+        {**launch_method_names("mpijob"), "workers": "worker pods (--workers)"},
         flag_fix="pass {name} to `launcher export mpijob` with one that is",
     ),
 }

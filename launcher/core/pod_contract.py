@@ -79,6 +79,6 @@ def parse(argv: list[str]) -> PodArgs:
         ptrace=known.ptrace,
         elastic=known.min_workers is not None,
         elastic_min_workers=known.min_workers,
-        door="mpijob",
+        launch_method="mpijob",
     )
     return PodArgs(options=options, name=known.name, ssh_auth=known.ssh_auth, hostfile=known.hostfile)

@@ -1,13 +1,13 @@
-"""The rank tag on a job's output lines, the one place its format is known: mpirun's `--tag-output`
-(`[1,3]<stdout>:`, `[JOBID,RANK]<STREAM>:`, STREAM also stddiag for Open MPI's own diagnostics) and elastic
-horovodrun's (`[3]<stderr>:`), both written straight before the rank's own text. Open MPI 5 (PRRTE) writes a space
-after the colon and may give the job as a namespace (`[prterun-host-4242@1,3]<stdout>: ...`): its ranks are read
-too, and the space stays with the text (the image's Open MPI 4.1 writes none, and a rank's own leading spaces, as in
-a traceback, are its text). A rank's text that reached mpirun in pieces (a long stderr line written in several writes,
-as Horovod's stall warning on a busy node) carries its tag again before each piece, inside the line: those are taken
-off too. Every reader of a job's output goes through here: which rank wrote a line
-(launcher/host/running/ranklogs.py, the smoke role), and what the rank wrote, for the parsers of the job's progress, its
-root cause and Horovod's stall warnings. Pure.
+"""The rank tag on a job's output lines, the one place its format is known: mpirun's `--tag-output` (`[1,3]<stdout>:`,
+`[JOBID,RANK]<STREAM>:`, STREAM also stddiag for Open MPI's own diagnostics) and elastic horovodrun's (`[3]<stderr>:`),
+both written straight before the rank's own text. Open MPI 5 (PRRTE) writes a space after the colon and may give the job
+as a namespace (`[prterun-host-4242@1,3]<stdout>: ...`): its ranks are read too, and the space stays with the text (the
+image's Open MPI 4.1 writes none, and a rank's own leading spaces, as in a traceback, are its text). A rank's text that
+reached mpirun in pieces (a long stderr line written in several writes, as Horovod's stall warning on a busy node)
+carries its tag again before each piece, inside the line: those are taken off too. Every reader of a job's output goes
+through here: which rank wrote a line (launcher/host/running/ranklogs.py, the smoke role), and what the rank wrote, for
+the readers of the ranks' error records (launcher/agent/rank_errors.py, launcher/smoke/output.py), Keras 2 code on Keras
+3 and Horovod's stall warnings. Pure.
 """
 
 from __future__ import annotations

@@ -272,10 +272,10 @@ def request(job: Mapping[str, Any], **where: Any) -> MpiJobRequest:
     if any(elastic):
         found.append(ELASTIC_REFUSED)
     try:
-        options = JobOptions(**chosen, door="mpijob")
+        options = JobOptions(**chosen, launch_method="mpijob")
     except SettingsError as error:
         found += error.problems
-        options = JobOptions(door="mpijob", ready_timeout=math.inf, ptrace=False)
+        options = JobOptions(launch_method="mpijob", ready_timeout=math.inf, ptrace=False)
     made = MpiJobRequest(job=options, **{key: value for key, value in where.items() if value is not None})
     found += [problem for problem in problems(made) if problem not in found]
     if found:

@@ -1,9 +1,9 @@
 """A smoke run's outcome: the verdict, its last line, its exit status and its JUnit XML report (pure functions).
 
-The last line is `smoke: passed: 2 ranks over Gloo in 41 s`, or `smoke: failed: WHY`, WHY being the first rank to
-fail (`rank 1 exited with status 1: <its last error line>`), the timeout (`timed out after 600 s: <where the ranks
-were>`), horovodrun's own failure, or the bundled trainer's check. The JUnit report holds one test case per rank and
-one for the job, which GitHub's and GitLab's test report views show.
+The last line is `smoke: passed: 2 ranks over Gloo in 41 s`, or `smoke: failed: WHY`, WHY being the first rank to fail
+(`rank 1 exited with status 1: <its error>`, from its record: launcher/smoke/output.py), the timeout (`timed out after
+600 s: <where the ranks were>`), horovodrun's own failure, or the bundled trainer's check. The JUnit report holds one
+test case per rank and one for the job, which GitHub's and GitLab's test report views show.
 """
 
 from __future__ import annotations

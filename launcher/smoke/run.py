@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from app import rank_error
 from launcher.agent import stacks
 from launcher.smoke import hang
 from launcher.smoke.output import TRACEBACK, JobLog, Line, parse, shown_driver_traceback
@@ -27,8 +28,9 @@ def horovodrun_argv(size: int, command: list[str]) -> list[str]:
 
 def rank_environment(environ: Mapping[str, str], size: int, cpus: int) -> dict[str, str]:
     """The ranks' environment: CUDA hidden, Python's faulthandler on (the stacks at a timeout), no bytecode files
-    left in the user's checkout, and, unless the caller set it, the CPUs shared out among the ranks (torch's and
-    OpenMP's threads: each rank would take every CPU, and N ranks on a CI runner's few CPUs would crowd each other)."""
+    left in the user's checkout, each rank's error as a record (app/rank_error.py), and, unless the caller set it, the
+    CPUs shared out among the ranks (torch's and OpenMP's threads: each rank would take every CPU, and N ranks on a CI
+    runner's few CPUs would crowd each other)."""
     return {
         "OMP_NUM_THREADS": str(max(1, cpus // size)),
         **environ,
@@ -36,6 +38,7 @@ def rank_environment(environ: Mapping[str, str], size: int, cpus: int) -> dict[s
         "PYTHONFAULTHANDLER": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
+        rank_error.VARIABLE: "1",
     }
 
 
@@ -108,7 +111,9 @@ def run(
         for raw in process.stdout:
             line = parse(raw)
             with lock:
-                log.add(line)
+                record = log.add(line)
+            if record:  # a rank's error record: its traceback above says the same to a reader
+                continue
             if line.rank is None and (held or line.text.startswith(TRACEBACK)):
                 held.append(line)
                 continue

@@ -74,21 +74,6 @@ def without_files(chunks: Iterable[bytes], left_out: set[str], chunk_size: int =
     yield b"\0" * (2 * tarfile.BLOCKSIZE)  # the end of the archive
 
 
-def tail_bytes(chunks: Iterable[bytes], limit: int) -> tuple[bytes, bool]:
-    """The last `limit` bytes of the stream, from the first whole line in them; and whether anything was left out."""
-    kept = bytearray()  # one byte more than the limit: whether the tail starts a line
-    cut = False
-    for chunk in chunks:
-        kept += chunk
-        if len(kept) > limit + 1:
-            del kept[: len(kept) - limit - 1]
-            cut = True
-    if cut:
-        newline = kept.find(b"\n")
-        del kept[: newline + 1 if newline >= 0 else len(kept)]
-    return bytes(kept), cut
-
-
 def tail_lines(chunks: Iterable[bytes], count: int) -> bytes:
     """The last `count` lines of the stream (a last line without a newline counts)."""
     lines: deque[bytes] = deque(maxlen=max(count, 0))

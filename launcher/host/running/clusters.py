@@ -49,7 +49,6 @@ def status(engines: Sequence[NodeEngine]) -> Iterator[str]:
             state = jobstate.describe(
                 container.state,
                 engine.read_file(container.id, JOB_STATUS),
-                job_log_tail(engine, container),
                 [member.container.state for member in members],
                 metrics=engine.read_file(container.id, f"{run_dir(cluster)}/metrics.jsonl"),
                 stall=engine.read_file(container.id, JOB_STALL),
@@ -79,16 +78,6 @@ def reading_image(engine: NodeEngine, wanted: str | None) -> str:
     recorded = [container.labels.get(LABEL_IMAGE) for container in engine.cluster_containers()]
     stack = [framework.image for framework in FRAMEWORKS]
     return next((image for image in (*recorded, *stack) if image and engine.image_id(image)), DEFAULT_IMAGE)
-
-
-STATUS_LOG_BYTES = 256 * 1024
-"""How much of the end of a job's log `status` reads: the last epoch line and the errors a failure left."""
-
-
-def job_log_tail(engine: NodeEngine, container: Container) -> str:
-    """The end of the job's log in rank 0's container (STATUS_LOG_BYTES of it, from a whole line), for jobstate."""
-    chunks = engine.stream_file(container.id, JOB_LOG)
-    return streams.tail_bytes(chunks, STATUS_LOG_BYTES)[0].decode(errors="replace") if chunks is not None else ""
 
 
 def fetch_results(
