@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,8 +95,11 @@ runuser -u munge -- munged
 """
 
 
-def sh(*argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+def sh(
+    *argv: str, check: bool = True, timeout: float = 120, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """argv run here; `env`: variables added to this process's environment for it."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     if check and done.returncode != 0:
         raise AssertionError(f"{' '.join(argv[:3])} ... failed ({done.returncode}): {done.stderr.strip()}")
     return done
@@ -226,12 +230,20 @@ class SlurmCluster:
 
     # --- running things on the nodes
     def exec(
-        self, host: str, command: str, user: str = USER, check: bool = True, timeout: float = 120
+        self,
+        host: str,
+        command: str,
+        user: str = USER,
+        check: bool = True,
+        timeout: float = 120,
+        env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess:
-        """`bash -lc command` on one host, as `user` (the submitting user unless told), in SHARED."""
+        """`bash -lc command` on one host, as `user` (the submitting user unless told), in SHARED; `env`: variables
+        exported in its shell, their values handed over by name (`docker exec -e NAME`), never on a command line."""
+        names = [word for name in env or {} for word in ("-e", name)]
         done = sh(
-            "docker", "exec", "-u", user, "-w", SHARED, self.container(host), "bash", "-c", command,
-            check=False, timeout=timeout,
+            "docker", "exec", "-u", user, "-w", SHARED, *names, self.container(host), "bash", "-c", command,
+            check=False, timeout=timeout, env=env,
         )  # fmt: skip
         if check and done.returncode != 0:
             raise AssertionError(f"{command!r} on {host} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
@@ -240,15 +252,16 @@ class SlurmCluster:
     def run_root(self, host: str, command: str) -> None:
         self.exec(host, command, user="root")
 
-    def submit(self, script: str, name: str) -> str:
-        """Writes the batch script to SHARED/jobs/NAME.sbatch and sbatch's it as USER; returns the job id."""
+    def submit(self, script: str, name: str, env: Mapping[str, str] | None = None) -> str:
+        """Writes the batch script to SHARED/jobs/NAME.sbatch and sbatch's it as USER, `env` exported in the shell
+        that runs sbatch; returns the job id."""
         jobs = self.shared / "jobs"
         jobs.mkdir(exist_ok=True)
         os.chown(jobs, UID, UID)
         path = jobs / f"{name}.sbatch"
         path.write_text(script)
         os.chown(path, UID, UID)
-        submitted = self.exec(CONTROLLER, f"sbatch --parsable -J {name} -o jobs/{name}.out jobs/{name}.sbatch")
+        submitted = self.exec(CONTROLLER, f"sbatch --parsable -J {name} -o jobs/{name}.out jobs/{name}.sbatch", env=env)
         return submitted.stdout.strip().split(";")[0]
 
     def wait(self, job_id: str, timeout: float) -> JobResult:

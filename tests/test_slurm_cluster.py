@@ -1,22 +1,27 @@
 """Horovod jobs on a real Slurm cluster of this machine (tests/slurmcluster.py), in the stack's image as a SIF run by
-Apptainer, submitted with `sbatch` by an unprivileged user: the bundled trainer on 2 nodes x 1 and 2 nodes x 2
-ranks, and TensorFlow's on 2 x 1; a failing rank fails the job naming its node and task; `scancel` leaves no
-process behind.
+Apptainer, each job's batch script written by `launcher export sbatch` and submitted with `sbatch` by an
+unprivileged user: the bundled trainer on 2 nodes x 1 and 2 nodes x 2 ranks, and TensorFlow's on 2 x 1; a user's own
+script from --workdir with a secret given by name; a failing rank fails the job naming its node and task; `scancel`
+leaves no process behind.
 
 How the ranks start (each tried here, in this order): Debian's Slurm has no PMIx plugin (`srun --mpi=list`: none,
 cray_shasta, pmi2), so `srun --mpi=pmix` is refused; the image's Open MPI (Debian 12's 4.1.4, external PMIx) has
 no PMI-2 client, so under `srun --mpi=pmi2` each task initialises as a world of its own (size 1); `mpirun` inside the
 container cannot start ranks on the other node (its Slurm launcher calls srun, which the container lacks, and its
-ssh launcher needs an sshd the nodes do not run). What works: srun starts one task per rank, each runs the SIF
-with Horovod's Gloo controller, and the ranks meet at Horovod's rendezvous server, started by the batch script on
-the first node with the job's secret (GLOO_JOB below). The sbatch exporter writes the same lines.
+ssh launcher needs an sshd the nodes do not run). What works, and what the exporter writes (launcher/slurm/sbatch.py
+rank_start): srun starts one task per rank, each runs the SIF with Horovod's Gloo controller, and the ranks meet at
+Horovod's rendezvous server, started by the batch script on the first node with a secret of the run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,68 +36,33 @@ EPOCHS = 5
 """The fewest epochs of `--dataset digits` that reach val accuracy 0.95 on 2 and on 4 ranks with the defaults."""
 JOB_TIMEOUT = 900.0
 
-GLOO_JOB = """#!/bin/bash
-#SBATCH --job-name={name}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node={tasks_per_node}
-#SBATCH --time=00:20:00
-set -euo pipefail
-sif={sif}
-run={run}
-mkdir -p "$run"
-# The job's rendezvous secret: in the environment alone, never on a command line. Apptainer's --cleanenv passes on
-# only the APPTAINERENV_ variables, without their prefix.
-export HOROVOD_STACK_RENDEZVOUS_TOKEN=$(head -c 32 /dev/urandom | base64 | tr -d '/+=\\n')
-export APPTAINERENV_HOROVOD_STACK_RENDEZVOUS_TOKEN=$HOROVOD_STACK_RENDEZVOUS_TOKEN
-# Horovod's rendezvous server on this node, the allocation's first, for the ranks' Gloo to meet at.
-address=$(getent hosts "$(hostname)" | awk '{{print $1; exit}}')
-export APPTAINERENV_RENDEZVOUS_ADDRESS=$address
-export APPTAINERENV_RENDEZVOUS_HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" |
-  sed "s/$/:$SLURM_NTASKS_PER_NODE/" | paste -sd,)
-export APPTAINERENV_RENDEZVOUS_RANKS=$SLURM_NTASKS
-apptainer -q exec --cleanenv "$sif" python -u -c '
-import os, time
-from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-from horovod.runner.http.http_server import RendezvousServer
-server = RendezvousServer()
-port = server.start(address=os.environ["RENDEZVOUS_ADDRESS"])
-hosts = parse_hosts(os.environ["RENDEZVOUS_HOSTS"])
-server.init(get_host_assignments(hosts, int(os.environ["RENDEZVOUS_RANKS"])))
-print(port, flush=True)
-while True:
-    time.sleep(3600)
-' > "$run/rendezvous.port" &
-rendezvous=$!
-trap 'kill $rendezvous 2>/dev/null || true' EXIT
-for _ in $(seq 120); do [ -s "$run/rendezvous.port" ] && break; sleep 0.5; done
-[ -s "$run/rendezvous.port" ] || {{ echo "the rendezvous server did not start on $(hostname)" >&2; exit 1; }}
-export APPTAINERENV_HOROVOD_GLOO_RENDEZVOUS_ADDR=$address
-export APPTAINERENV_HOROVOD_GLOO_RENDEZVOUS_PORT=$(cat "$run/rendezvous.port")
-export APPTAINERENV_HOROVOD_CONTROLLER=gloo APPTAINERENV_HOROVOD_CPU_OPERATIONS=gloo
-export APPTAINERENV_HOROVOD_GLOO_IFACE={iface}
-# One task per rank; each maps Slurm's numbering onto Horovod's (block distribution: a node's ranks are adjacent).
-srun --kill-on-bad-exit=1 bash -c '
-export APPTAINERENV_HOROVOD_RANK=$SLURM_PROCID APPTAINERENV_HOROVOD_SIZE=$SLURM_NTASKS
-export APPTAINERENV_HOROVOD_LOCAL_RANK=$SLURM_LOCALID APPTAINERENV_HOROVOD_LOCAL_SIZE=$SLURM_NTASKS_PER_NODE
-export APPTAINERENV_HOROVOD_CROSS_RANK=$SLURM_NODEID APPTAINERENV_HOROVOD_CROSS_SIZE=$SLURM_NNODES
-export APPTAINERENV_HOROVOD_HOSTNAME=$SLURMD_NODENAME
-exec apptainer -q exec --cleanenv --bind {shared} "$0" "$@"' "$sif" {command}
-"""
-"""A job of the bundled trainer's ranks over Gloo: {name}, {nodes}, {tasks_per_node}, {sif} and {run} (paths on
-the nodes), {iface} (the nodes' NIC the ranks talk over) and {command} (the rank's command, in the SIF)."""
+SECRET = "TRACKER_API_KEY"
+"""The secret setting the user's job asks for by name (`--secret`), its value exported where sbatch runs."""
 
 
-def gloo_job(name: str, sif: str, nodes: int, tasks_per_node: int, command: str) -> str:
-    return GLOO_JOB.format(
-        name=name,
-        nodes=nodes,
-        tasks_per_node=tasks_per_node,
-        sif=sif,
-        run=f"{SHARED}/runs/{name}",
-        iface="eth0",
-        shared=SHARED,
-        command=command,
+def exported(cluster: SlurmCluster, name: str, sif: Path, *flags: str, command: tuple[str, ...]) -> str:
+    """The batch script `launcher export sbatch` writes for a job on every node, with the paths as the nodes see
+    them: the SIF under SHARED/images, the shared folder, the job's name; `flags` (--slots, --workdir, --secret) and
+    `command` (the words after `--`) as a user gives them."""
+    script = cluster.folder / f"{name}.sbatch"
+    argv = [sys.executable, "-m", "launcher", "export", "sbatch", "--nodes", str(len(NODES)), "--sif", on_nodes(sif)]
+    argv += ["--shared", SHARED, "--name", name, "--time", "20", *flags, "-o", str(script), "--", *command]
+    # In the cluster's folder: no .env of this checkout's is read.
+    done = subprocess.run(
+        argv,
+        cwd=cluster.folder,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
+    assert done.returncode == 0, f"launcher export sbatch failed:\n{done.stderr}"
+    return script.read_text()
+
+
+def submitted(cluster: SlurmCluster, name: str, sif: Path, *flags: str, command: tuple[str, ...]) -> str:
+    """The exported script of the job, submitted by the cluster's user with sbatch; its job ID."""
+    return cluster.submit(exported(cluster, name, sif, *flags, command=command), name)
 
 
 def built_sif(*which: str) -> Path:
@@ -121,17 +91,17 @@ def on_nodes(sif: Path) -> str:
 
 
 def trained(cluster: SlurmCluster, sif: Path, name: str, tasks_per_node: int, measured) -> dict:
-    """Submits the trainer on every node with tasks_per_node ranks each; returns its summary once it finished."""
-    run = f"{SHARED}/runs/{name}"
-    command = f"python -m app.train --dataset digits --epochs {EPOCHS} --run-dir {run} --progress lines"
-    job = cluster.submit(gloo_job(name, on_nodes(sif), len(NODES), tasks_per_node, command), name)
+    """Submits the bundled trainer on every node with tasks_per_node ranks each; its rank -> node once it ended."""
+    command = ("--dataset", "digits", "--epochs", str(EPOCHS), "--progress", "lines")
+    job = submitted(cluster, name, sif, "--slots", str(tasks_per_node), command=command)
     result = cluster.wait(job, JOB_TIMEOUT)
     measured(f"slurm job {name}: {result.state} {result.exit_code} in {result.seconds:.0f} s on {result.nodes}")
     print(result.output[-2500:])
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), f"{result}\n{cluster.logs()}"
     ranks = len(NODES) * tasks_per_node
     assert f"parameters identical on all {ranks} ranks" in result.output, result.output[-3000:]
-    local_run = cluster.shared / "runs" / name
+    local_run = cluster.shared / "runs" / f"{name}-{job}"
+    assert f"run folder: {SHARED}/runs/{name}-{job}" in result.output, result.output[:2000]
     epochs = [json.loads(line) for line in (local_run / "metrics.jsonl").read_text().splitlines()]
     assert [epoch["epoch"] for epoch in epochs] == list(range(1, EPOCHS + 1))
     assert epochs[-1]["world_size"] == ranks and epochs[-1]["val_accuracy"] >= 0.95, epochs[-1]
@@ -159,8 +129,8 @@ def test_tensorflow_on_two_nodes_one_rank_each(cluster, measured):
 
 
 def test_a_failing_rank_fails_the_job_naming_its_node_and_task(cluster, pytorch_sif):
-    rank_1_fails = 'python -c \'import os, sys; sys.exit(3 if os.environ["HOROVOD_RANK"] == "1" else 0)\''
-    job = cluster.submit(gloo_job("fails", on_nodes(pytorch_sif), len(NODES), 1, rank_1_fails), "fails")
+    rank_1_fails = ("python", "-c", 'import os, sys; sys.exit(3 if os.environ["HOROVOD_RANK"] == "1" else 0)')
+    job = submitted(cluster, "fails", pytorch_sif, command=rank_1_fails)
     result = cluster.wait(job, 120)
     # srun's status is the failed rank's, or 143 where it had to end rank 0 (still starting) with SIGTERM first.
     assert result.state == "FAILED" and result.exit_code in ("3:0", "143:0"), result
@@ -175,8 +145,7 @@ def processes(cluster: SlurmCluster, host: str) -> list[str]:
 
 
 def test_scancel_ends_every_rank_and_leaves_no_process_on_any_node(cluster, pytorch_sif):
-    command = f"python -m app.train --dataset synthetic --epochs 500 --run-dir {SHARED}/runs/cancelled"
-    job = cluster.submit(gloo_job("cancelled", on_nodes(pytorch_sif), len(NODES), 1, command), "cancelled")
+    job = submitted(cluster, "cancelled", pytorch_sif, command=("--dataset", "synthetic", "--epochs", "500"))
     deadline = time.monotonic() + 120
     while not all("python" in processes(cluster, host) for host in NODES) and time.monotonic() < deadline:
         time.sleep(1)
@@ -187,3 +156,26 @@ def test_scancel_ends_every_rank_and_leaves_no_process_on_any_node(cluster, pyto
     while any(processes(cluster, host) for host in NODES) and time.monotonic() < deadline:
         time.sleep(1)
     assert {host: processes(cluster, host) for host in NODES} == {host: [] for host in NODES}
+
+
+def test_a_users_script_from_workdir_runs_on_both_nodes_with_a_secret_not_in_the_script(cluster, pytorch_sif):
+    """The user's own Horovod script (tests/user_script/, copied where every node reads it: --workdir), run by a
+    shell line that first prints a digest of the secret each rank got (`--secret NAME`: the value exported in the
+    shell that runs sbatch, not in the script)."""
+    workdir = cluster.shared / "user_script"
+    shutil.copytree(REPO / "tests" / "user_script", workdir, ignore=shutil.ignore_patterns("__pycache__"))
+    value = secrets.token_hex(16)
+    line = f'echo "secret sha256 $(printf %s "${SECRET}" | sha256sum | cut -d" " -f1)"; exec python allreduce_train.py'
+    flags = ("--workdir", f"{SHARED}/user_script", "--secret", SECRET)
+    script = exported(cluster, "user-script", pytorch_sif, *flags, command=("sh", "-c", f"{line} --steps 5"))
+    assert value not in script and SECRET in script
+    job = cluster.submit(script, "user-script", env={SECRET: value})
+    result = cluster.wait(job, 300)
+    print(result.output[-2500:])
+    assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), f"{result}\n{cluster.logs()}"
+    digest = hashlib.sha256(value.encode()).hexdigest()
+    for rank, node in enumerate(NODES):
+        assert f"{rank}: secret sha256 {digest}" in result.output, result.output[-3000:]
+        ran = f"{rank}: user-script rank {rank} of 2 on {node} (2 hosts, 1 rank(s) on this one): allreduce sum 3 ok"
+        assert ran in result.output, result.output[-3000:]
+    assert value not in result.output

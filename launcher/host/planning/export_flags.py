@@ -124,8 +124,8 @@ SBATCH: tuple[Flag, ...] = (
     Flag(
         "sif",
         str,
-        "The image as a SIF file at the same path on every node (apptainer build FILE.sif docker-daemon://IMAGE); "
-        "required.",
+        "The image as a SIF file at the same path on every node (apptainer build FILE.sif docker-daemon://IMAGE, or "
+        "scripts/build-sif.sh: docs/slurm.md); required.",
         "SIF",
     ),
     Flag(
