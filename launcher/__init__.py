@@ -22,9 +22,11 @@ The packages, by folder:
   and its transport, compose's job (compose), the MPIJob launcher pod's job (mpijob_pod), stacks, rank_nic, linkprobe;
 - launcher/k8s/, the Kubernetes document: the MPIJob, its checked request (mpijob_request), its pods'
   resources and Pod Security checks;
+- launcher/slurm/, the Slurm batch script: its checked request (sbatch_request) and the script (sbatch), every rank a
+  Slurm task in the image's SIF;
 - launcher/smoke/, the image's `smoke` role: a script on N ranks in one container, for a CI runner.
-Imports run one way: core <- agent <- smoke, core <- k8s, core <- host, and cli on top of host and k8s (export);
-inside host, planning <- engines <- running <- doctor:
-the agent and smoke never import the host side, k8s reads only core, nothing imports cli, app/ never imports
-launcher, and no module imports itself by way of others (tests/test_import_rules.py holds these).
+Imports run one way: core <- agent <- smoke, core <- k8s, core <- slurm, core <- host, and cli on top of host, k8s
+and slurm (export); inside host, planning <- engines <- running <- doctor: the agent and smoke never import the host
+side, k8s and slurm read only core (and app's rank-side rules), nothing imports cli, app/ never imports launcher, and
+no module imports itself by way of others (tests/test_import_rules.py holds these).
 """
