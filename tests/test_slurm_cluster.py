@@ -230,7 +230,7 @@ def test_a_job_that_loses_a_node_is_requeued_and_resumes_from_its_checkpoint(clu
         cluster.shared / "runs" / f"{name}-{job}" / "checkpoints",
         cluster.shared / "jobs" / f"{name}.out",
     )
-    until(cluster, "the job's first checkpoint", lambda: any(checkpoints.glob("latest.*")))
+    until(cluster, "the job's first checkpoint", lambda: (checkpoints / "latest.pt").exists())
     address = cluster.address(lost)
     cluster.lose(lost)
     killed = time.monotonic()
