@@ -40,6 +40,8 @@ CPUS_PER_NODE = 2
 """Each node offers 2 CPUs (this machine has 2 in all: the nodes' CPUs are oversubscribed)."""
 LABEL = "horovod-stack.test=slurm"
 START_TIMEOUT = 90.0
+SLURMD_TIMEOUT = 10
+"""How long the controller waits for a node's answer before it declares the node DOWN (slurm.conf SlurmdTimeout)."""
 UNFINISHED = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING", "CONFIGURING"}
 """Slurm's states of a job that has not ended yet."""
 
@@ -48,7 +50,11 @@ def slurm_conf(cluster: str) -> str:
     """The cluster's slurm.conf: no cgroups (a container's cgroup is not Slurm's to manage), processes tracked by
     their parent ids, no task binding. No slurmdbd, so no `sacct` (sid's slurmdbd 26.05 stops at its first query
     to sid's MariaDB 11.8: "_check_mysql_concat_is_sane: null result"): a job's end is read from `scontrol show
-    job`, which keeps ended jobs MinJobAge seconds (an hour), and each ended job is a line of jobcomp.log."""
+    job`, which keeps ended jobs MinJobAge seconds (an hour), and each ended job is a line of jobcomp.log.
+    A lost node is found as a site's Slurm finds one, only sooner: the controller pings each node every third of
+    SlurmdTimeout and declares it DOWN when it has not answered for SlurmdTimeout (sites: 300 s); a requeued job
+    starts again after requeue_delay (default: AuthInfo's cred_expire, 120 s); a node that registers again
+    returns to service (ReturnToService=2)."""
     nodes = ",".join(NODES)
     return f"""ClusterName={cluster}
 SlurmctldHost={CONTROLLER}
@@ -76,6 +82,8 @@ JobCompLoc=/var/log/slurm/jobcomp.log
 MinJobAge=3600
 KillWait=10
 InactiveLimit=0
+SlurmdTimeout={SLURMD_TIMEOUT}
+SchedulerParameters=requeue_delay=1
 NodeName={nodes} CPUs={CPUS_PER_NODE} State=UNKNOWN
 PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
@@ -92,6 +100,13 @@ cp {CONFIG}/slurm.conf {CONFIG}/cgroup.conf /etc/slurm/
 install -o munge -g munge -m 0400 {CONFIG}/munge.key /etc/munge/munge.key
 chown munge:munge /run/munge
 runuser -u munge -- munged
+"""
+NODE_RESTART = """set -eu
+# A node started again after it was lost: its daemons' pid files are stale, its /dev is new.
+chmod 666 /dev/fuse
+rm -f /run/slurmd.pid /run/munge/munged.pid
+runuser -u munge -- munged --force
+slurmd
 """
 
 
@@ -248,6 +263,24 @@ class SlurmCluster:
         if check and done.returncode != 0:
             raise AssertionError(f"{command!r} on {host} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
         return done
+
+    def address(self, host: str) -> str:
+        """The host's address on the cluster's network."""
+        field = f'{{{{(index .NetworkSettings.Networks "{self.network}").IPAddress}}}}'
+        return sh("docker", "inspect", "-f", field, self.container(host)).stdout.strip()
+
+    def lose(self, host: str) -> None:
+        """The node dies as a host does: every process at once (SIGKILL), its network gone with no reset sent."""
+        sh("docker", "kill", self.container(host))
+
+    def bring_back(self, host: str, address: str) -> None:
+        """A lost node started again (its container, munge, slurmd: it registers and Slurm returns it to service),
+        at the address it had (`address`), which Slurm's controller keeps for it."""
+        sh("docker", "start", self.container(host))
+        back = self.address(host)
+        if back != address:
+            raise AssertionError(f"{host} came back at {back}, not at {address}, where Slurm looks for it")
+        self.run_root(host, NODE_RESTART)
 
     def run_root(self, host: str, command: str) -> None:
         self.exec(host, command, user="root")

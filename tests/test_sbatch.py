@@ -138,9 +138,15 @@ CASES = {
             "  resume=(--resume)",
             'export APPTAINERENV_HOROVOD_STACK_RESTART="${SLURM_RESTART_COUNT:-0}"',
             'export APPTAINERENV_HOROVOD_STACK_CHECKPOINT_DIR=/shared/runs/horovod-stack-"${SLURM_JOB_ID}"/checkpoints',
+            'export APPTAINERENV_HOROVOD_GLOO_TIMEOUT_SECONDS="${gloo_timeout}"',
             '${resume[@]+"${resume[@]}"}',
         ],
         ["--no-requeue"],
+    ),
+    "restarts, the user's own Gloo timeout": (
+        {"max_restarts": 1, "env": ("HOROVOD_GLOO_TIMEOUT_SECONDS=900",)},
+        ["export APPTAINERENV_HOROVOD_GLOO_TIMEOUT_SECONDS=900"],
+        ['"${gloo_timeout}"'],
     ),
     "restarts of a users script": (
         {"max_restarts": 1, "command": ("python", "/cluster/team/code/train.py")},
@@ -175,15 +181,17 @@ def test_the_script_says_what_each_option_asks_for_and_bash_reads_it(fields, pre
 
 
 def stand_ins(folder: Path) -> Path:
-    """First on PATH: srun (runs its command once, as task 0 of 2 on node1), scontrol (the allocation's nodes), and
-    apptainer, which writes what it was given into $RAN as JSON, or, asked to run the rendezvous server, into
-    $RAN.server and prints the server's port (unless $NO_SERVER: it ends at once)."""
+    """First on PATH: srun (runs its command once, as task 0 of 2 on node1), scontrol (the allocation's nodes, and a
+    SlurmdTimeout of 10 s for `show config`), and apptainer, which writes what it was given into $RAN as JSON, or,
+    asked to run the rendezvous server, into $RAN.server and prints the server's port (unless $NO_SERVER: it ends at
+    once)."""
     folder.mkdir()
     tools = {
         "srun": "#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n"
         "export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 SLURM_NTASKS=2 SLURM_NNODES=2 SLURM_NTASKS_PER_NODE=1\n"
         'SLURMD_NODENAME=node1 CUDA_VISIBLE_DEVICES=0 exec "$@"\n',
-        "scontrol": "#!/bin/bash\necho node1; echo node2\n",
+        "scontrol": '#!/bin/bash\nif [ "$2" = config ]; then echo "SlurmdTimeout           = 10 sec"; '
+        "else echo node1; echo node2; fi\n",
         "apptainer": f"#!{sys.executable}\nimport json, os, sys, time\n"
         "env = {k[len('APPTAINERENV_'):]: v for k, v in os.environ.items() if k.startswith('APPTAINERENV_')}\n"
         "server = any('RendezvousServer' in word for word in sys.argv)\n"
@@ -289,6 +297,8 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_stops_past_max_restarts(
     assert done.returncode == 0, done.stderr
     assert "--resume" not in given["argv"] and given["env"]["HOROVOD_STACK_RESTART"] == "0"
     assert given["env"]["HOROVOD_STACK_CHECKPOINT_DIR"] == "/shared/runs/horovod-stack-42/checkpoints"
+    # Twice the site's SlurmdTimeout (10 s here) and a minute: the ranks outwait Slurm's verdict on a lost node.
+    assert given["env"]["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "80"
     done, given, _ = run_script(tmp_path, {"SLURM_RESTART_COUNT": "2"}, max_restarts=2)
     assert done.returncode == 0, done.stderr
     assert given["argv"][-3:] == ["--run-dir", "/shared/runs/horovod-stack-42", "--resume"]

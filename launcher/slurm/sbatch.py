@@ -21,8 +21,9 @@ says, and why:
   one is missing; no value is ever in the script;
 - --max-restarts N: the job is requeued when Slurm loses a node (--requeue, the output file appended to) and each
   run resumes from the newest checkpoint (the bundled trainer's --resume; a script of the user's reads
-  HOROVOD_STACK_RESTART, from SLURM_RESTART_COUNT), N times at most; without it, --no-requeue, so a site that requeues
-  by default does not start the job over from scratch.
+  HOROVOD_STACK_RESTART, from SLURM_RESTART_COUNT), N times at most, the ranks waiting on a lost peer until Slurm
+  declares its node lost (a rank that failed first would end the job, not requeue it); without it, --no-requeue, so
+  a site that requeues by default does not start the job over from scratch.
 Open MPI is not started (the ranks' controller is Gloo), so neither its NIC settings nor its fixed ports
 (launcher/core/mpiports.py, which let a Docker host's firewall name the ports of the stack's workers) apply.
 """
@@ -38,9 +39,12 @@ from launcher.core.options import names_in
 from launcher.core.protocol import CHECKPOINT_DIR_VARIABLE, RESTART_VARIABLE, RUNS_DIR, SHARED_MOUNT, WORKDIR
 from launcher.slurm.sbatch_request import SbatchRequest
 
-JOB_ID, RESTART = "\0job\0", "\0restart\0"
+JOB_ID, RESTART, GLOO_TIMEOUT = "\0job\0", "\0restart\0", "\0gloo timeout\0"
 """Parts of a word known only when the job runs (no argument holds a NUL): written as the shell variables below."""
-AT_RUN_TIME = {JOB_ID: '"${SLURM_JOB_ID}"', RESTART: '"${SLURM_RESTART_COUNT:-0}"'}
+AT_RUN_TIME = {JOB_ID: '"${SLURM_JOB_ID}"', RESTART: '"${SLURM_RESTART_COUNT:-0}"', GLOO_TIMEOUT: '"${gloo_timeout}"'}
+GLOO_TIMEOUT_VARIABLE = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+SLURMD_TIMEOUT_DEFAULT = 300
+"""Slurm's SlurmdTimeout where `scontrol show config` does not tell it."""
 OUTPUT_FILE = "%x-%j.out"
 """sbatch's pattern for the job's output file: the job's name and ID, in the folder sbatch ran in."""
 TASK_ENV = (
@@ -96,12 +100,17 @@ def passed_on(argv: list[str]) -> list[str]:
 def rank_env(request: SbatchRequest) -> list[str]:
     """KEY=VALUE for every rank: the user's --env, NCCL's and Gloo's NIC (jobspec's nic_selection, as mpirun would
     pass them on), the stack's Horovod defaults they leave unset, the timeline and autotuning, the GPU settings, and
-    with restarts which run this is and where its checkpoints are."""
+    with restarts which run this is, where its checkpoints are and how long a rank waits on a silent peer
+    (restart_lines' gloo_timeout)."""
     options = request.job
     env, user_set = options.env, names_in(options.env)
     paths = run_paths(options.command, run_folder(request), options.can_restart)
     nic = passed_on(nic_selection(options.network_interface, (), request.nodes > 1, user_set))
-    restart = {RESTART_VARIABLE: RESTART, CHECKPOINT_DIR_VARIABLE: paths.checkpoint_dir} if options.can_restart else {}
+    restart = (
+        {RESTART_VARIABLE: RESTART, CHECKPOINT_DIR_VARIABLE: paths.checkpoint_dir, GLOO_TIMEOUT_VARIABLE: GLOO_TIMEOUT}
+        if options.can_restart
+        else {}
+    )
     return [
         *env,
         *(pair for pair in nic if pair.partition("=")[0] not in user_set),
@@ -234,7 +243,9 @@ def secret_lines(request: SbatchRequest) -> list[str]:
 
 
 def restart_lines(request: SbatchRequest) -> list[str]:
-    """With --max-restarts N: stop past N requeues; after one, say so (and give the bundled trainer --resume)."""
+    """With --max-restarts N: stop past N requeues; after one, say so (and give the bundled trainer --resume). The
+    ranks' Gloo timeout outlasts the site's SlurmdTimeout (twice it, plus a minute: Slurm's pings run every third of
+    it), so a lost node ends the job by Slurm's hand, which requeues it, not by a rank's timeout, which fails it."""
     options = request.job
     if not options.can_restart:
         return []
@@ -247,6 +258,11 @@ def restart_lines(request: SbatchRequest) -> list[str]:
         '    "not run again" >&2',
         "  exit 1",
         "fi",
+        "# Slurm requeues only a job still running when it declares a node lost (SlurmdTimeout after the node's last",
+        "# answer): until then the ranks wait on the silent peer, rather than fail at Gloo's 30 s and end the job.",
+        "slurmd_timeout=$(scontrol show config 2>/dev/null | awk '$1 == \"SlurmdTimeout\" {print $3}') || true",
+        f'case "$slurmd_timeout" in "" | *[!0-9]*) slurmd_timeout={SLURMD_TIMEOUT_DEFAULT} ;; esac',
+        "gloo_timeout=$((2 * slurmd_timeout + 60))",
     ]
     after = f'echo "restart $SLURM_RESTART_COUNT/{most}: resuming from the newest checkpoint"'
     if resumes(request):
