@@ -255,3 +255,17 @@ def test_a_stall_that_ends_is_said_with_its_length_not_the_new_outputs_age():
         time.sleep(0.1)
     watch.stop()
     assert "the job shows progress again after a stall of 41 s or more" in said
+
+
+@pytest.mark.parametrize(
+    "bound, gains",
+    [
+        ("00000000a80c25fb", True),  # Docker's defaults and SYS_PTRACE (a worker's cap_add)
+        ("00000000a80425fb", False),  # Docker's defaults alone (--no-ptrace)
+        ("0000000000000000", False),  # an unprivileged user's Apptainer container
+        (None, True),  # no such line: the image's py-spy, as before
+    ],
+)
+def test_py_spy_without_its_capability_where_the_bounding_set_lacks_it(bound, gains):
+    status = "Name:\tpython\n" + (f"CapBnd:\t{bound}\n" if bound else "") + "NoNewPrivs:\t1\n"
+    assert stacks.may_gain_ptrace(status) is gains
