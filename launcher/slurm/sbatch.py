@@ -24,6 +24,9 @@ says, and why:
   HOROVOD_STACK_RESTART, from SLURM_RESTART_COUNT), N times at most, the ranks waiting on a lost peer until Slurm
   declares its node lost (a rank that failed first would end the job, not requeue it); without it, --no-requeue, so
   a site that requeues by default does not start the job over from scratch.
+- --stall-timeout N: a watch beside the ranks (stall_lines): once the job's output and metrics file have not changed
+  for N s, every rank's stack goes into the output, taken in the job's own allocation; --stall-action fail then ends
+  the ranks, and the job FAILED.
 Open MPI is not started (the ranks' controller is Gloo), so neither its NIC settings nor its fixed ports
 (launcher/core/mpiports.py, which let a Docker host's firewall name the ports of the stack's workers) apply.
 """
