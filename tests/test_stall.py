@@ -112,6 +112,13 @@ def test_rank_processes_are_found_by_their_rank_variable(tmp_path):
     assert stacks.rank_processes(tmp_path) == [(0, 11), (1, 10)]
 
 
+def test_a_slurm_jobs_ranks_alone_where_the_users_other_job_shares_the_node(tmp_path):
+    for pid, environ in ((20, b"HOROVOD_RANK=0\0SLURM_JOB_ID=7\0"), (21, b"HOROVOD_RANK=0\0SLURM_JOB_ID=8\0")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "environ").write_bytes(environ)
+    assert stacks.rank_processes(tmp_path, only="SLURM_JOB_ID=8") == [(0, 21)]
+
+
 @pytest.mark.parametrize(
     "output_age, metrics_age, timeout, stalled",
     [

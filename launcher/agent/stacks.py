@@ -140,8 +140,11 @@ def summary(stacks: list[RankStack]) -> str:
 
 
 # --- in a worker container ----------------------------------------------------------------------------------------
-def rank_processes(proc: Path = Path("/proc")) -> list[tuple[int, int]]:
-    """(rank, pid) for each rank process this user can see, by the rank its launcher put in its environment."""
+def rank_processes(proc: Path = Path("/proc"), only: str | None = None) -> list[tuple[int, int]]:
+    """(rank, pid) for each rank process this user can see, by the rank its launcher put in its environment; `only`
+    (NAME=VALUE): of those, the processes with that variable (a Slurm job's: SLURM_JOB_ID=ID, where the same user's
+    other jobs may share the node)."""
+    name_of, _, value_of = (only or "").partition("=")
     found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
@@ -151,6 +154,8 @@ def rank_processes(proc: Path = Path("/proc")) -> list[tuple[int, int]]:
         except OSError:
             continue
         variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        if only and variables.get(name_of.encode()) != value_of.encode():
+            continue
         for name in RANK_VARIABLES:
             value = variables.get(name.encode(), b"")
             if value.isdigit():
@@ -212,11 +217,11 @@ def dump(pid: int, native: bool, program: str = "py-spy") -> tuple[tuple[Frame, 
     return main_thread_frames(json.loads(done.stdout), pid), None
 
 
-def collect(node: str, native: bool = False) -> list[RankStack]:
+def collect(node: str, native: bool = False, only: str | None = None) -> list[RankStack]:
     stacks = []
     with tempfile.TemporaryDirectory(prefix="py-spy-") as folder:
         program = py_spy(folder)
-        for rank, pid in rank_processes():
+        for rank, pid in rank_processes(only=only):
             frames, error = dump(pid, native, program)
             stacks.append(RankStack(rank, node, pid, frames, error))
     return stacks
@@ -241,8 +246,9 @@ def main(argv: list[str]) -> int:
     collecting = commands.add_parser("collect", help="this container's ranks' stacks, as JSON")
     collecting.add_argument("--node", default=os.uname().nodename, help="the node's name, for the labels")
     collecting.add_argument("--native", action="store_true", help="native (C/C++) frames too")
+    collecting.add_argument("--only", metavar="NAME=VALUE", help="only the ranks with this variable (SLURM_JOB_ID=ID)")
     options = parser.parse_args(argv)
-    sys.stdout.write(to_json(collect(options.node, options.native)) + "\n")
+    sys.stdout.write(to_json(collect(options.node, options.native, options.only)) + "\n")
     return 0
 
 

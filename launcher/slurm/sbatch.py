@@ -236,7 +236,10 @@ def stall_lines(request: SbatchRequest) -> list[str]:
         f"--timeout {timeout}",
     ]
     report += ["--fail"] if fail else []
-    collect = 'exec apptainer exec --cleanenv "$0" python -m launcher.agent.stacks collect --node "$SLURMD_NODENAME"'
+    collect = (
+        'exec apptainer exec --cleanenv "$0" python -m launcher.agent.stacks collect --node "$SLURMD_NODENAME" '
+        '--only "SLURM_JOB_ID=$SLURM_JOB_ID"'
+    )
     then = (
         ['    kill "$1" 2>/dev/null || true  # the ranks end: the job FAILED', "    return 0"]
         if fail
