@@ -64,6 +64,37 @@ TASK_ENV = (
 the task (srun's block distribution puts a node's ranks side by side, as the rendezvous server assigns them), and
 Slurm's variables of this task (the GPUs Slurm gave it among them), which --cleanenv would drop, handed into its
 container."""
+COLLECT = 'python -m launcher.agent.stacks collect --node "$SLURMD_NODENAME" --only "SLURM_JOB_ID=$SLURM_JOB_ID"'
+STACKS_TASK = f"""mine=$(readlink /proc/self/ns/user) entered=" " own=
+for environ in /proc/[0-9]*/environ; do
+  mapfile -d '' -t variables 2>/dev/null <"$environ" || continue
+  job= rank= kept=()
+  for variable in "${{variables[@]}}"; do
+    case $variable in
+      HOROVOD_RANK=*) rank=1 ;;
+      "SLURM_JOB_ID=$SLURM_JOB_ID") job=1; kept+=("$variable") ;;
+      *) kept+=("$variable") ;;
+    esac
+  done
+  [ -n "$job" ] && [ -n "$rank" ] || continue
+  pid=${{environ#/proc/}} pid=${{pid%/environ}}
+  namespace=$(readlink "/proc/$pid/ns/user") || continue
+  if [ "$namespace" = "$mine" ]; then own=1; continue; fi
+  case $entered in *" $namespace "*) continue ;; esac
+  entered+="$namespace "
+  (  # the rank's variables (PATH, PYTHONPATH) in the environment, never on a command line
+    for variable in "${{kept[@]}}"; do export "$variable" 2>/dev/null || true; done
+    exec nsenter --target "$pid" --user --mount --preserve-credentials --wd -- {COLLECT}
+  )
+done
+if [ -n "$own" ]; then apptainer exec --cleanenv "$0" {COLLECT}; fi
+"""
+"""What each node's task of the stall watch runs (stall_lines), on the node itself, $0 the SIF: stacks.py's `collect`
+of this job's ranks there, found by their variables (HOROVOD_RANK, and this job's SLURM_JOB_ID). Apptainer run by a
+user without setuid puts each rank in a user namespace of its own, whose processes another container of the same
+user may neither read nor trace (the kernel asks for SYS_PTRACE there); so `collect` runs inside each rank's
+namespaces (nsenter: the user owns them), with the rank's variables less its rank. Ranks in the node's own user
+namespace (setuid Apptainer) are read from one container of the SIF."""
 RENDEZVOUS_SERVER = """import os, time
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.http.http_server import RendezvousServer
@@ -236,10 +267,6 @@ def stall_lines(request: SbatchRequest) -> list[str]:
         f"--timeout {timeout}",
     ]
     report += ["--fail"] if fail else []
-    collect = (
-        'exec apptainer exec --cleanenv "$0" python -m launcher.agent.stacks collect --node "$SLURMD_NODENAME" '
-        '--only "SLURM_JOB_ID=$SLURM_JOB_ID"'
-    )
     then = (
         ['    kill "$1" 2>/dev/null || true  # the ranks end: the job FAILED', "    return 0"]
         if fail
@@ -249,7 +276,7 @@ def stall_lines(request: SbatchRequest) -> list[str]:
         f"# --stall-timeout {timeout}: when the job's output and its metrics file have not changed for {timeout} s,",
         "# every rank's stack goes into the output, once per stall; "
         + ("--stall-action fail: the job ends." if fail else "the job goes on (--stall-action warn)."),
-        f"stacks_task={shlex.quote(collect)}",
+        f"stacks_task={shlex.quote(STACKS_TASK)}",
         "stall_watch() {  # $1: the ranks' srun",
         "  local after=0",
         f'  while {" ".join(wait)} --after "$after"; do',
