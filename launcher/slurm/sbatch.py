@@ -244,7 +244,7 @@ def stall_lines(request: SbatchRequest) -> list[str]:
     """With --stall-timeout N: stall_watch, the shell function that watches the ranks' srun (its process id, $1)
     from beside it. launcher/agent/batch_stall.py's `wait` (in the SIF, its stdout the job's output) returns once the
     job's output and its metrics file have not changed for N s (launcher/core/stall.py's rule); then one task per node
-    runs stacks.py's `collect` in the SIF beside that node's ranks (srun --overlap: in the job's own allocation), and
+    (srun --overlap: in the job's own allocation) runs stacks.py's `collect` on that node's ranks (STACKS_TASK), and
     `report` prints every rank's stack, grouped as `launcher stacks` groups them. With the stall action warn, the next
     stall is reported after the job shows progress again; with fail, the ranks' srun is ended (the job FAILED)."""
     options = request.job
