@@ -19,7 +19,8 @@ The packages, by folder:
   restart (a lost node's restart), metrics (the trainer's metrics file, read), ranktag (the rank tag on a job's
   output lines), legacy_keras (a rank that died of Keras 2 code on Keras 3, and the fix);
 - launcher/agent/, what runs in the containers: the agent (job, and its parts: workers, restarter, watches, records)
-  and its transport, compose's job (compose), the MPIJob launcher pod's job (mpijob_pod), stacks, rank_nic, linkprobe;
+  and its transport, compose's job (compose), the MPIJob launcher pod's job (mpijob_pod), stacks, a Slurm batch
+  script's stall watch (batch_stall), rank_nic, linkprobe;
 - launcher/k8s/, the Kubernetes document: the MPIJob, its checked request (mpijob_request), its pods'
   resources and Pod Security checks;
 - launcher/slurm/, the Slurm batch script: its checked request (sbatch_request) and the script (sbatch), every rank a

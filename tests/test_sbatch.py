@@ -25,7 +25,7 @@ from launcher.slurm import sbatch, sbatch_request
 TRAIN = ("--dataset", "digits", "--epochs", "5")
 SIF, SHARED = "/cluster/images/horovod-stack.sif", "/cluster/team/shared"
 JOB_FIELDS = {"env", "secrets", "network_interface", "time_limit", "max_restarts", "timeline", "autotune", "workdir"}
-JOB_FIELDS |= {"mounts", "command"}
+JOB_FIELDS |= {"mounts", "command", "stall_timeout", "stall_action"}
 SECRET_VALUE = "s3cr3t-value-never-written"
 
 
@@ -160,6 +160,29 @@ CASES = {
             "export APPTAINERENV_HOROVOD_AUTOTUNE=1",
         ],
         [],
+    ),
+    "a stall watch": (
+        {"stall_timeout": 20},
+        [
+            "# --stall-timeout 20: when the job's output and its metrics file have not changed for 20 s,",
+            '  while apptainer exec --cleanenv --bind /cluster/team/shared:/shared "$sif" python -m '
+            'launcher.agent.batch_stall wait --ranks "$1" --timeout 20 --metrics '
+            '/shared/runs/horovod-stack-"${SLURM_JOB_ID}"/metrics.jsonl --after "$after"; do',
+            '      | apptainer exec --cleanenv "$sif" python -m launcher.agent.batch_stall report --timeout 20 || true',
+            "    after=$(date +%s.%N)  # the next stall, after the job shows progress again",
+            'stall_watch "$ranks" &',
+            'exit "$status"',
+        ],
+        ["--fail", 'kill "$1"'],
+    ),
+    "a stall watch that fails the job, a users script": (
+        {"stall_timeout": 600, "stall_action": "fail", "command": ("python", "train.py"), "workdir": "/code"},
+        [
+            '      | apptainer exec --cleanenv "$sif" python -m launcher.agent.batch_stall report --timeout 600 --fail '
+            "|| true",
+            '    kill "$1" 2>/dev/null || true  # the ranks end: the job FAILED',
+        ],
+        ["--metrics", "after=$(date"],
     ),
     "secrets by name": (
         {"secrets": ("WANDB_API_KEY", "HF_TOKEN")},
@@ -320,6 +343,60 @@ def test_a_users_script_runs_in_its_workdir_with_its_own_env(tmp_path):
     assert given["argv"][-5:] == ["--pwd", "/workdir", SIF, "python", "train.py"]
     assert f"{code}:/workdir" in given["argv"]
     assert given["env"]["A"] == "1" and given["env"]["HOROVOD_STACK_GPUS"] == "1"
+
+
+def test_no_stall_watch_unless_asked_for():
+    assert "stall_watch" not in exported() and exported().rstrip().endswith(
+        '--run-dir /shared/runs/horovod-stack-"${SLURM_JOB_ID}"'
+    )
+
+
+HANG = "import sys, time\nprint('rank started', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+STALL_STAND_INS = {
+    "apptainer": "#!/bin/bash\n# Runs its command with the APPTAINERENV_ variables alone, as --cleanenv leaves them.\n"
+    "shift\nwhile [[ $1 == --* ]]; do case $1 in --bind | --pwd) shift 2 ;; *) shift ;; esac; done\nshift\n"
+    "if [[ $* == *RendezvousServer* ]]; then echo 4242; exec sleep 30; fi\ngiven=()\n"
+    'for name in ${!APPTAINERENV_@}; do given+=("${name#APPTAINERENV_}=${!name}"); done\n'
+    'exec env -i PATH="$STAND_INS" PYTHONPATH="$REPO" "${given[@]}" "$@"\n',
+    "py-spy": "#!/bin/bash\n# A dump of process $4 (dump --json --pid PID) hung in hang_here.\n"
+    """echo '[{"os_thread_id": '$4', "frames": [{"name": "hang_here", "filename": "/code/hang.py", "line": 3}]}]'\n""",
+}
+
+
+@pytest.mark.parametrize("action", ["warn", "fail"])
+def test_a_stalled_job_prints_every_ranks_stack_once_and_fail_ends_it(tmp_path, action):
+    tools = stand_ins(tmp_path / "bin")
+    for name, text in STALL_STAND_INS.items():
+        (tools / name).write_text(text)
+        (tools / name).chmod(0o755)
+    (tools / "python").symlink_to(sys.executable)
+    (tmp_path / "hang.py").write_text(HANG)
+    seconds = "6" if action == "warn" else "60"
+    command = ("python", str(tmp_path / "hang.py"), seconds)
+    paths = f"{tools}:{Path(sys.executable).parent}:/usr/bin:/bin"
+    env = {"STAND_INS": paths, "REPO": str(Path(__file__).parents[1]), "SLURM_JOB_NUM_NODES": "2"}
+    output = tmp_path / "job.out"
+    with output.open("w") as out:
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        text = sbatch.script(request(shared=str(shared), command=command, stall_timeout=2, stall_action=action))
+        (tmp_path / "job.sbatch").write_text(text)
+        done = subprocess.run(
+            ["bash", str(tmp_path / "job.sbatch")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={"PATH": paths, "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-2]", "RAN": "/dev/null", **env},
+            timeout=60,
+        )
+    said = output.read_text()
+    assert said.count("the job looks stalled: no output and no new metrics for ") == 1, said
+    assert "s (stall timeout 2 s); every rank's stack:\nrank 0 (node1 pid " in said
+    assert "in hang_here at hang.py:3\n    hang_here (/code/hang.py:3)\n" in said
+    if action == "warn":
+        assert done.returncode == 0, said
+    else:
+        assert done.returncode == 143, said
+        assert said.rstrip().endswith("in hang_here at hang.py:3; ending the job (stall action fail)"), said
 
 
 def test_every_start_flag_is_either_taken_or_refused():

@@ -2,9 +2,10 @@
 Apptainer, each job's batch script written by `launcher export sbatch` and submitted with `sbatch` by an
 unprivileged user: the bundled trainer on 2 nodes x 1 and 2 nodes x 2 ranks, PyTorch's and TensorFlow's; a user's own
 script from --workdir with a secret given by name; a failing rank fails the job naming its node and task; `scancel`
-leaves no process behind; a node lost mid-run under --max-restarts: Slurm requeues the job, which resumes from its
-checkpoint once the node is back, and a requeue past --max-restarts stops in one line. Each job's end is read as its
-user reads it, from the cluster's accounting database (`sacct`).
+leaves no process behind; a job that stalls under --stall-timeout prints every rank's stack and, under --stall-action
+fail, ends FAILED; a node lost mid-run under --max-restarts: Slurm requeues the job, which resumes from its checkpoint
+once the node is back, and a requeue past --max-restarts stops in one line. Each job's end is read as its user reads
+it, from the cluster's accounting database (`sacct`).
 
 How the ranks start (each tried here, in this order): Debian's Slurm has no PMIx plugin (`srun --mpi=list`: none,
 cray_shasta, pmi2), so `srun --mpi=pmix` is refused; the image's Open MPI (Debian 12's 4.1.4, external PMIx) has
@@ -203,6 +204,49 @@ def test_a_users_script_from_workdir_runs_on_both_nodes_with_a_secret_not_in_the
         ran = f"{rank}: user-script rank {rank} of 2 on {node} (2 hosts, 1 rank(s) on this one): allreduce sum 3 ok"
         assert ran in result.output, result.output[-3000:]
     assert value not in result.output
+
+
+HANGS = """import time
+
+import horovod.torch as hvd
+import torch
+
+
+def wait_forever():
+    while True:
+        time.sleep(1)
+
+
+hvd.init()
+print(f"rank {hvd.rank()} started", flush=True)
+if hvd.rank() == 1:
+    wait_forever()
+hvd.allreduce(torch.ones(1), name="never_joined")
+"""
+"""A user's script that hangs: rank 1 never reaches the allreduce rank 0 waits in."""
+
+
+def test_a_stalled_job_prints_every_ranks_stack_and_fails_under_stall_action_fail(cluster, pytorch_sif, measured):
+    """--stall-timeout 20 --stall-action fail: 20 s after the ranks' last line, every rank's stack (py-spy in the SIF,
+    as the submitting user, beside the ranks) is in the job's output, rank 1 named as the odd one out, in the user's
+    function; then the job ends FAILED, naming the stall."""
+    workdir = cluster.shared / "stall_script"
+    workdir.mkdir()
+    (workdir / "hang.py").write_text(HANGS)
+    flags = ("--workdir", f"{SHARED}/stall_script", "--stall-timeout", "20", "--stall-action", "fail")
+    job = submitted(cluster, "stalled", pytorch_sif, *flags, command=("python", "hang.py"))
+    result = cluster.wait(job, 300)
+    print(result.output[-4000:])
+    measured(f"slurm job stalled (stall timeout 20 s): {result.state} {result.exit_code} in {result.seconds:.0f} s")
+    assert result.state == "FAILED", f"{result}\n{cluster.logs()}"
+    output = result.output
+    assert "the job looks stalled: no output and no new metrics for 2" in output, output[-4000:]
+    assert re.search(r"^rank 1 \(node2 pid \d+\) in wait_forever at hang.py:9$", output, re.M), output[-4000:]
+    assert re.search(r"^    wait_forever \(/workdir/hang.py:9\)$", output, re.M), output[-4000:]
+    waiting = r"^rank 0 \(node1 pid \d+\) in \w+ at mpi_ops.py:\d+, from <module> at hang.py:16$"
+    assert re.search(waiting, output, re.M), output[-4000:]
+    ended = r"^error: the job stalled: no output and no new metrics for 2\d s; rank 1 \(node2 pid \d+\) in wait_forever"
+    assert re.search(ended + r" at hang.py:9 while rank 0 in .*; ending the job \(stall action fail\)$", output, re.M)
 
 
 REQUEUE_EPOCHS = 12

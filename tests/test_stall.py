@@ -112,6 +112,13 @@ def test_rank_processes_are_found_by_their_rank_variable(tmp_path):
     assert stacks.rank_processes(tmp_path) == [(0, 11), (1, 10)]
 
 
+def test_a_slurm_jobs_ranks_alone_where_the_users_other_job_shares_the_node(tmp_path):
+    for pid, environ in ((20, b"HOROVOD_RANK=0\0SLURM_JOB_ID=7\0"), (21, b"HOROVOD_RANK=0\0SLURM_JOB_ID=8\0")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "environ").write_bytes(environ)
+    assert stacks.rank_processes(tmp_path, only="SLURM_JOB_ID=8") == [(0, 21)]
+
+
 @pytest.mark.parametrize(
     "output_age, metrics_age, timeout, stalled",
     [
@@ -255,3 +262,17 @@ def test_a_stall_that_ends_is_said_with_its_length_not_the_new_outputs_age():
         time.sleep(0.1)
     watch.stop()
     assert "the job shows progress again after a stall of 41 s or more" in said
+
+
+@pytest.mark.parametrize(
+    "bound, gains",
+    [
+        ("00000000a80c25fb", True),  # Docker's defaults and SYS_PTRACE (a worker's cap_add)
+        ("00000000a80425fb", False),  # Docker's defaults alone (--no-ptrace)
+        ("0000000000000000", False),  # an unprivileged user's Apptainer container
+        (None, True),  # no such line: the image's py-spy, as before
+    ],
+)
+def test_py_spy_without_its_capability_where_the_bounding_set_lacks_it(bound, gains):
+    status = "Name:\tpython\n" + (f"CapBnd:\t{bound}\n" if bound else "") + "NoNewPrivs:\t1\n"
+    assert stacks.may_gain_ptrace(status) is gains

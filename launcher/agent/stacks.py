@@ -1,9 +1,10 @@
 """Every rank's Python stack, on demand (`launcher stacks`) and when a job stalls (the job agent's stall watch).
 
 In each worker container, `python -m launcher.agent.stacks collect --node NAME [--native]` finds the rank processes (by
-the rank Open MPI or horovodrun gave them) and dumps each one's stack with py-spy, as JSON. The caller (the job
-agent, over ssh to every worker) groups the ranks so that identical stacks print once, naming where each group
-is: "rank 1 (node_2 pid 88) in wait_for_data at stall.py:14". The grouping and the wording are pure functions.
+the rank Open MPI or horovodrun gave them) and dumps each one's stack with py-spy, as JSON. The caller (the job agent,
+over ssh to every worker; a Slurm batch script's stall watch, launcher/agent/batch_stall.py) groups the ranks so that
+identical stacks print once, naming where each group is: "rank 1 (node_2 pid 88) in wait_for_data at stall.py:14".
+The grouping and the wording are pure functions.
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")
 """How a process knows it is a rank: Open MPI's variable (mpirun), or Horovod's (elastic horovodrun)."""
 PY_SPY_TIMEOUT_SECONDS = 20
+CAP_SYS_PTRACE = 19
 NO_PTRACE = (
     "no stacks: the workers run without SYS_PTRACE (started with --no-ptrace, or PTRACE=0 in .env; an MPIJob exported "
     "without --ptrace)"
@@ -136,8 +140,11 @@ def summary(stacks: list[RankStack]) -> str:
 
 
 # --- in a worker container ----------------------------------------------------------------------------------------
-def rank_processes(proc: Path = Path("/proc")) -> list[tuple[int, int]]:
-    """(rank, pid) for each rank process this user can see, by the rank its launcher put in its environment."""
+def rank_processes(proc: Path = Path("/proc"), only: str | None = None) -> list[tuple[int, int]]:
+    """(rank, pid) for each rank process this user can see, by the rank its launcher put in its environment; `only`
+    (NAME=VALUE): of those, the processes with that variable (a Slurm job's: SLURM_JOB_ID=ID, where the same user's
+    other jobs may share the node)."""
+    name_of, _, value_of = (only or "").partition("=")
     found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
@@ -147,6 +154,8 @@ def rank_processes(proc: Path = Path("/proc")) -> list[tuple[int, int]]:
         except OSError:
             continue
         variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        if only and variables.get(name_of.encode()) != value_of.encode():
+            continue
         for name in RANK_VARIABLES:
             value = variables.get(name.encode(), b"")
             if value.isdigit():
@@ -167,8 +176,29 @@ def main_thread_frames(dump: list[dict], pid: int) -> tuple[Frame, ...]:
     )
 
 
-def dump(pid: int, native: bool) -> tuple[tuple[Frame, ...], str | None]:
-    argv = ["py-spy", "dump", "--json", "--pid", str(pid), *(["--native"] if native else [])]
+def may_gain_ptrace(status: str) -> bool:
+    """Whether SYS_PTRACE is in this process's bounding set (CapBnd in /proc/self/status), so that the kernel starts
+    the image's py-spy, which asks for it (a file capability). Apptainer empties an unprivileged user's bounding set:
+    there the kernel refuses to start that binary at all."""
+    bound = next((line.split()[1] for line in status.splitlines() if line.startswith("CapBnd:")), None)
+    return bound is None or bool(int(bound, 16) >> CAP_SYS_PTRACE & 1)
+
+
+def py_spy(folder: str) -> str:
+    """The py-spy to run: the image's, or where the bounding set lacks SYS_PTRACE (may_gain_ptrace), a copy of it in
+    `folder` without the file capability, which reads the stacks of this user's own processes where the kernel lets
+    a user trace them (Yama's ptrace_scope 0, or no Yama)."""
+    found = shutil.which("py-spy")
+    if found is None or may_gain_ptrace(Path("/proc/self/status").read_text()):
+        return "py-spy"
+    copy = Path(folder) / "py-spy"
+    shutil.copyfile(found, copy)  # the contents alone: no security.capability attribute
+    copy.chmod(0o700)
+    return str(copy)
+
+
+def dump(pid: int, native: bool, program: str = "py-spy") -> tuple[tuple[Frame, ...], str | None]:
+    argv = [program, "dump", "--json", "--pid", str(pid), *(["--native"] if native else [])]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_SECONDS)
     except PermissionError as error:  # the file capability, outside the bounding set
@@ -187,11 +217,13 @@ def dump(pid: int, native: bool) -> tuple[tuple[Frame, ...], str | None]:
     return main_thread_frames(json.loads(done.stdout), pid), None
 
 
-def collect(node: str, native: bool = False) -> list[RankStack]:
+def collect(node: str, native: bool = False, only: str | None = None) -> list[RankStack]:
     stacks = []
-    for rank, pid in rank_processes():
-        frames, error = dump(pid, native)
-        stacks.append(RankStack(rank, node, pid, frames, error))
+    with tempfile.TemporaryDirectory(prefix="py-spy-") as folder:
+        program = py_spy(folder)
+        for rank, pid in rank_processes(only=only):
+            frames, error = dump(pid, native, program)
+            stacks.append(RankStack(rank, node, pid, frames, error))
     return stacks
 
 
@@ -214,8 +246,9 @@ def main(argv: list[str]) -> int:
     collecting = commands.add_parser("collect", help="this container's ranks' stacks, as JSON")
     collecting.add_argument("--node", default=os.uname().nodename, help="the node's name, for the labels")
     collecting.add_argument("--native", action="store_true", help="native (C/C++) frames too")
+    collecting.add_argument("--only", metavar="NAME=VALUE", help="only the ranks with this variable (SLURM_JOB_ID=ID)")
     options = parser.parse_args(argv)
-    sys.stdout.write(to_json(collect(options.node, options.native)) + "\n")
+    sys.stdout.write(to_json(collect(options.node, options.native, options.only)) + "\n")
     return 0
 
 

@@ -15,7 +15,6 @@ from launcher.core.jobspec import Worker
 from launcher.core.protocol import JOB_STALL
 
 ELASTIC_CLAIM_INTERVAL = 2
-STALL_POLL_SECONDS = 5
 LIFELINE_POLL_SECONDS = 1
 ELASTIC_RECOVERY_GRACE_SECONDS = 30
 """An elastic job that lost a worker and then shows no progress for its elastic timeout and this long has not
@@ -150,7 +149,7 @@ class StallWatch(JobWatch):
                 transport.write(JOB_STALL, record.to_json() + "\n")
                 written = record
 
-        while not self.done.wait(min(STALL_POLL_SECONDS, max(1.0, spec.options.stall_timeout / 4))):
+        while not self.done.wait(stall.poll_seconds(spec.options.stall_timeout)):
             try:
                 idle = stall.idle_seconds(transport.output_age(), transport.file_age(metrics) if metrics else None)
                 if not stall.is_stalled(idle, spec.options.stall_timeout):
@@ -170,14 +169,10 @@ class StallWatch(JobWatch):
 
     def stalled(self, idle: float) -> str:
         spec = self.workers.spec
-        where = self.workers.report_stacks(
-            self.ready,
-            f"the job looks stalled: no output and no new metrics for {idle:.0f} s (stall timeout "
-            f"{spec.options.stall_timeout} s)",
-        )
+        where = self.workers.report_stacks(self.ready, stall.notice(idle, spec.options.stall_timeout))
         if spec.options.stall_action == "fail":
-            cause = f"the job stalled: no output and no new metrics for {idle:.0f} s; {where or 'no stacks'}"
-            self.end_job(cause, f"error: {cause}; ending the job (stall action fail)")
+            cause = stall.cause(idle, where)
+            self.end_job(cause, stall.ending(cause))
         return where
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from launcher.core.ranktag import untagged
 
 STALL_ACTIONS = ("warn", "fail")
+POLL_SECONDS = 5
 """What the agent does about a stall: record it and gather the stacks (warn), or also end the job (fail)."""
 MISSING_RANKS = "Missing ranks:"
 WARNING_MARKS = ("stall_inspector.cc", "One or more tensors were submitted", "is stalled for longer than")
@@ -37,6 +38,26 @@ def is_progress(line: str) -> bool:
 
 def is_stalled(idle: float, timeout: float) -> bool:
     return timeout > 0 and idle >= timeout
+
+
+def poll_seconds(timeout: float) -> float:
+    """How often a stall watch looks: every 5 s, or a quarter of a shorter stall timeout (1 s at least)."""
+    return min(POLL_SECONDS, max(1.0, timeout / 4))
+
+
+def notice(idle: float, timeout: float) -> str:
+    """The line a stall watch says when the job stalls, before every rank's stack."""
+    return f"the job looks stalled: no output and no new metrics for {idle:.0f} s (stall timeout {timeout} s)"
+
+
+def cause(idle: float, where: str) -> str:
+    """A stall as the job's error, with the stacks' summary of where the ranks are (`where`)."""
+    return f"the job stalled: no output and no new metrics for {idle:.0f} s; {where or 'no stacks'}"
+
+
+def ending(cause: str) -> str:
+    """The line that ends a job for a stall (the stall action fail)."""
+    return f"error: {cause}; ending the job (stall action fail)"
 
 
 class HorovodWarnings:

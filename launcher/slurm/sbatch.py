@@ -24,6 +24,9 @@ says, and why:
   HOROVOD_STACK_RESTART, from SLURM_RESTART_COUNT), N times at most, the ranks waiting on a lost peer until Slurm
   declares its node lost (a rank that failed first would end the job, not requeue it); without it, --no-requeue, so
   a site that requeues by default does not start the job over from scratch.
+- --stall-timeout N: a watch beside the ranks (stall_lines): once the job's output and metrics file have not changed
+  for N s, every rank's stack goes into the output, taken in the job's own allocation; --stall-action fail then ends
+  the ranks, and the job FAILED.
 Open MPI is not started (the ranks' controller is Gloo), so neither its NIC settings nor its fixed ports
 (launcher/core/mpiports.py, which let a Docker host's firewall name the ports of the stack's workers) apply.
 """
@@ -43,6 +46,8 @@ JOB_ID, RESTART, GLOO_TIMEOUT = "\0job\0", "\0restart\0", "\0gloo timeout\0"
 """Parts of a word known only when the job runs (no argument holds a NUL): written as the shell variables below."""
 AT_RUN_TIME = {JOB_ID: '"${SLURM_JOB_ID}"', RESTART: '"${SLURM_RESTART_COUNT:-0}"', GLOO_TIMEOUT: '"${gloo_timeout}"'}
 GLOO_TIMEOUT_VARIABLE = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+BATCH_STALL = "launcher.agent.batch_stall"
+"""The stall watch's commands in the SIF (stall_lines)."""
 SLURMD_TIMEOUT_DEFAULT = 300
 """Slurm's SlurmdTimeout where `scontrol show config` does not tell it."""
 OUTPUT_FILE = "%x-%j.out"
@@ -59,6 +64,37 @@ TASK_ENV = (
 the task (srun's block distribution puts a node's ranks side by side, as the rendezvous server assigns them), and
 Slurm's variables of this task (the GPUs Slurm gave it among them), which --cleanenv would drop, handed into its
 container."""
+COLLECT = 'python -m launcher.agent.stacks collect --node "$SLURMD_NODENAME" --only "SLURM_JOB_ID=$SLURM_JOB_ID"'
+STACKS_TASK = f"""mine=$(readlink /proc/self/ns/user) entered=" " own=
+for environ in /proc/[0-9]*/environ; do
+  mapfile -d '' -t variables 2>/dev/null <"$environ" || continue
+  job= rank= kept=()
+  for variable in "${{variables[@]}}"; do
+    case $variable in
+      HOROVOD_RANK=*) rank=1 ;;
+      "SLURM_JOB_ID=$SLURM_JOB_ID") job=1; kept+=("$variable") ;;
+      *) kept+=("$variable") ;;
+    esac
+  done
+  [ -n "$job" ] && [ -n "$rank" ] || continue
+  pid=${{environ#/proc/}} pid=${{pid%/environ}}
+  namespace=$(readlink "/proc/$pid/ns/user") || continue
+  if [ "$namespace" = "$mine" ]; then own=1; continue; fi
+  case $entered in *" $namespace "*) continue ;; esac
+  entered+="$namespace "
+  (  # the rank's variables (PATH, PYTHONPATH) in the environment, never on a command line
+    for variable in "${{kept[@]}}"; do export "$variable" 2>/dev/null || true; done
+    exec nsenter --target "$pid" --user --mount --preserve-credentials --wd -- {COLLECT}
+  )
+done
+if [ -n "$own" ]; then apptainer exec --cleanenv "$0" {COLLECT}; fi
+"""
+"""What each node's task of the stall watch runs (stall_lines), on the node itself, $0 the SIF: stacks.py's `collect`
+of this job's ranks there, found by their variables (HOROVOD_RANK, and this job's SLURM_JOB_ID). Apptainer run by a
+user without setuid puts each rank in a user namespace of its own, whose processes another container of the same
+user may neither read nor trace (the kernel asks for SYS_PTRACE there); so `collect` runs inside each rank's
+namespaces (nsenter: the user owns them), with the rank's variables less its rank. Ranks in the node's own user
+namespace (setuid Apptainer) are read from one container of the SIF."""
 RENDEZVOUS_SERVER = """import os, time
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.http.http_server import RendezvousServer
@@ -148,6 +184,15 @@ def rendezvous_address(request: SbatchRequest) -> str:
     return "$(getent hosts \"$(hostname)\" | awk '{print $1; exit}')"
 
 
+def bind_words(request: SbatchRequest) -> list[str]:
+    """Apptainer's --bind words for the job's folders: the shared folder at /shared, the --workdir at /workdir, the
+    --mounts."""
+    options = request.job
+    binds = [f"{request.shared}:{SHARED_MOUNT}", *([f"{options.workdir}:{WORKDIR}"] if options.workdir else [])]
+    binds += list(options.mounts)
+    return [word for bind in binds for word in ("--bind", shlex.quote(bind))]
+
+
 def rank_start(request: SbatchRequest, command: list[str]) -> list[str]:
     """The lines that start every rank, the one place that says how. Horovod's rendezvous server starts on this node
     (the allocation's first) with a secret of this run; then srun starts one task per rank over the allocation (no
@@ -156,10 +201,7 @@ def rank_start(request: SbatchRequest, command: list[str]) -> list[str]:
     Neither PMIx nor ssh: Debian's Slurm has no PMIx plugin and the image's Open MPI no PMI-2 client (tried on the
     test suite's Slurm cluster), and Gloo needs only TCP between the nodes."""
     options = request.job
-    binds = [f"{request.shared}:{SHARED_MOUNT}", *([f"{options.workdir}:{WORKDIR}"] if options.workdir else [])]
-    binds += list(options.mounts)
-    apptainer = ["apptainer", "exec", "--cleanenv", *(["--nv"] if request.gpus_per_node else [])]
-    apptainer += [word for bind in binds for word in ("--bind", shlex.quote(bind))]
+    apptainer = ["apptainer", "exec", "--cleanenv", *(["--nv"] if request.gpus_per_node else []), *bind_words(request)]
     apptainer += ["--pwd", WORKDIR] if options.workdir else []
     ranks, wait = request.nodes * request.tasks_per_node, RENDEZVOUS_WAIT_SECONDS
     late = (
@@ -195,6 +237,71 @@ def rank_start(request: SbatchRequest, command: list[str]) -> list[str]:
         f"  {' '.join(apptainer)} \\",
         '  "$sif" \\',
         f"  {' '.join(command)}",
+    ]
+
+
+def stall_lines(request: SbatchRequest) -> list[str]:
+    """With --stall-timeout N: stall_watch, the shell function that watches the ranks' srun (its process id, $1)
+    from beside it. launcher/agent/batch_stall.py's `wait` (in the SIF, its stdout the job's output) returns once the
+    job's output and its metrics file have not changed for N s (launcher/core/stall.py's rule); then one task per node
+    (srun --overlap: in the job's own allocation) runs stacks.py's `collect` on that node's ranks (STACKS_TASK), and
+    `report` prints every rank's stack, grouped as `launcher stacks` groups them. With the stall action warn, the next
+    stall is reported after the job shows progress again; with fail, the ranks' srun is ended (the job FAILED)."""
+    options = request.job
+    if options.stall_timeout <= 0:
+        return []
+    timeout, fail = options.stall_timeout, options.stall_action == "fail"
+    metrics = run_paths(options.command, run_folder(request), options.can_restart).metrics_file
+    in_sif = ["apptainer", "exec", "--cleanenv", *bind_words(request), '"$sif"', "python", "-m", BATCH_STALL]
+    wait = [*in_sif, "wait", '--ranks "$1"', f"--timeout {timeout}"]
+    wait += [f"--metrics {shell_word(metrics)}"] if metrics else []
+    report = [
+        "apptainer",
+        "exec",
+        "--cleanenv",
+        '"$sif"',
+        "python",
+        "-m",
+        BATCH_STALL,
+        "report",
+        f"--timeout {timeout}",
+    ]
+    report += ["--fail"] if fail else []
+    then = (
+        ['    kill "$1" 2>/dev/null || true  # the ranks end: the job FAILED', "    return 0"]
+        if fail
+        else ["    after=$(date +%s.%N)  # the next stall, after the job shows progress again"]
+    )
+    return [
+        f"# --stall-timeout {timeout}: when the job's output and its metrics file have not changed for {timeout} s,",
+        "# every rank's stack goes into the output, once per stall; "
+        + ("--stall-action fail: the job ends." if fail else "the job goes on (--stall-action warn)."),
+        f"stacks_task={shlex.quote(STACKS_TASK)}",
+        "stall_watch() {  # $1: the ranks' srun",
+        "  local after=0",
+        f'  while {" ".join(wait)} --after "$after"; do',
+        '    srun --overlap --mpi=none --cpu-bind=none --nodes="$SLURM_JOB_NUM_NODES" \\',
+        '      --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 bash -c "$stacks_task" "$sif" \\',
+        f"      | {' '.join(report)} || true",
+        *then,
+        "  done",
+        "}",
+    ]
+
+
+def watched(start: list[str]) -> list[str]:
+    """The ranks' srun (`start`'s last line) beside the stall watch: the script ends with the ranks' exit status once
+    the watch has ended too (it notices the ranks' end)."""
+    return [
+        *start[:-1],
+        start[-1] + " &",
+        "ranks=$!",
+        'stall_watch "$ranks" &',
+        "watch=$!",
+        "status=0",
+        'wait "$ranks" || status=$?',
+        'wait "$watch" || true',
+        'exit "$status"',
     ]
 
 
@@ -296,6 +403,7 @@ def script(request: SbatchRequest) -> str:
         f"export APPTAINERENV_{name}={shell_word(value)}"
         for name, _, value in (pair.partition("=") for pair in rank_env(request))
     ]
+    stall, start = stall_lines(request), rank_start(request, rank_words(request))
     lines = [
         "#!/bin/bash",
         f"# Job {request.name}, written by `launcher export sbatch`; submit it with `sbatch FILE`.",
@@ -309,6 +417,7 @@ def script(request: SbatchRequest) -> str:
         *folder_lines(request),
         "# Every rank's environment: Apptainer gives a rank APPTAINERENV_NAME as NAME, past --cleanenv.",
         *env,
-        *rank_start(request, rank_words(request)),
+        *stall,
+        *(watched(start) if stall else start),
     ]
     return "\n".join(lines) + "\n"

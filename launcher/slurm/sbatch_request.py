@@ -22,6 +22,9 @@ JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A job name that is also a safe folder name (the run folder is NAME-JOBID)."""
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
 """A partition (or a comma-separated list of them) or an account, as an #SBATCH line takes it."""
+NO_STALL_WATCH = 0
+"""A batch script watches for a stall only when --stall-timeout asks for it (`launcher start`'s watch is on by default):
+the watch is one more process beside the job, and its py-spy must be allowed to read the ranks on the site's nodes."""
 SIF_FIX = "apptainer build FILE.sif docker-daemon://horovod-stack:latest makes one (docs/slurm.md)"
 
 ELASTIC = (
@@ -36,8 +39,6 @@ NOT_ON_SLURM: dict[str, str] = {
     "--push-image": "no image is copied: the SIF is one file every node reads from the shared file system",
     "--insecure-engine": "no Docker engine is reached: sbatch submits the script to Slurm",
     "--ssh-port": "srun starts every rank as a Slurm task: no sshd, no ssh",
-    "--stall-timeout": "no job agent watches a batch job for a stall: bound it with --time-limit",
-    "--stall-action": "no job agent watches a batch job for a stall: bound it with --time-limit",
     "--elastic": ELASTIC,
     "--min-nodes": "Slurm requeues a job at the size it asked for (--nodes)",
     "--max-nodes": ELASTIC,
@@ -163,6 +164,7 @@ def request(
     fields (nodes as given: a count). Raises SettingsError with every problem, one line each."""
     found = [refusal(flag) for flag in refused]
     chosen = {name: value for name, value in job.items() if value is not None}
+    chosen.setdefault("stall_timeout", NO_STALL_WATCH)
     found += _time_limit(chosen, time)
     workdir = chosen.get("workdir")
     if workdir is not None:

@@ -188,6 +188,14 @@ SBATCH: tuple[Flag, ...] = (
         shown="0: never",
         to=JOB + "max_restarts",
     ),
+    replace(
+        ROWS["stall_timeout"],
+        help="Seconds without output or new metrics before the job counts as stalled: every rank's stack (py-spy, one "
+        "task per node beside the ranks) goes into the job's output once.",
+        key=None,
+        shown="0: off",
+    ),
+    replace(ROWS["stall_action"], key=None),
     Flag(
         "timeline", bool, "Rank 0 writes Horovod's timeline into the run folder (timeline.json).", to=JOB + "timeline"
     ),
