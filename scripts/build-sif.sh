@@ -15,10 +15,11 @@
 # this machine's root lacks. SIF_COMPRESSION picks mksquashfs's compressor (default lz4: see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NODE_IMAGE="${NODE_IMAGE:-horovod-stack-test-slurm:1}"
-# The node root: Apptainer (squashfuse mounts a SIF without root), Slurm's daemons and client, munge. Bump the tag
-# when this list changes. tests/slurmcluster.py runs its Slurm nodes from the same image.
-NODE_PACKAGES=(apptainer squashfs-tools squashfuse fuse3 uidmap slurmd slurmctld slurm-client munge)
+NODE_IMAGE="${NODE_IMAGE:-horovod-stack-test-slurm:2}"
+# The node root: Apptainer (squashfuse mounts a SIF without root), Slurm's daemons and client, munge, and the test
+# cluster's accounting database (slurmdbd, MariaDB's server and client alone: 70 MB, where mariadb-server's set-up
+# brings 400). Bump the tag when this list changes. tests/slurmcluster.py runs its Slurm nodes from the same image.
+NODE_PACKAGES=(apptainer squashfs-tools squashfuse fuse3 uidmap slurmd slurmctld slurm-client munge slurmdbd mariadb-server-core mariadb-client-core)
 SIF_CACHE="${SIF_CACHE:-/var/cache/horovod-stack/sif}"
 # The way a SIF is made here: part of its file name, so a change to it (bump it) remakes the SIFs made before.
 RECIPE=2

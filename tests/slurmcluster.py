@@ -1,7 +1,8 @@
 """A real Slurm cluster on this one machine, for the tests of the Slurm + Apptainer entry point.
 
-One controller (slurmctld, also the login node users submit from) and two compute nodes (slurmd), each a privileged
-container of the node image (a Debian sid root with Slurm, munge and Apptainer: `scripts/build-sif.sh node-image`)
+One controller (slurmctld, also the login node users submit from, with the accounting database: slurmdbd and its
+MariaDB) and two compute nodes (slurmd), each a privileged container of the node image (a Debian sid root with Slurm,
+MariaDB, munge and Apptainer: `scripts/build-sif.sh node-image`)
 on a Docker bridge network of the cluster's own, so each has its own network namespace, address and host name, and
 an init that reaps the processes a job leaves to it, as a host's does (`sleep` would keep them as zombies).
 Privileged, because slurmd starts jobs as their user and Apptainer, run by that unprivileged user, makes user
@@ -48,9 +49,8 @@ UNFINISHED = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLE
 
 def slurm_conf(cluster: str) -> str:
     """The cluster's slurm.conf: no cgroups (a container's cgroup is not Slurm's to manage), processes tracked by
-    their parent ids, no task binding. No slurmdbd, so no `sacct` (sid's slurmdbd 26.05 stops at its first query
-    to sid's MariaDB 11.8: "_check_mysql_concat_is_sane: null result"): a job's end is read from `scontrol show
-    job`, which keeps ended jobs MinJobAge seconds (an hour), and each ended job is a line of jobcomp.log.
+    their parent ids, no task binding. Jobs are accounted by the controller's slurmdbd (DBD_SETUP), so `sacct`
+    shows how each ended; each ended job is a line of jobcomp.log too.
     A lost node is found as a site's Slurm finds one, only sooner: the controller pings each node every third of
     SlurmdTimeout and declares it DOWN when it has not answered for SlurmdTimeout (sites: 300 s); a requeued job
     starts again after requeue_delay (default: AuthInfo's cred_expire, 120 s); a node that registers again
@@ -76,7 +76,8 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost={CONTROLLER}
 JobCompType=jobcomp/filetxt
 JobCompLoc=/var/log/slurm/jobcomp.log
 MinJobAge=3600
@@ -90,6 +91,38 @@ PartitionName=main Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubsc
 
 
 CGROUP_CONF = "CgroupPlugin=disabled\n"
+ACCOUNTING_DB = "slurm_acct_db"
+SLURMDBD_CONF = f"""AuthType=auth/munge
+DbdHost={CONTROLLER}
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc={ACCOUNTING_DB}
+LogFile=/var/log/slurm/slurmdbd.log
+PidFile=/run/slurmdbd.pid
+"""
+"""slurmdbd.conf: slurmdbd, run by root, reaches MariaDB on the controller by its socket as MariaDB's root, who signs
+in there as the Unix user root (MariaDB's unix_socket authentication): no password to keep."""
+DBD_SETUP = f"""set -eu
+# MariaDB for slurmdbd, run by root on its socket alone, its data folder made here (the image has MariaDB's core
+# packages, not mariadb-server's set-up), with the InnoDB settings slurmdbd checks at its start: no snapshot
+# isolation (on since MariaDB 11.6; Slurm does not support it), the lock wait and buffer pool it advises (the pool
+# is reserved, not filled: mariadbd keeps about 150 MB resident).
+mariadb-install-db --user=root --skip-test-db
+mkdir -p /run/mariadbd
+setsid mariadbd --user=root --skip-networking --innodb-snapshot-isolation=OFF --innodb-lock-wait-timeout=900 \\
+  --innodb-buffer-pool-size=1G </dev/null >/var/log/slurm/mariadb.log 2>&1 &
+for _ in $(seq 100); do mariadb -e 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
+# The database made before slurmdbd starts: slurmdbd 26.05 makes a missing one itself, and then, on the connection
+# whose first try found none, fails its first query (client error 5027, "_check_mysql_concat_is_sane: null result").
+mariadb -e 'create database if not exists {ACCOUNTING_DB}'
+install -m 0600 {CONFIG}/slurmdbd.conf /etc/slurm/slurmdbd.conf
+slurmdbd
+for _ in $(seq 100); do sacctmgr -n list cluster >/dev/null 2>&1 && exit 0; sleep 0.1; done
+echo "slurmdbd did not answer sacctmgr" >&2
+exit 1
+"""
 NODE_SETUP = f"""set -eu
 # Apptainer, run by the user, mounts the SIF with squashfuse: the container's own /dev/fuse (a copy of the host's
 # root-only node) is opened to all, as on a host with FUSE.
@@ -130,7 +163,7 @@ def node_image() -> str:
 
 @dataclass
 class JobResult:
-    """What Slurm tells of one ended job (`scontrol show job`), and its output."""
+    """How one ended job ended as Slurm's accounting database tells it (`sacct`), and its output."""
 
     job_id: str
     state: str
@@ -138,6 +171,22 @@ class JobResult:
     nodes: str
     seconds: float
     output: str
+
+
+ACCOUNTED = ("JobName", "State", "ExitCode", "NodeList", "Submit")
+"""The fields of a job that `sacct` is asked for, the docs' `sacct -j JOB -X` with `-n -P` (no header, |-separated)."""
+
+
+def accounted(shown: str) -> dict[str, str]:
+    """`sacct -X -n -P -o ACCOUNTED`'s fields of the job's newest run (its last line: the only one, as -X and no
+    --duplicates leave it), its State's first word (sacct writes a cancelled job's as `CANCELLED by UID`); none while
+    the database has no record of it."""
+    lines = shown.strip().splitlines()
+    if not lines:
+        return {}
+    fields = dict(zip(ACCOUNTED, lines[-1].split("|"), strict=False))
+    fields["State"] = fields.get("State", "").split(" ")[0]
+    return fields
 
 
 @dataclass
@@ -189,6 +238,7 @@ class SlurmCluster:
         config.mkdir(mode=0o700)
         (config / "slurm.conf").write_text(slurm_conf(self.name))
         (config / "cgroup.conf").write_text(CGROUP_CONF)
+        (config / "slurmdbd.conf").write_text(SLURMDBD_CONF)
         key = config / "munge.key"
         key.touch(mode=0o400)
         key.write_bytes(secrets.token_bytes(128))
@@ -208,6 +258,7 @@ class SlurmCluster:
             )  # fmt: skip
         for host in (CONTROLLER, *NODES):
             self.run_root(host, NODE_SETUP)
+        self.run_root(CONTROLLER, DBD_SETUP)
         self.run_root(CONTROLLER, "slurmctld")
         for host in NODES:
             self.run_root(host, "slurmd")
@@ -298,21 +349,32 @@ class SlurmCluster:
         return submitted.stdout.strip().split(";")[0]
 
     def wait(self, job_id: str, timeout: float) -> JobResult:
-        """Waits until the job has ended; its state, exit code and nodes as `scontrol show job` tells them, and its
-        output (jobs/NAME.out, as `submit` asks)."""
+        """Waits until the job has ended and `sacct` shows its end; its state, exit code, nodes and name as sacct
+        tells them, and its output (jobs/NAME.out, as `submit` asks). The controller is asked too (`scontrol show
+        job`), as a gate only: sacct alone cannot tell a job that ended from one requeued a moment ago, whose newest
+        record is its last run's until the controller's news of the requeue reaches slurmdbd; so the run sacct shows
+        must be the one the controller shows ended (the same state and submit time: a requeue submits the job anew)."""
         started = time.monotonic()
+        fields: dict[str, str] = {}
         while time.monotonic() - started < timeout:
-            fields = self.job(job_id)
-            if fields.get("JobState", "PENDING") not in UNFINISHED:
+            controller, fields = self.job(job_id), self.accounting(job_id)
+            run = (controller.get("JobState", "PENDING"), controller.get("SubmitTime"))
+            if run[0] not in UNFINISHED and (fields.get("State"), fields.get("Submit")) == run:
                 break
-            time.sleep(2)
+            time.sleep(1)
         else:
             self.exec(CONTROLLER, f"scancel {job_id}", check=False)
-            raise AssertionError(f"job {job_id} not ended after {timeout:.0f} s\n{self.logs()}")
+            raise AssertionError(f"job {job_id} not ended after {timeout:.0f} s (sacct: {fields})\n{self.logs()}")
         output = self.shared / "jobs" / f"{fields['JobName']}.out"
         text = output.read_text(errors="replace") if output.exists() else ""
         seconds = time.monotonic() - started
-        return JobResult(job_id, fields["JobState"], fields["ExitCode"], fields["NodeList"], seconds, text)
+        return JobResult(job_id, fields["State"], fields["ExitCode"], fields["NodeList"], seconds, text)
+
+    def accounting(self, job_id: str) -> dict[str, str]:
+        """sacct's ACCOUNTED fields of the job's newest run, asked as the submitting user (none before slurmdbd has
+        its record)."""
+        shown = self.exec(CONTROLLER, f"sacct -j {job_id} -X -n -P -o {','.join(ACCOUNTED)}", check=False)
+        return accounted(shown.stdout)
 
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job`'s fields of one job (none while the controller does not know it)."""

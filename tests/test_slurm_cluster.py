@@ -4,7 +4,8 @@ unprivileged user: the bundled trainer on 2 nodes x 1 and 2 nodes x 2 ranks, PyT
 script from --workdir with a secret given by name; a failing rank fails the job naming its node and task; `scancel`
 leaves no process behind; a job that stalls under --stall-timeout prints every rank's stack and, under --stall-action
 fail, ends FAILED; a node lost mid-run under --max-restarts: Slurm requeues the job, which resumes from its checkpoint
-once the node is back, and a requeue past --max-restarts stops in one line.
+once the node is back, and a requeue past --max-restarts stops in one line. Each job's end is read as its user reads
+it, from the cluster's accounting database (`sacct`).
 
 How the ranks start (each tried here, in this order): Debian's Slurm has no PMIx plugin (`srun --mpi=list`: none,
 cray_shasta, pmi2), so `srun --mpi=pmix` is refused; the image's Open MPI (Debian 12's 4.1.4, external PMIx) has
@@ -102,11 +103,17 @@ def trained(cluster: SlurmCluster, sif: Path, name: str, tasks_per_node: int, me
     return finished_training(cluster, result, name, len(NODES) * tasks_per_node, epochs)
 
 
+def sacct_shows(cluster: SlurmCluster, job: str) -> list[str]:
+    """The words of docs/slurm.md's `sacct -j JOB -X -n -o State,ExitCode`, run by the user on the login node."""
+    return cluster.exec(CONTROLLER, f"sacct -j {job} -X -n -o State,ExitCode").stdout.split()
+
+
 def finished_training(cluster: SlurmCluster, result: JobResult, name: str, ranks: int, epochs: int) -> dict:
-    """The trainer's job ended COMPLETED with every epoch recorded once, val accuracy >= 0.95 and the same parameters
-    on every rank; its rank -> node."""
+    """The trainer's job ended COMPLETED 0:0 (sacct) with every epoch recorded once, val accuracy >= 0.95 and the same
+    parameters on every rank; its rank -> node."""
     print(result.output[-2500:])
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), f"{result}\n{cluster.logs()}"
+    assert sacct_shows(cluster, result.job_id) == ["COMPLETED", "0:0"]
     assert f"parameters identical on all {ranks} ranks" in result.output, result.output[-3000:]
     local_run = cluster.shared / "runs" / f"{name}-{result.job_id}"
     assert f"run folder: {SHARED}/runs/{name}-{result.job_id}" in result.output, result.output[:2000]
@@ -150,6 +157,7 @@ def test_a_failing_rank_fails_the_job_naming_its_node_and_task(cluster, pytorch_
     result = cluster.wait(job, 120)
     # srun's status is the failed rank's, or 143 where it had to end rank 0 (still starting) with SIGTERM first.
     assert result.state == "FAILED" and result.exit_code in ("3:0", "143:0"), result
+    assert sacct_shows(cluster, job) == ["FAILED", result.exit_code]
     assert "node2: task 1: Exited with exit code 3" in result.output, result.output
 
 
@@ -168,6 +176,7 @@ def test_scancel_ends_every_rank_and_leaves_no_process_on_any_node(cluster, pyto
     assert all("python" in processes(cluster, host) for host in NODES), "the ranks never started"
     cluster.exec(CONTROLLER, f"scancel {job}")
     assert cluster.wait(job, 60).state == "CANCELLED"
+    assert sacct_shows(cluster, job)[0] == "CANCELLED+"  # "CANCELLED by 1000", cut to the column's width
     deadline = time.monotonic() + 30
     while any(processes(cluster, host) for host in NODES) and time.monotonic() < deadline:
         time.sleep(1)
