@@ -337,20 +337,26 @@ class SlurmCluster:
         self.exec(host, command, user="root")
 
     def submit(self, script: str, name: str, env: Mapping[str, str] | None = None) -> str:
-        """Writes the batch script to SHARED/jobs/NAME.sbatch and sbatch's it as USER, `env` exported in the shell
-        that runs sbatch; returns the job id."""
+        """Writes the batch script to SHARED/jobs/NAME.sbatch and sbatch's it as USER from that folder, `env`
+        exported in the shell that runs sbatch; returns the job id. The job's name and output file are the script's
+        own (#SBATCH --job-name, --output): its output is output_file(NAME, JOB)."""
         jobs = self.shared / "jobs"
         jobs.mkdir(exist_ok=True)
         os.chown(jobs, UID, UID)
         path = jobs / f"{name}.sbatch"
         path.write_text(script)
         os.chown(path, UID, UID)
-        submitted = self.exec(CONTROLLER, f"sbatch --parsable -J {name} -o jobs/{name}.out jobs/{name}.sbatch", env=env)
+        submitted = self.exec(CONTROLLER, f"cd jobs && sbatch --parsable {name}.sbatch", env=env)
         return submitted.stdout.strip().split(";")[0]
+
+    def output_file(self, name: str, job_id: str) -> Path:
+        """Where a job's output is on this machine: the exported script's `#SBATCH --output=%x-%j.out` (its name and
+        ID) in the folder sbatch ran in (`submit`'s SHARED/jobs)."""
+        return self.shared / "jobs" / f"{name}-{job_id}.out"
 
     def wait(self, job_id: str, timeout: float) -> JobResult:
         """Waits until the job has ended and `sacct` shows its end; its state, exit code, nodes and name as sacct
-        tells them, and its output (jobs/NAME.out, as `submit` asks). The controller is asked too (`scontrol show
+        tells them, and its output (output_file). The controller is asked too (`scontrol show
         job`), as a gate only: sacct alone cannot tell a job that ended from one requeued a moment ago, whose newest
         record is its last run's until the controller's news of the requeue reaches slurmdbd; so the run sacct shows
         must be the one the controller shows ended (the same state and submit time: a requeue submits the job anew)."""
@@ -365,7 +371,7 @@ class SlurmCluster:
         else:
             self.exec(CONTROLLER, f"scancel {job_id}", check=False)
             raise AssertionError(f"job {job_id} not ended after {timeout:.0f} s (sacct: {fields})\n{self.logs()}")
-        output = self.shared / "jobs" / f"{fields['JobName']}.out"
+        output = self.output_file(fields["JobName"], job_id)
         text = output.read_text(errors="replace") if output.exists() else ""
         seconds = time.monotonic() - started
         return JobResult(job_id, fields["State"], fields["ExitCode"], fields["NodeList"], seconds, text)

@@ -110,7 +110,7 @@ def sacct_shows(cluster: SlurmCluster, job: str) -> list[str]:
 
 def finished_training(cluster: SlurmCluster, result: JobResult, name: str, ranks: int, epochs: int) -> dict:
     """The trainer's job ended COMPLETED 0:0 (sacct) with every epoch recorded once, val accuracy >= 0.95 and the same
-    parameters on every rank; its rank -> node."""
+    parameters on every rank, its curves drawn in the run folder; its rank -> node."""
     print(result.output[-2500:])
     assert (result.state, result.exit_code) == ("COMPLETED", "0:0"), f"{result}\n{cluster.logs()}"
     assert sacct_shows(cluster, result.job_id) == ["COMPLETED", "0:0"]
@@ -122,6 +122,7 @@ def finished_training(cluster: SlurmCluster, result: JobResult, name: str, ranks
     assert records[-1]["world_size"] == ranks and records[-1]["val_accuracy"] >= 0.95, records[-1]
     summary = json.loads((local_run / "summary.json").read_text())
     assert len({entry["digest"] for entry in summary["ranks"]}) == 1, summary["ranks"]
+    assert (local_run / "curves.png").read_bytes().startswith(b"\x89PNG"), "no training curves in the run folder"
     return {entry["rank"]: entry["host"] for entry in summary["ranks"]}
 
 
@@ -281,7 +282,7 @@ def test_a_job_that_loses_a_node_is_requeued_and_resumes_from_its_checkpoint(clu
     job = submitted(cluster, name, pytorch_sif, "--max-restarts", "1", command=command)
     checkpoints, output = (
         cluster.shared / "runs" / f"{name}-{job}" / "checkpoints",
-        cluster.shared / "jobs" / f"{name}.out",
+        cluster.output_file(name, job),
     )
     until(cluster, "the job's first checkpoint", lambda: (checkpoints / "latest.pt").exists())
     address = cluster.address(lost)
