@@ -356,10 +356,10 @@ class SlurmCluster:
 
     def wait(self, job_id: str, timeout: float) -> JobResult:
         """Waits until the job has ended and `sacct` shows its end; its state, exit code, nodes and name as sacct
-        tells them, and its output (output_file). The controller is asked too (`scontrol show
-        job`), as a gate only: sacct alone cannot tell a job that ended from one requeued a moment ago, whose newest
-        record is its last run's until the controller's news of the requeue reaches slurmdbd; so the run sacct shows
-        must be the one the controller shows ended (the same state and submit time: a requeue submits the job anew)."""
+        tells them, and its output (output_file). The controller is asked too (`scontrol show job`), as a gate only:
+        sacct alone cannot tell a job that ended from one requeued a moment ago, whose newest record is its last run's
+        until the controller's news of the requeue reaches slurmdbd; so the run sacct shows must be the one the
+        controller shows ended (the same state and submit time: a requeue submits the job anew)."""
         started = time.monotonic()
         fields: dict[str, str] = {}
         while time.monotonic() - started < timeout:

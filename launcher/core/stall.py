@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from launcher.core.ranktag import untagged
 
 STALL_ACTIONS = ("warn", "fail")
-POLL_SECONDS = 5
 """What the agent does about a stall: record it and gather the stacks (warn), or also end the job (fail)."""
+POLL_SECONDS = 5
+"""How often a stall watch looks, at most (poll_seconds)."""
 MISSING_RANKS = "Missing ranks:"
 WARNING_MARKS = ("stall_inspector.cc", "One or more tensors were submitted", "is stalled for longer than")
 MISSING_RANK_LINE = re.compile(r"\s*(\d+)!?: \[(.*)\]\s*")
