@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +40,8 @@ ONE_LINE = "horovod_stack_one_line"
 """The attribute in which an exception carries the one line the images' own hook ended it with instead of a
 traceback (app/frameworks.py's wrong-image line, which sets it; neither module can import the other, each being copied
 into site-packages under its own name): the record's message then, as more telling than Python's."""
+NESTED_ERROR = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): (.+)")
+"""The last line of a traceback inside an exception's message: `KIND: MESSAGE`."""
 SECONDARY = "has been shut down"
 """In a rank's error when Horovod shut down because another rank failed first (`Horovod has been shut down. This was
 caused by an exception on one of the ranks...`): a consequence, never the cause while another record is there."""
@@ -99,9 +102,21 @@ def of_exception(error: BaseException, environ: Mapping[str, str], host: Callabl
     if rank is None:
         return None
     said = getattr(error, ONE_LINE, None)
-    lines = (said.removeprefix("error: ") if isinstance(said, str) else str(error)).strip().splitlines()
-    message = lines[0].strip()[:MESSAGE_LIMIT] if lines else ""
-    return RankError(rank, environ.get(NODE_VARIABLE) or host(), type(error).__name__, message)
+    text = said.removeprefix("error: ") if isinstance(said, str) else str(error)
+    kind, message = telling(type(error).__name__, text)
+    return RankError(rank, environ.get(NODE_VARIABLE) or host(), kind, message[:MESSAGE_LIMIT])
+
+
+def telling(kind: str, message: str) -> tuple[str, str]:
+    """The kind and the one line of an exception's message that say most: its first line; but where its last line
+    is an error's (`KIND: MESSAGE`), an error re-raised with the original's traceback in its message (a DataLoader
+    worker's `Caught RuntimeError in DataLoader worker process 0.`, a tf.function's `in user code:`), that line,
+    the original error's (`RuntimeError: unable to allocate shared memory...`), as that error's kind and message."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    original = NESTED_ERROR.fullmatch(lines[-1]) if len(lines) > 1 else None
+    if original:
+        return original[1].rsplit(".", 1)[-1], original[2]
+    return kind, lines[0] if lines else ""
 
 
 def report(error: BaseException) -> None:

@@ -12,9 +12,9 @@ import pytest
 from app import frameworks
 from app.frameworks import PYTORCH, TENSORFLOW
 from launcher.core.jobend import JobEnd
-from launcher.core.protocol import JOB_STATUS
+from launcher.core.protocol import JOB_SPEC, JOB_STATUS
 from launcher.host.running import clusters
-from tests.conftest import plan_of
+from tests.conftest import job_spec, plan_of
 from tests.standins import container
 from tests.test_log_tail import EndedNode
 
@@ -119,3 +119,41 @@ def test_status_shows_the_image_and_framework_the_cluster_recorded():
     lines = list(clusters.status([node]))
     assert lines[:2] == ["cluster c1: succeeded (exit status 0): epoch 1 of 1, val accuracy 0.9500, 10 samples/s",
                          f"  image {TF} (TensorFlow)"]  # fmt: skip
+
+
+class SpecNode(HoldingNode):
+    """Rank 0's container holds the job's spec, whose trainer writes its metrics where its --metrics-file says."""
+
+    def __init__(self, spec_text: str | None, metrics_at: str):
+        super().__init__("node_1", {}, {TF}, [recorded(TF)])
+        self.spec_text, self.metrics_at = spec_text, metrics_at
+
+    def read_file(self, container_id, path):
+        if path == JOB_SPEC:
+            return self.spec_text
+        if path == self.metrics_at:
+            return '{"epoch": 3, "epochs": 20, "val_accuracy": 0.9, "samples_per_sec": 10.0}\n'
+        return JobEnd(0).to_json() if path == JOB_STATUS else None
+
+
+ELASTIC_METRICS = "/shared/runs/elastic-rejoin.jsonl"
+TRAINER_WITH_ITS_METRICS_FILE = ("python", "-m", "app.train", "--epochs", "20", "--metrics-file", ELASTIC_METRICS)
+
+
+@pytest.mark.parametrize(
+    "spec_text, metrics_at, progress",
+    [
+        (job_spec(command=TRAINER_WITH_ITS_METRICS_FILE).to_json(), ELASTIC_METRICS, "epoch 3 of 20"),
+        (
+            job_spec(command=TRAINER_WITH_ITS_METRICS_FILE).to_json(),
+            "/shared/runs/c1/metrics.jsonl",
+            "no epoch figures",
+        ),
+        (None, "/shared/runs/c1/metrics.jsonl", "epoch 3 of 20"),  # no spec: the run folder's
+        ("{not json", "/shared/runs/c1/metrics.jsonl", "epoch 3 of 20"),
+    ],
+)
+def test_status_reads_the_metrics_file_the_jobs_spec_names(spec_text, metrics_at, progress):
+    """A job given --metrics-file (or --run-dir) keeps its metrics there, not in the cluster's run folder."""
+    [line, *_] = clusters.status([SpecNode(spec_text, metrics_at)])
+    assert line.startswith(f"cluster c1: succeeded (exit status 0): {progress}"), line

@@ -195,3 +195,34 @@ def test_the_wrong_images_one_line_is_the_records_message(monkeypatch):
     made = RankError.from_line(record)
     assert made is not None and made.kind == "ModuleNotFoundError"
     assert made.message == hint.removeprefix("error: ")
+
+
+@pytest.mark.parametrize(
+    "kind, message, expected",
+    [
+        ("RuntimeError", "boom", ("RuntimeError", "boom")),
+        ("RuntimeError", "", ("RuntimeError", "")),
+        ("RuntimeError", "  boom  \n\n", ("RuntimeError", "boom")),
+        (  # torch's DataLoader re-raises a worker's error with its traceback in the message
+            "RuntimeError",
+            "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+            '  File "collate.py", line 273, in collate_tensor_fn\n'
+            "RuntimeError: unable to allocate shared memory(shm) for file </torch_1>: No space left on device (28)\n",
+            ("RuntimeError", "unable to allocate shared memory(shm) for file </torch_1>: No space left on device (28)"),
+        ),
+        (  # a tf.function's error: "in user code:", the frames, the original error last
+            "TypeError",
+            'in user code:\n\n    File "keras2_tape.py", line 30, in step  *\n'
+            "        grads = tape.gradient(loss, opt.variables())\n\n    TypeError: 'list' object is not callable\n",
+            ("TypeError", "'list' object is not callable"),
+        ),
+        (
+            "tensorflow.python.framework.errors_impl.InternalError",
+            "a\nerrors_impl.InternalError: b",
+            ("InternalError", "b"),
+        ),
+        ("ValueError", "first\nsecond, no kind", ("ValueError", "first")),
+    ],
+)
+def test_an_exceptions_telling_line(kind, message, expected):
+    assert rank_error.telling(kind, message) == expected

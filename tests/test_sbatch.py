@@ -369,7 +369,8 @@ def test_a_stalled_job_prints_every_ranks_stack_once_and_fail_ends_it(tmp_path, 
     for name, text in STALL_STAND_INS.items():
         (tools / name).write_text(text)
         (tools / name).chmod(0o755)
-    (tools / "python").symlink_to(sys.executable)
+    (tools / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # not a link: a venv's python
+    (tools / "python").chmod(0o755)  # finds its packages only when started by its own path
     (tmp_path / "hang.py").write_text(HANG)
     seconds = "6" if action == "warn" else "60"
     command = ("python", str(tmp_path / "hang.py"), seconds)

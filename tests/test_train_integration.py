@@ -88,6 +88,7 @@ def test_two_ranks_learn_digits_and_agree(launcher, tmp_path):
     for record in metrics:
         assert set(record) == {
             "epoch",
+            "epochs",
             "train_loss",
             "val_loss",
             "val_accuracy",
