@@ -10,11 +10,13 @@ from dataclasses import replace
 import pytest
 
 from app import frameworks
+from app.entrypoint import TRAINER
 from app.frameworks import PYTORCH, TENSORFLOW
 from launcher.core.jobend import JobEnd
-from launcher.core.protocol import JOB_SPEC, JOB_STATUS
+from launcher.core.protocol import JOB_STATUS
+from launcher.host.planning.plan import LABEL_METRICS
 from launcher.host.running import clusters
-from tests.conftest import job_spec, plan_of
+from tests.conftest import plan_of
 from tests.standins import container
 from tests.test_log_tail import EndedNode
 
@@ -121,39 +123,41 @@ def test_status_shows_the_image_and_framework_the_cluster_recorded():
                          f"  image {TF} (TensorFlow)"]  # fmt: skip
 
 
-class SpecNode(HoldingNode):
-    """Rank 0's container holds the job's spec, whose trainer writes its metrics where its --metrics-file says."""
+class MetricsNode(HoldingNode):
+    """Rank 0's container records where its trainer writes its metrics (`metrics_label`: its --metrics-file)."""
 
-    def __init__(self, spec_text: str | None, metrics_at: str):
-        super().__init__("node_1", {}, {TF}, [recorded(TF)])
-        self.spec_text, self.metrics_at = spec_text, metrics_at
+    def __init__(self, metrics_label: str | None, metrics_at: str):
+        base = recorded(TF)
+        labels = {**base.labels, **({LABEL_METRICS: metrics_label} if metrics_label else {})}
+        super().__init__("node_1", {}, {TF}, [replace(base, labels=labels)])
+        self.metrics_at = metrics_at
 
     def read_file(self, container_id, path):
-        if path == JOB_SPEC:
-            return self.spec_text
         if path == self.metrics_at:
             return '{"epoch": 3, "epochs": 20, "val_accuracy": 0.9, "samples_per_sec": 10.0}\n'
         return JobEnd(0).to_json() if path == JOB_STATUS else None
 
 
 ELASTIC_METRICS = "/shared/runs/elastic-rejoin.jsonl"
-TRAINER_WITH_ITS_METRICS_FILE = ("python", "-m", "app.train", "--epochs", "20", "--metrics-file", ELASTIC_METRICS)
 
 
 @pytest.mark.parametrize(
-    "spec_text, metrics_at, progress",
+    "metrics_label, metrics_at, progress",
     [
-        (job_spec(command=TRAINER_WITH_ITS_METRICS_FILE).to_json(), ELASTIC_METRICS, "epoch 3 of 20"),
-        (
-            job_spec(command=TRAINER_WITH_ITS_METRICS_FILE).to_json(),
-            "/shared/runs/c1/metrics.jsonl",
-            "no epoch figures",
-        ),
-        (None, "/shared/runs/c1/metrics.jsonl", "epoch 3 of 20"),  # no spec: the run folder's
-        ("{not json", "/shared/runs/c1/metrics.jsonl", "epoch 3 of 20"),
+        (ELASTIC_METRICS, ELASTIC_METRICS, "epoch 3 of 20"),
+        (ELASTIC_METRICS, "/shared/runs/c1/metrics.jsonl", "no epoch figures"),
+        (None, "/shared/runs/c1/metrics.jsonl", "epoch 3 of 20"),  # no label (an older launcher's): the run folder's
     ],
 )
-def test_status_reads_the_metrics_file_the_jobs_spec_names(spec_text, metrics_at, progress):
-    """A job given --metrics-file (or --run-dir) keeps its metrics there, not in the cluster's run folder."""
-    [line, *_] = clusters.status([SpecNode(spec_text, metrics_at)])
+def test_status_reads_the_metrics_file_rank_0s_container_records(metrics_label, metrics_at, progress):
+    """A job given --metrics-file (or --run-dir) keeps its metrics there, not in the cluster's run folder; the
+    record outlives the job (its spec does not: the agent removes it at the end)."""
+    [line, *_] = clusters.status([MetricsNode(metrics_label, metrics_at)])
     assert line.startswith(f"cluster c1: succeeded (exit status 0): {progress}"), line
+
+
+def test_the_plan_records_the_trainers_metrics_file_on_rank_0s_container():
+    plan = plan_of(command=(*TRAINER, "--dataset", "digits", "--metrics-file", ELASTIC_METRICS))
+    assert plan.labels(plan.rank0)[LABEL_METRICS] == ELASTIC_METRICS
+    assert LABEL_METRICS not in plan.labels(plan.job_nodes[-1])
+    assert plan_of(command=("python", "mine.py")).labels(plan.rank0).get(LABEL_METRICS) is None

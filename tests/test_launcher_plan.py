@@ -282,6 +282,7 @@ def test_containers_are_named_and_labelled_per_cluster_and_node():
         "horovod-stack.ranks": "1",
         "horovod-stack.image": "horovod-stack:latest",
         "horovod-stack.framework": "PyTorch",
+        "horovod-stack.metrics": "/shared/runs/c0ffee00/metrics.jsonl",  # the bundled trainer's, for `status`
     }
     assert plan.labels(second)["horovod-stack.role"] == "worker"
 

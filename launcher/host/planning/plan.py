@@ -16,7 +16,7 @@ from app import frameworks
 from app.frameworks import Framework
 from app.gpu import FRAMEWORK_LABEL
 from launcher.core import restart
-from launcher.core.jobspec import JobSpec, Worker
+from launcher.core.jobspec import JobSpec, Worker, run_paths
 from launcher.core.mounts import Bind
 from launcher.core.nics import VIRTUAL_NIC_PREFIXES
 from launcher.core.protocol import (
@@ -39,6 +39,8 @@ LABEL_NODE = "horovod-stack.node"
 LABEL_ROLE = "horovod-stack.role"
 LABEL_RANKS = "horovod-stack.ranks"
 LABEL_IMAGE = "horovod-stack.image"
+LABEL_METRICS = "horovod-stack.metrics"
+"""On rank 0's container: where the bundled trainer writes its metrics (JobSpec.metrics_file), which `status` reads."""
 """The image the cluster runs, as the plan named it: `logs` and `results` read the shared folder with it, so that no
 engine is asked to pull another image."""
 # Open MPI 4 refuses host names outside RFC 952 (an underscore, as in node_1, stops mpirun).
@@ -221,7 +223,15 @@ class ClusterPlan:
             LABEL_RANKS: str(self.slots(node)),
             LABEL_IMAGE: self.settings.image,
             **({FRAMEWORK_LABEL: self.framework.name} if self.framework else {}),
+            **({LABEL_METRICS: self.metrics_file} if node == self.rank0 and self.metrics_file else {}),
         }
+
+    @property
+    def metrics_file(self) -> str | None:
+        """The bundled trainer's metrics file (its --metrics-file or --run-dir, else the run folder's), laid out as
+        the job spec lays it out; None for a command of the user's."""
+        job = self.settings.job
+        return run_paths(job.command, run_dir(self.cluster_id), job.can_restart).metrics_file
 
     @property
     def framework(self) -> Framework | None:

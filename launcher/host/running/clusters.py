@@ -11,20 +11,18 @@ from pathlib import Path
 
 from app.frameworks import FRAMEWORKS
 from app.gpu import FRAMEWORK_LABEL
-from launcher.core.jobspec import JobSpec
 from launcher.core.protocol import (
     AGENT,
     DEFAULT_IMAGE,
     JOB_LOG,
     JOB_RESTARTS,
-    JOB_SPEC,
     JOB_STALL,
     JOB_STATUS,
     KEPT_JOB_LOG,
 )
 from launcher.host.engines import streams
 from launcher.host.engines.node_engine import Container, NodeEngine
-from launcher.host.planning.plan import LABEL_CLUSTER, LABEL_IMAGE, LABEL_RANKS, LABEL_ROLE, run_dir
+from launcher.host.planning.plan import LABEL_CLUSTER, LABEL_IMAGE, LABEL_METRICS, LABEL_RANKS, LABEL_ROLE, run_dir
 from launcher.host.planning.settings import LaunchSettings
 from launcher.host.running import jobstate, results
 
@@ -60,7 +58,7 @@ def status(engines: Sequence[NodeEngine]) -> Iterator[str]:
                 container.state,
                 engine.read_file(container.id, JOB_STATUS),
                 [member.container.state for member in members],
-                metrics=engine.read_file(container.id, metrics_file(engine, container, cluster)),
+                metrics=engine.read_file(container.id, metrics_file(container, cluster)),
                 stall=engine.read_file(container.id, JOB_STALL),
                 restarts_made=engine.read_file(container.id, JOB_RESTARTS),
             )
@@ -79,15 +77,10 @@ def status(engines: Sequence[NodeEngine]) -> Iterator[str]:
         yield "no cluster on " + ", ".join(engine.node.name for engine in engines)
 
 
-def metrics_file(engine: NodeEngine, container: Container, cluster: str) -> str:
-    """Where the job's metrics are in rank 0's container: its spec's (the bundled trainer's --metrics-file or
-    --run-dir, laid out once by the launcher: JobSpec.metrics_file), else the cluster's run folder's."""
-    text = engine.read_file(container.id, JOB_SPEC)
-    try:
-        spec = JobSpec.from_json(text) if text else None
-    except (ValueError, KeyError, TypeError):  # a spec of another launcher version: the default place
-        spec = None
-    return spec.metrics_file if spec and spec.metrics_file else f"{run_dir(cluster)}/metrics.jsonl"
+def metrics_file(container: Container, cluster: str) -> str:
+    """Where the job's metrics are in rank 0's container: as its label records them (the bundled trainer's
+    --metrics-file or --run-dir, laid out once by the plan), else the cluster's run folder's."""
+    return container.labels.get(LABEL_METRICS) or f"{run_dir(cluster)}/metrics.jsonl"
 
 
 def reading_image(engine: NodeEngine, wanted: str | None) -> str:
