@@ -58,7 +58,11 @@ def image_missing() -> str | None:
     return None
 
 
-@pytest.mark.skipif(image_missing() is not None, reason=str(image_missing()))
+IMAGE_MISSING = image_missing()
+"""Asked once, at collection: `docker image inspect` is not free."""
+
+
+@pytest.mark.skipif(IMAGE_MISSING is not None, reason=str(IMAGE_MISSING))
 @pytest.mark.parametrize("slots", [1, 2], ids=["2 nodes x 1", "2 nodes x 2"])
 def test_the_exported_script_trains_with_identical_parameters_on_every_rank(tmp_path, slots, measured):
     check, shared = tmp_path / "check", tmp_path / "shared"
