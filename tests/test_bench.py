@@ -3,7 +3,6 @@ only for well-formed output (a markdown table, JSON with the expected keys, a PN
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from app.bench.peers import ALONE, parse_variant, peer_rows
 from app.bench.ps_vs_ring import model_ratio, model_seconds, within_tolerance
 from app.bench.report import markdown_table, write_report
 from app.bench.tf_peers import peer_row
+from tests.docker_image import image_missing
 from tests.extras import needs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -269,16 +269,7 @@ def test_links_short(tmp_path):
     )
 
 
-def docker_image_missing() -> str | None:
-    if shutil.which("docker") is None:
-        return "needs Docker"
-    image = os.environ.get("IMAGE", "horovod-stack:latest")
-    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode:
-        return f"needs the image {image} (scripts/build-images.sh)"
-    return None
-
-
-DOCKER_IMAGE_MISSING = docker_image_missing()
+DOCKER_IMAGE_MISSING = image_missing()
 
 
 @pytest.mark.integration

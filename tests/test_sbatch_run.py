@@ -8,18 +8,16 @@ with identical parameters. What only a live cluster shows (srun, Apptainer, two 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 
 import pytest
 
 from launcher.core.options import job_command
 from launcher.slurm import sbatch, sbatch_request
+from tests.docker_image import IMAGE, image_missing
 
 pytestmark = pytest.mark.integration
 
-IMAGE = os.environ.get("IMAGE", "horovod-stack:latest")
 SRUN = """#!/bin/bash
 # srun's part: every task of the allocation (NODES nodes, SLURM_NTASKS_PER_NODE each) as a process of its own.
 while [[ $1 == --* ]]; do shift; done
@@ -48,14 +46,6 @@ for name in ${!APPTAINERENV_@}; do given+=("${name#APPTAINERENV_}=${!name}"); do
 exec env -i PATH=/opt/venv/bin:/usr/bin:/bin PYTHONPATH=/opt/horovod-stack HOME=/tmp LANG=C.UTF-8 "${given[@]}" "$@"
 """
 SCONTROL = "#!/bin/bash\nfor ((node = 1; node <= NODES; node++)); do echo node$node; done\n"
-
-
-def image_missing() -> str | None:
-    if shutil.which("docker") is None:
-        return "needs Docker"
-    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode:
-        return f"needs the image {IMAGE} (scripts/build-images.sh)"
-    return None
 
 
 IMAGE_MISSING = image_missing()
